@@ -1,0 +1,185 @@
+"""Stage 6: one CUDA kernel per fused group, printed from the op table.
+
+The kernel follows docs/abi.md: one `StitchArgs` parameter, four entries (vectorized or
+scalar, 32- or 64-bit indices) sharing one templated body. FULL inputs and all outputs are
+read and written with 16-byte accesses in the vectorized entries; BROADCAST inputs are
+indexed through runtime strides over a compile-time rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import TensorProto as TP
+
+from . import ops
+from .graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, constant_value
+from .shapes import dtype_size
+
+FULL, BROADCAST = 0, 1
+ENTRY_SUFFIXES = ("_v32", "_v64", "_s32", "_s64")
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated CUDA C++ for one group and the facts the fused node's attributes need."""
+
+    name: str
+    source: str
+    vec_width: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_kinds: tuple[int, ...]
+    output_dtypes: tuple[int, ...]
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        return tuple(self.name + s for s in ENTRY_SUFFIXES)
+
+
+ARGS_STRUCT = f"""
+#define STITCH_MAX_RANK {MAX_RANK}
+#define STITCH_MAX_IN {MAX_INPUTS}
+#define STITCH_MAX_OUT {MAX_OUTPUTS}
+struct StitchArgs {{
+  const void* in[STITCH_MAX_IN];
+  void* out[STITCH_MAX_OUT];
+  long long n;
+  int rank;
+  int pad_;
+  long long dims[STITCH_MAX_RANK];
+  long long strides[STITCH_MAX_IN][STITCH_MAX_RANK];
+}};
+template <int N, typename T> struct alignas(sizeof(T) * N) StitchVec {{ T v[N]; }};
+"""
+
+
+def _load_expr(dtype: int, raw: str) -> str:
+    ctype = ops.CTYPES[dtype][1]
+    if dtype == TP.FLOAT16:
+        return f"stitch_h2f({raw})"
+    if dtype == TP.BFLOAT16:
+        return f"stitch_bf2f({raw})"
+    return raw if ops.CTYPES[dtype][0] == ctype else f"(({ctype}){raw})"
+
+
+def _store_expr(dtype: int, value: str) -> str:
+    if dtype == TP.FLOAT16:
+        return f"stitch_f2h({value})"
+    if dtype == TP.BFLOAT16:
+        return f"stitch_f2bf({value})"
+    return f"(({ops.CTYPES[dtype][0]})({value}))"
+
+
+def _ident(i: int, prefix: str = "v") -> str:
+    return f"{prefix}{i}"
+
+
+class _Printer:
+    """Prints one group's body; holds the tensor → C variable map while it runs."""
+
+    def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
+                 outputs: tuple[str, ...], kinds: tuple[int, ...]) -> None:
+        self.g, self.nodes, self.inputs, self.outputs, self.kinds = graph, nodes, inputs, outputs, kinds
+        self.var: dict[str, ops.Arg] = {}
+        self.lines: list[str] = []
+
+    def dtype(self, t: str) -> int:
+        return self.g.tensors[t].dtype
+
+    def operand(self, t: str) -> ops.Arg:
+        if not t:
+            return ops.Arg("", "", 0)
+        if t in self.var:
+            return self.var[t]
+        # Only baked scalars reach here: everything else is an input or an earlier value.
+        d = self.dtype(t)
+        return ops.Arg(ops.literal(constant_value(self.g, t).item(), ops.CTYPES[d][1]), ops.CTYPES[d][1], d)
+
+    def body(self) -> str:
+        ind = " " * 6
+        for k, t in enumerate(self.inputs):
+            d = self.dtype(t)
+            st = ops.CTYPES[d][0]
+            raw = f"in{k}.v[e]" if self.kinds[k] == FULL else f"static_cast<const {st}*>(a.in[{k}])[o{k}]"
+            self.var[t] = ops.Arg(f"x{k}", ops.CTYPES[d][1], d)
+            self.lines.append(f"{ind}const {ops.CTYPES[d][1]} x{k} = {_load_expr(d, raw)};")
+        count = 0
+        for i in self.nodes:
+            n = self.g.nodes[i]
+            s = ops.spec(n.op_type, n.domain)
+            assert s.printer is not None, n.label
+            args = [self.operand(t) for t in n.inputs]
+            for t in n.outputs:
+                if not t:
+                    continue
+                d = self.dtype(t)
+                ct = ops.CTYPES[d][1]
+                expr = s.printer(args, n.attrs, ct)
+                name = _ident(count)
+                count += 1
+                self.lines.append(f"{ind}const {ct} {name} = {expr};  // {n.op_type} -> {t}")
+                self.var[t] = ops.Arg(name, ct, d)
+        for k, t in enumerate(self.outputs):
+            self.lines.append(f"{ind}out{k}.v[e] = {_store_expr(self.dtype(t), self.var[t].expr)};")
+        return "\n".join(self.lines)
+
+
+def vec_width(graph: FusionGraph, full_tensors: list[str]) -> int:
+    """Elements per thread so the widest FULL tensor moves 16 bytes at a time."""
+    widest = max((dtype_size(graph.tensors[t].dtype) for t in full_tensors), default=4)
+    return max(1, 16 // widest)
+
+
+def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...]) -> KernelSource:
+    """CUDA source for a legal group (see candidates.legality) with topologically sorted nodes."""
+    inputs, outputs = graph.boundary(frozenset(nodes))
+    shape = graph.iteration_shape(frozenset(nodes))
+    assert shape is not None, f"group {name}: iteration shape must be known"
+    kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
+    full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
+    vw = vec_width(graph, full)
+    rank = len(shape)
+    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds)
+    compute = p.body()
+
+    def vtype(t: str) -> str:
+        return f"StitchVec<V, {ops.CTYPES[graph.tensors[t].dtype][0]}>"
+
+    loads = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
+                      for k, t in enumerate(inputs) if kinds[k] == FULL)
+    decls = "\n".join(f"    {vtype(t)} out{k};" for k, t in enumerate(outputs))
+    stores = "\n".join(f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};" for k, t in enumerate(outputs))
+    bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
+    index = ""
+    if bcast:
+        zero = ", ".join(f"o{k} = 0" for k in bcast)
+        acc = " ".join(f"o{k} += c * (I)a.strides[{k}][d];" for k in bcast)
+        index = (f"      I r = i, {zero};\n"
+                 f"#pragma unroll\n"
+                 f"      for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc} }}\n")
+    src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes
+{ops.PRELUDE}
+{ARGS_STRUCT}
+template <typename I, int V>
+__device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
+  const I work = (I)(a.n / V);
+  const I step = (I)gridDim.x * (I)blockDim.x;
+  for (I w = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; w < work; w += step) {{
+{loads}
+{decls}
+#pragma unroll
+    for (int e = 0; e < V; ++e) {{
+      const I i = w * V + e;
+      (void)i;
+{index}{compute}
+    }}
+{stores}
+  }}
+}}
+extern "C" __global__ void __launch_bounds__(256) {name}_v32(const StitchArgs a) {{ {name}_body<int, {vw}>(a); }}
+extern "C" __global__ void __launch_bounds__(256) {name}_v64(const StitchArgs a) {{ {name}_body<long long, {vw}>(a); }}
+extern "C" __global__ void __launch_bounds__(256) {name}_s32(const StitchArgs a) {{ {name}_body<int, 1>(a); }}
+extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a) {{ {name}_body<long long, 1>(a); }}
+"""
+    return KernelSource(name, src, vw, inputs, outputs, kinds,
+                        tuple(graph.tensors[t].dtype for t in outputs))

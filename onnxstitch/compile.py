@@ -1,0 +1,98 @@
+"""Stage 7: NVRTC compilation of generated kernels, on the CPU machine (no GPU needed).
+
+Cubins for each target architecture plus one PTX for the driver to JIT elsewhere. Results are
+cached on disk keyed by source, options and NVRTC version (Triton-style), so re-optimizing an
+unchanged model compiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .codegen import KernelSource
+from .errors import CompileError
+
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+_BASE_OPTIONS = ("-std=c++17",)  # no fast-math: NaN/Inf and rounding stay as ONNX Runtime's
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A kernel's images: one cubin per arch (parallel tuples) and a PTX fallback."""
+
+    source: KernelSource
+    archs: tuple[str, ...]
+    images: tuple[bytes, ...]
+    ptx: bytes
+    ptx_arch: str
+
+
+def cache_dir() -> Path:
+    """Where onnxstitch keeps compiled kernels and the runtime library."""
+    return Path(os.environ.get("ONNXSTITCH_CACHE", Path.home() / ".cache" / "onnxstitch"))
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise CompileError("NVRTC is unavailable: install cupy-cuda13x and nvidia-cuda-nvrtc") from e
+    return nvrtc
+
+
+def _compile_one(src: KernelSource, target: str, want_ptx: bool) -> bytes:
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(src.source, f"{src.name}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={target}", *_BASE_OPTIONS])
+        except Exception as e:
+            log = nvrtc.getProgramLog(prog)
+            path = cache_dir() / "failed" / f"{src.name}.cu"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(src.source)
+            raise CompileError(
+                f"kernel {src.name} failed to compile for {target}: {str(e).splitlines()[0]}; "
+                f"reproduce with: nvcc -std=c++17 --cubin -arch={target.replace('compute', 'sm')} {path}",
+                log=log, source=src.source) from e
+        return nvrtc.getPTX(prog) if want_ptx else nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def _cached(src: KernelSource, target: str, want_ptx: bool) -> bytes:
+    version = ".".join(map(str, _nvrtc().getVersion()))
+    key = hashlib.sha256("\0".join([src.source, target, *_BASE_OPTIONS, version]).encode()).hexdigest()[:32]
+    path = cache_dir() / "kernels" / f"{key}.{'ptx' if want_ptx else 'cubin'}"
+    if path.exists():
+        return path.read_bytes()
+    data = _compile_one(src, target, want_ptx)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return data
+
+
+def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> CompiledKernel:
+    """Compile one kernel to cubins for `archs` (e.g. "sm_90") and PTX for the lowest."""
+    archs = tuple(sorted(set(archs), key=lambda a: int(a.split("_")[1].rstrip("a"))))
+    for a in archs:
+        if not a.startswith("sm_") or not a[3:].rstrip("a").isdigit():
+            raise CompileError(f"--arch {a}: expected a value like sm_90")
+    ptx_arch = "compute_" + archs[0][3:].rstrip("a")
+    images = tuple(_cached(src, a, False) for a in archs)
+    return CompiledKernel(src, archs, images, _cached(src, ptx_arch, True), ptx_arch)
+
+
+def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS) -> list[CompiledKernel]:
+    """Compile several kernels concurrently (NVRTC runs outside the GIL)."""
+    sources = list(sources)
+    if not sources:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda s: compile_kernel(s, archs), sources))

@@ -1,0 +1,23 @@
+"""Errors a user can act on. The CLI prints them as one line and exits with `exit_code`."""
+from __future__ import annotations
+
+
+class StitchError(Exception):
+    """Base class: a one-line message naming the file or node it concerns."""
+
+    exit_code = 1
+
+
+class BadInputError(StitchError):
+    """The model file or graph is unusable (missing, truncated, invalid). Exit status 2."""
+
+    exit_code = 2
+
+
+class CompileError(StitchError):
+    """NVRTC rejected a generated kernel; carries the log and the source for reproduction."""
+
+    def __init__(self, message: str, log: str = "", source: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+        self.source = source

@@ -1,0 +1,166 @@
+"""The graph view every planning stage works on: nodes with their op kind and fusibility,
+tensors with dtype and shape, producer/consumer maps. Built once from the inferred model;
+protobuf stays at the edges (load and rewrite).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Mapping
+
+import onnx
+from onnx import numpy_helper
+
+from . import ops
+from .shapes import Shape, TensorInfo, broadcast_shapes
+
+# Kernel ABI limits (docs/abi.md).
+MAX_INPUTS = 32
+MAX_OUTPUTS = 16
+MAX_RANK = 8
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ONNX node as the planner sees it."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]  # "" marks an omitted optional input
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, object]
+    kind: ops.OpKind
+    reason: str | None  # why it cannot join a fused group; None when it can
+
+    @property
+    def fusible(self) -> bool:
+        return self.reason is None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name or self.op_type + '#' + str(self.index)} ({self.op_type})"
+
+
+@dataclass(frozen=True)
+class FusionGraph:
+    """Nodes in topological order plus tensor facts. Node ids are indices into `nodes`."""
+
+    nodes: tuple[Node, ...]
+    tensors: Mapping[str, TensorInfo]
+    graph_inputs: frozenset[str]
+    graph_outputs: frozenset[str]
+    # Initializers that are not graph inputs: their values are fixed.
+    constants: Mapping[str, onnx.TensorProto]
+    dim_values: Mapping[str, int] = field(default_factory=dict)
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        return {t: n.index for n in self.nodes for t in n.outputs if t}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for n in self.nodes:
+            for t in dict.fromkeys(n.inputs):
+                if t:
+                    out.setdefault(t, []).append(n.index)
+        return {t: tuple(v) for t, v in out.items()}
+
+    @cached_property
+    def succs(self) -> tuple[frozenset[int], ...]:
+        return tuple(frozenset(c for t in n.outputs for c in self.consumers.get(t, ())) for n in self.nodes)
+
+    @cached_property
+    def preds(self) -> tuple[frozenset[int], ...]:
+        return tuple(frozenset(self.producer[t] for t in n.inputs if t in self.producer) for n in self.nodes)
+
+    def is_baked(self, tensor: str) -> bool:
+        """A fixed scalar the kernel carries as a literal instead of reading it."""
+        c = self.constants.get(tensor)
+        if c is None:
+            return False
+        n = 1
+        for d in c.dims:
+            n *= d
+        return n == 1
+
+    def boundary(self, group: frozenset[int] | set[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(inputs, outputs) of a node set: tensors read from outside (baked scalars excluded)
+        and tensors used outside or leaving the graph, each in first-use order."""
+        ins: dict[str, None] = {}
+        outs: dict[str, None] = {}
+        for i in sorted(group):
+            n = self.nodes[i]
+            for t in n.inputs:
+                if t and self.producer.get(t) not in group and not self.is_baked(t):
+                    ins[t] = None
+            for t in n.outputs:
+                if t and (t in self.graph_outputs or any(c not in group for c in self.consumers.get(t, ()))):
+                    outs[t] = None
+        return tuple(ins), tuple(outs)
+
+    def iteration_shape(self, group: frozenset[int] | set[int]) -> Shape | None:
+        """Broadcast of every output shape of the group's nodes (None if not provable)."""
+        shapes = [self.tensors[t].shape if t in self.tensors else None
+                  for i in group for t in self.nodes[i].outputs if t]
+        return broadcast_shapes(shapes)
+
+    def tensor_bytes(self, tensor: str) -> int:
+        """Bytes of a tensor for the cost model (symbolic dims at their planning values)."""
+        info = self.tensors.get(tensor)
+        nb = info.nbytes(self.dim_values) if info is not None else None
+        return nb if nb is not None else 0
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object]) -> str | None:
+    def dtype(t: str) -> int | None:
+        info = tensors.get(t)
+        return info.dtype if info is not None else None
+
+    in_dt = [dtype(t) if t else 0 for t in n.input]
+    # Omitted optional inputs (Clip's min/max) carry no dtype.
+    reason = ops.unsupported_reason(n.op_type, n.domain, [d for d, t in zip(in_dt, n.input) if t],
+                                    [dtype(t) for t in n.output])
+    if reason:
+        return reason
+    for t in list(n.input) + list(n.output):
+        if not t:
+            continue
+        info = tensors.get(t)
+        if info is None or info.shape is None:
+            return f"shape of '{t}' is unknown"
+        if len(info.shape) > MAX_RANK:
+            return f"rank of '{t}' exceeds {MAX_RANK}"
+    if n.op_type == "Cast" and attrs.get("saturate", 1) != 1:
+        return "Cast with saturate=0 is not supported"
+    return None
+
+
+def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
+          dim_values: Mapping[str, int] | None = None) -> FusionGraph:
+    """The FusionGraph of an (inferred) model's main graph."""
+    g = model.graph
+    input_names = frozenset(i.name for i in g.input)
+    constants = {i.name: i for i in g.initializer if i.name not in input_names}
+    nodes = []
+    for idx, n in enumerate(g.node):
+        attrs = _attrs(n)
+        nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input), tuple(n.output), attrs,
+                          ops.spec(n.op_type, n.domain).kind, _node_reason(n, tensors, attrs)))
+    return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
+                       constants, dict(dim_values or {}))
+
+
+def constant_value(graph: FusionGraph, tensor: str) -> object:
+    """The scalar value of a baked constant."""
+    return numpy_helper.to_array(graph.constants[tensor]).reshape(())[()]

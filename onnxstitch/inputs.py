@@ -1,0 +1,56 @@
+"""Seeded random feeds for a model's graph inputs (bench, checks and tests share them)."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .shapes import DEFAULT_SYMBOLIC_DIM
+
+
+def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = None,
+                 overrides: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
+    """Concrete shape of every runtime input: overrides by input name, then symbolic dims
+    from `dim_values`, else DEFAULT_SYMBOLIC_DIM."""
+    inits = {i.name for i in model.graph.initializer}
+    out: dict[str, tuple[int, ...]] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if overrides and vi.name in overrides:
+            out[vi.name] = tuple(overrides[vi.name])
+            continue
+        dims = []
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(int((dim_values or {}).get(d.dim_param, DEFAULT_SYMBOLIC_DIM)))
+        out[vi.name] = tuple(dims)
+    return out
+
+
+def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Fresh random data of an onnx dtype: normal floats, small integers, random bools."""
+    if dtype == onnx.TensorProto.BFLOAT16:
+        import ml_dtypes
+
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+    if np_dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(np_dtype, np.integer):
+        lo = 0 if np.issubdtype(np_dtype, np.unsignedinteger) else -20
+        return rng.integers(lo, 20, size=shape).astype(np_dtype)
+    return rng.standard_normal(shape).astype(np_dtype)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str, int] | None = None,
+                 overrides: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds for every runtime input of `model`."""
+    rng = np.random.default_rng(seed)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
+    return {name: random_array(types[name], shape, rng)
+            for name, shape in input_shapes(model, dim_values, overrides).items()}

@@ -1,0 +1,79 @@
+"""Stage 1: load and validate a model; normalize Constant nodes into initializers.
+
+Every failure here is the user's input: a BadInputError with one line naming the file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import helper, numpy_helper
+
+from .errors import BadInputError
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+    """Read and check a model. Raises BadInputError for a missing, empty, truncated or
+    non-ONNX file and for a graph that onnx.checker rejects."""
+    if isinstance(source, onnx.ModelProto):
+        model, where = source, "model"
+    else:
+        path = Path(source)
+        where = str(path)
+        if not path.exists():
+            raise BadInputError(f"{where}: no such file")
+        if path.is_dir():
+            raise BadInputError(f"{where}: is a directory, not an ONNX file")
+        if path.stat().st_size == 0:
+            raise BadInputError(f"{where}: file is empty")
+        try:
+            model = onnx.load(str(path), load_external_data=True)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise BadInputError(f"{where}: not a readable ONNX model ({_first_line(e)})") from e
+        except OSError as e:
+            raise BadInputError(f"{where}: cannot read ({_first_line(e)})") from e
+    if not model.graph.node and not model.graph.output:
+        raise BadInputError(f"{where}: not an ONNX model (no graph)")
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as e:
+        raise BadInputError(f"{where}: invalid graph: {_first_line(e)}") from e
+    return model
+
+
+_VALUE_ATTRS = {"value", "value_float", "value_floats", "value_int", "value_ints"}
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Copy of the model whose main-graph Constant nodes are initializers, so later stages
+    see one kind of constant. Constants of other forms (strings, sparse) stay nodes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = []
+    for node in out.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and set(attrs) <= _VALUE_ATTRS and attrs:
+            (name, attr), = attrs.items()
+            value = helper.get_attribute_value(attr)
+            if name == "value":
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(value)
+            else:
+                import numpy as np
+
+                dtype = np.float32 if name.startswith("value_float") else np.int64
+                tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
+            tensor.name = node.output[0]
+            out.graph.initializer.append(tensor)
+        else:
+            keep.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    return out

@@ -1,0 +1,101 @@
+"""The pipeline as a short list of named stages: load → shapes → graph → plan → codegen →
+compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import onnx
+
+from . import codegen, compile as nvrtc_compile, graph as graph_mod, load, rewrite
+from . import shapes as shapes_mod
+from .cost import CostModel
+from .errors import StitchError
+from .plan import Plan, make_plan
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `optimize` did, in numbers (printed by the CLI, written by --report)."""
+
+    plan: Plan
+    nodes_before: int
+    nodes_after: int
+    archs: tuple[str, ...]
+    dim_values: Mapping[str, int]
+    stage_seconds: Mapping[str, float]
+    kernels: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(self.stage_seconds.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form of the report."""
+        return {
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "archs": list(self.archs),
+            "symbolic_dims_for_cost": dict(self.dim_values),
+            "default_symbolic_dim": shapes_mod.DEFAULT_SYMBOLIC_DIM,
+            "stage_seconds": {k: round(v, 4) for k, v in self.stage_seconds.items()},
+            "wall_seconds": round(self.wall_seconds, 4),
+            "kernels": list(self.kernels),
+            "plan": self.plan.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    """The stitched model and the report of how it was made."""
+
+    model: onnx.ModelProto
+    report: Report
+
+
+def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
+             archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
+             time_limit_s: float = 30.0, progress: Progress | None = None) -> OptimizeResult:
+    """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
+    kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
+    the stitched model keeps its dynamic dims. Raises BadInputError for unusable
+    input and CompileError when NVRTC rejects a kernel."""
+    say = progress or (lambda _msg: None)
+    times: dict[str, float] = {}
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        say(name)
+        t0 = time.perf_counter()
+        out = fn()
+        times[name] = time.perf_counter() - t0
+        return out
+
+    m = stage("load", lambda: load.constants_to_initializers(load.load(model)))
+    m, dim_values = shapes_mod.resolve_shapes(m, shapes or {})
+    inferred, infos = stage("shapes", lambda: shapes_mod.infer(m))
+    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values))
+    plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
+    sources = stage("codegen", lambda: [codegen.generate(g, f"stitch_{grp.name}", grp.nodes) for grp in plan.groups])
+    kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
+    fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
+    out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused))
+    stage("check", lambda: _check(out))
+    kinfo = tuple({"group": grp.name, "kernel": k.source.name, "vec_width": k.source.vec_width,
+                   "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
+                   "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
+                  for grp, k in zip(plan.groups, kernels))
+    report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
+                    g.dim_values, times, kinfo)
+    return OptimizeResult(out, report)
+
+
+def _check(model: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # a stitched model that fails the checker is our bug, not the user's
+        raise StitchError(f"internal error: the stitched model fails onnx.checker: {str(e).splitlines()[0]}") from e
+

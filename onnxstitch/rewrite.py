@@ -1,0 +1,114 @@
+"""Stage 8: the stitched model. Each fused group becomes one `com.onnxstitch::FusedKernel`
+node carrying its compiled kernel (docs/abi.md), backed by a model-local function whose
+body is the original subgraph, so ONNX Runtime without the library still runs it.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import onnx
+from onnx import helper
+
+from .compile import CompiledKernel
+from .graph import FusionGraph
+
+DOMAIN = "com.onnxstitch"
+OP_TYPE = "FusedKernel"
+IR_VERSION = 10  # first IR version with function overloads
+KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "images", "ptx",
+                "input_kinds", "output_dtypes", "shape_rule")
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    """What the rewrite needs of a planned group: its name, nodes and compiled kernel."""
+
+    name: str
+    nodes: tuple[int, ...]
+    kernel: CompiledKernel
+
+
+def _fused_node(group: FusedGroup) -> onnx.NodeProto:
+    k = group.kernel
+    node = helper.make_node(
+        OP_TYPE, list(k.source.inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
+        kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=list(k.archs),
+        images=list(k.images), ptx=k.ptx, input_kinds=list(k.source.input_kinds),
+        output_dtypes=list(k.source.output_dtypes), shape_rule="broadcast")
+    node.overload = group.name
+    return node
+
+
+def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> onnx.FunctionProto:
+    src = group.kernel.source
+    body: list[onnx.NodeProto] = []
+    members = frozenset(group.nodes)
+    baked = {t for i in group.nodes for t in graph.nodes[i].inputs
+             if t and graph.producer.get(t) not in members and graph.is_baked(t)}
+    for t in sorted(baked):  # function bodies cannot see graph initializers
+        body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
+    body.extend(model.graph.node[i] for i in group.nodes)
+    fn = helper.make_function(DOMAIN, OP_TYPE, list(src.inputs), list(src.outputs), body,
+                              [o for o in model.opset_import if o.domain != DOMAIN],
+                              attributes=list(KERNEL_ATTRS))
+    fn.overload = group.name
+    return fn
+
+
+def _topo(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.NodeProto]:
+    """Stable topological order (ties keep list order), so fused nodes land where they can."""
+    producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+    deps = [{producer[t] for t in n.input if t in producer and producer[t] != i} for i, n in enumerate(nodes)]
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            users[d].append(i)
+    pending = [len(d) for d in deps]
+    ready = [i for i, p in enumerate(pending) if p == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        raise AssertionError("rewrite produced a cycle; the plan must be acyclic")
+    return [nodes[i] for i in order]
+
+
+def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> onnx.ModelProto:
+    """The stitched model: `model` (the normalized input whose main graph `graph` describes)
+    with every group replaced by its FusedKernel node and function."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    first = {min(grp.nodes): grp for grp in groups}
+    fused_members = {i for grp in groups for i in grp.nodes}
+    new_nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(model.graph.node):
+        if i in first:
+            new_nodes.append(_fused_node(first[i]))
+        elif i not in fused_members:
+            new_nodes.append(node)
+    del g.node[:]
+    g.node.extend(_topo(new_nodes, {x.name for x in g.input}))
+    out.functions.extend(_function(model, graph, grp) for grp in groups)
+
+    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+    live = used | {t for n in g.node for t in n.output}
+    keep_init = [t for t in g.initializer if t.name in used or t.name in {x.name for x in g.input}]
+    del g.initializer[:]
+    g.initializer.extend(keep_init)
+    keep_vi = [v for v in g.value_info if v.name in live]
+    del g.value_info[:]
+    g.value_info.extend(keep_vi)
+    if groups:
+        out.ir_version = max(out.ir_version, IR_VERSION)
+        if not any(o.domain == DOMAIN for o in out.opset_import):
+            out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return out

@@ -1,0 +1,167 @@
+"""Stage 2: shape and dtype inference.
+
+onnx's inference runs first (with data propagation); onnxruntime's symbolic inference then
+fills in symbolic dims where it can. The result is a plain map from tensor name to
+`TensorInfo`; later stages never look at protobuf value_info again.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping, Sequence, Union
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+Dim = Union[int, str, None]  # int: known; str: symbolic; None: unknown (equal to nothing)
+Shape = tuple[Dim, ...]
+
+# Value assumed for a symbolic dim with no --shape override, when a size is needed for the
+# cost model. Stated in the report.
+DEFAULT_SYMBOLIC_DIM = 64
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Element type (onnx TensorProto enum) and shape (None when the rank is unknown)."""
+
+    name: str
+    dtype: int
+    shape: Shape | None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    def numel(self, dim_values: Mapping[str, int] | None = None) -> int | None:
+        """Element count, with symbolic dims taken from `dim_values` (default
+        DEFAULT_SYMBOLIC_DIM); None when a dim is unknown."""
+        if self.shape is None:
+            return None
+        n = 1
+        for d in self.shape:
+            if d is None:
+                return None
+            n *= d if isinstance(d, int) else (dim_values or {}).get(d, DEFAULT_SYMBOLIC_DIM)
+        return n
+
+    def nbytes(self, dim_values: Mapping[str, int] | None = None) -> int | None:
+        n = self.numel(dim_values)
+        return None if n is None else n * dtype_size(self.dtype)
+
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+
+def dtype_size(dtype: int) -> int:
+    """Bytes per element of an onnx tensor type."""
+    if dtype == onnx.TensorProto.BOOL:
+        return 1
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).itemsize
+
+
+def broadcast_shapes(shapes: Sequence[Shape | None]) -> Shape | None:
+    """Numpy-style broadcast of possibly symbolic shapes; None when it cannot be proven
+    (unknown rank, unknown dims, or two different non-1 dims)."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)  # type: ignore[arg-type]
+    out: list[Dim] = []
+    for pos in range(rank):
+        dims = [s[len(s) - rank + pos] for s in shapes if len(s) - rank + pos >= 0]  # type: ignore[arg-type]
+        if any(d is None for d in dims):
+            return None
+        big = {d for d in dims if d != 1}
+        if len(big) > 1:
+            return None
+        out.append(big.pop() if big else 1)
+    return tuple(out)
+
+
+def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, Shape | None] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type, None
+    dims: list[Dim] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return tt.elem_type, tuple(dims)
+
+
+def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Planning values for symbolic dims. `shapes` maps a graph input to its dims, or a
+    symbolic dim name to one value. The model keeps its dynamic dims (the stitched model must
+    run at any size); unnamed dynamic input dims get a name so they can carry a value.
+    Returns (model, symbolic dim → value)."""
+    from .errors import BadInputError
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inputs = {i.name: i for i in model.graph.input}
+    values: dict[str, int] = {}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            if len(dims) != 1:
+                raise BadInputError(f"--shape {name}: not a graph input; a symbolic dim takes one value")
+            values[name] = int(dims[0])
+            continue
+        tt = inputs[name].type.tensor_type
+        if not tt.HasField("shape"):
+            for _ in dims:
+                tt.shape.dim.add()
+        if len(tt.shape.dim) != len(dims):
+            raise BadInputError(f"--shape {name}: rank {len(dims)} given, the model says {len(tt.shape.dim)}")
+        for i, (d, v) in enumerate(zip(tt.shape.dim, dims)):
+            if d.HasField("dim_value"):
+                if d.dim_value != v:
+                    raise BadInputError(f"--shape {name}: dim {i} is fixed at {d.dim_value} in the model, {v} given")
+                continue
+            if not d.dim_param:
+                d.dim_param = f"{name}_dim{i}"
+            values[d.dim_param] = int(v)
+    return model, values
+
+
+def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
+    """Run shape inference and return (model with value_info, tensor name → TensorInfo)."""
+    inferred = model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx's inference is best effort here; missing shapes only cost fusion
+        log.warning("onnx shape inference failed: %s", e)
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        sym = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True, guess_output_rank=False)
+        if sym is not None:
+            inferred = sym
+    except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
+        log.info("symbolic shape inference skipped: %s", e)
+
+    g = inferred.graph
+    infos: dict[str, TensorInfo] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        got = _shape_of(vi.type)
+        if got is not None and got[0] != 0:
+            prev = infos.get(vi.name)
+            # Keep the more precise of two records (graph outputs may be less specific).
+            if prev is None or (prev.shape is None and got[1] is not None):
+                infos[vi.name] = TensorInfo(vi.name, got[0], got[1])
+    for init in g.initializer:
+        infos[init.name] = TensorInfo(init.name, init.data_type, tuple(int(d) for d in init.dims))
+    for node in g.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value":
+                    arr = numpy_helper.to_array(a.t)
+                    infos[node.output[0]] = TensorInfo(node.output[0], a.t.data_type, tuple(arr.shape))
+    return inferred, infos
