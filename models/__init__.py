@@ -1,0 +1,1 @@
+"""Model builders for tests and benchmarks. They download nothing."""

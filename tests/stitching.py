@@ -1,0 +1,52 @@
+"""Test helpers: fuse chosen node groups without the planner, and compare runs."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+
+from onnxstitch import codegen, compile as nvrtc, graph as graph_mod, load, rewrite, shapes
+
+
+def prepared(model: onnx.ModelProto) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
+    """The normalized model and its FusionGraph, as the pipeline builds them."""
+    m = load.constants_to_initializers(load.load(model))
+    _, infos = shapes.infer(m)
+    return m, graph_mod.build(m, infos)
+
+
+def stitch_nodes(model: onnx.ModelProto, groups: Sequence[Sequence[int]],
+                 archs: Sequence[str] = nvrtc.DEFAULT_ARCHS) -> onnx.ModelProto:
+    """Rewrite `model` with the given node groups fused (single nodes allowed), bypassing the
+    planner, so every op's kernel can be exercised on its own."""
+    m, g = prepared(model)
+    srcs = [codegen.generate(g, f"stitch_t{i}", tuple(grp)) for i, grp in enumerate(groups)]
+    kernels = nvrtc.compile_all(srcs, archs)
+    return rewrite.rewrite(m, g, [rewrite.FusedGroup(f"t{i}", tuple(grp), k)
+                                  for i, (grp, k) in enumerate(zip(groups, kernels))])
+
+
+def tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """(rtol, atol) by dtype: float16/bfloat16 results are computed in float32 then rounded."""
+    name = np.dtype(dtype).name
+    if name in ("float16", "bfloat16"):
+        return 1e-2, 1e-2
+    if name == "float32":
+        return 1e-5, 1e-6
+    if name == "float64":
+        return 1e-12, 1e-12
+    return 0.0, 0.0
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:
+    """Dtype-aware comparison; NaN must match NaN, shapes and dtypes must match exactly."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    rtol, atol = tolerance(expected.dtype)
+    if expected.dtype.kind in "fc" or expected.dtype.name == "bfloat16":
+        np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol,
+                                   equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)

@@ -1,0 +1,87 @@
+"""The ONNX backend node test cases of every op onnxstitch fuses: each op is forced into its
+own kernel, the kernel must compile, and the stitched model must reproduce the case's
+expected outputs — through the fallback function on CPU here, through the real kernel on the
+GPU (marker `gpu`)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+import onnxruntime as ort
+import pytest
+from onnx.backend.test.case.node import collect_testcases
+
+from onnxstitch import ops
+
+from .stitching import assert_close, prepared, stitch_nodes
+
+
+def _cases() -> list:
+    out = []
+    for case in collect_testcases():
+        nodes = case.model.graph.node if case.model is not None else []
+        if len(nodes) == 1 and ops.spec(nodes[0].op_type, nodes[0].domain).printer and case.data_sets:
+            out.append(pytest.param(case, id=case.name))
+    return out
+
+
+CASES = _cases()
+
+
+def _fusible(case) -> bool:
+    _, g = prepared(case.model)
+    return g.nodes[0].fusible
+
+
+def _array(v) -> np.ndarray:
+    return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+
+
+def _run(model: onnx.ModelProto, feeds: dict, session_fn) -> list[np.ndarray]:
+    return session_fn(model).run(None, feeds)
+
+
+def _check(case, session_fn) -> None:
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    model.ir_version = 10  # onnx writes its newest IR; onnxruntime reads up to its own
+    names = [i.name for i in case.model.graph.input]
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        for inputs, _ in case.data_sets:
+            sess.run(None, {n: _array(v) for n, v in zip(names, inputs)})
+    except Exception as e:  # the reference runtime itself cannot run this case
+        pytest.skip(f"onnxruntime cannot run the original: {str(e)[:120]}")
+    if not _fusible(case):
+        pytest.skip(f"not fusible: {prepared(case.model)[1].nodes[0].reason}")
+    stitched = stitch_nodes(model, [(0,)], archs=("sm_90",))
+    onnx.checker.check_model(stitched, full_check=True)
+    assert [n.op_type for n in stitched.graph.node] == ["FusedKernel"]
+    for inputs, expected in case.data_sets:
+        feeds = {n: _array(v) for n, v in zip(names, inputs)}
+        got = _run(stitched, feeds, session_fn)
+        for g, e, o in zip(got, expected, case.model.graph.output):
+            assert_close(g, _array(e), f"{case.name}:{o.name}")
+
+
+def test_collected_enough_cases() -> None:
+    assert len(CASES) > 300
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_backend_case_fallback_cpu(case) -> None:
+    def cpu(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    _check(case, cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+def test_backend_case_gpu(case) -> None:
+    import onnxstitch
+
+    def gpu(m):
+        return onnxstitch.session(m.SerializeToString())
+
+    _check(case, gpu)
