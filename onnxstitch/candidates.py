@@ -1,0 +1,403 @@
+"""Stage 4: candidates — which node sets MAY become one fused kernel (legality only).
+
+Design note
+-----------
+Legality is decided here and nowhere else; whether a legal group is worth fusing is the plan's
+business (plan.py). A node set is legal when
+
+1. every node is fusible (ops.py's lattice: elementwise/broadcast ops with supported dtypes);
+2. it has at least two nodes and is connected through tensors passed between its members;
+3. it is convex: no path leaves the set and comes back. Such a path would run through an
+   outside node that both needs the kernel's result and feeds the kernel — a cycle;
+4. its iteration shape (broadcast of all member output shapes) is provable, every boundary
+   output has exactly that shape (the kernel writes each output over the whole iteration
+   space), and the broadcast of its runtime input shapes is that shape too (the custom op
+   derives the iteration shape from its inputs at run time, docs/abi.md);
+5. it has at most MAX_INPUTS runtime inputs and MAX_OUTPUTS outputs (the kernel ABI).
+
+Internal nodes of a smaller shape are fine: they are recomputed per element.
+
+Reachability is held as Python-int bitsets (bit j of `desc[i]`: node j is reachable from i),
+so convexity of a set S is one expression: `desc(S) & anc(S) & ~S == 0`.
+
+Candidates offered to the plan: (a) for each fusible connected component, maximal legal groups
+grown greedily in topological order (a chain of any length becomes one candidate); (b) small
+connected subgraphs grown from every seed node, so the plan can trade when the maximal groups
+conflict. Every neighbour refused while growing (a) is recorded with its reason.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
+from .shapes import Shape, broadcast_shapes
+
+
+@dataclass(frozen=True)
+class Reachability:
+    """Strict descendants and ancestors of every node, as bitsets over node ids."""
+
+    desc: tuple[int, ...]
+    anc: tuple[int, ...]
+
+
+def reachability(graph: FusionGraph) -> Reachability:
+    """Bitset reachability over the whole graph (opaque nodes included: paths run through
+    them). Relies on `graph.nodes` being in topological order."""
+    n = len(graph.nodes)
+    desc = [0] * n
+    for i in reversed(range(n)):
+        d = 0
+        for s in graph.succs[i]:
+            d |= desc[s] | (1 << s)
+        desc[i] = d
+    anc = [0] * n
+    for i in range(n):
+        a = 0
+        for p in graph.preds[i]:
+            a |= anc[p] | (1 << p)
+        anc[i] = a
+    return Reachability(tuple(desc), tuple(anc))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A neighbour left out of a group, and why (printable, names the node)."""
+
+    group: tuple[int, ...]
+    node: int
+    reason: str
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict."""
+        return {"group": list(self.group), "node": self.node, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Legal multi-node groups (sorted node ids, deduplicated) and the refusals met growing them."""
+
+    groups: tuple[tuple[int, ...], ...]
+    rejections: tuple[Rejection, ...]
+    reach: Reachability = field(repr=False, compare=False)
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict, for debugging dumps."""
+        return {"groups": [list(g) for g in self.groups],
+                "rejections": [r.to_json() for r in self.rejections]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Group state: everything legality needs, updatable one node at a time.
+
+
+def iter_bits(mask: int) -> Iterable[int]:
+    """The set bits of a bitset, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _escapes(graph: FusionGraph, tensor: str, mask: int) -> bool:
+    """Whether `tensor` is needed outside the node set `mask` (so the kernel must write it)."""
+    if tensor in graph.graph_outputs:
+        return True
+    return any(not (mask >> c) & 1 for c in graph.consumers.get(tensor, ()))
+
+
+def _shape(graph: FusionGraph, tensor: str) -> Shape | None:
+    info = graph.tensors.get(tensor)
+    return info.shape if info is not None else None
+
+
+def _output_shapes(graph: FusionGraph, node: int) -> list[Shape | None]:
+    return [_shape(graph, t) for t in graph.nodes[node].outputs if t]
+
+
+@dataclass(frozen=True)
+class _State:
+    """A node set with its boundary, reach and iteration shape, kept consistent as it grows."""
+
+    mask: int
+    members: tuple[int, ...]  # sorted
+    desc: int
+    anc: int
+    shape: Shape | None  # None once the outputs stop broadcasting: no superset can fix that
+    ins: tuple[str, ...]
+    outs: tuple[str, ...]
+
+    @staticmethod
+    def of(graph: FusionGraph, reach: Reachability, members: Sequence[int]) -> _State:
+        """The state of an arbitrary node set, boundary taken from `graph.boundary`."""
+        mask = desc = anc = 0
+        shapes: list[Shape | None] = []
+        for i in members:
+            mask |= 1 << i
+            desc |= reach.desc[i]
+            anc |= reach.anc[i]
+            shapes += _output_shapes(graph, i)
+        ins, outs = graph.boundary(frozenset(members))
+        return _State(mask, tuple(sorted(members)), desc, anc, broadcast_shapes(shapes), ins, outs)
+
+    def add(self, graph: FusionGraph, reach: Reachability, v: int) -> _State:
+        """This set plus node `v`, boundary updated from `v`'s tensors only."""
+        node = graph.nodes[v]
+        mask = self.mask | (1 << v)
+        produced = set(node.outputs)
+        # Tensors `v` produces are no longer read from outside.
+        ins = [t for t in self.ins if t not in produced]
+        for t in node.inputs:
+            p = graph.producer.get(t)
+            if t and t not in ins and not (p is not None and (mask >> p) & 1) and not graph.is_baked(t):
+                ins.append(t)
+        consumed = set(node.inputs)
+        # An output `v` reads may now be needed only inside.
+        outs = [t for t in self.outs if t not in consumed or _escapes(graph, t, mask)]
+        outs += [t for t in node.outputs if t and _escapes(graph, t, mask)]
+        shape = None if self.shape is None else broadcast_shapes([self.shape] + _output_shapes(graph, v))
+        members = tuple(sorted(self.members + (v,)))
+        return _State(mask, members, self.desc | reach.desc[v], self.anc | reach.anc[v], shape,
+                      tuple(ins), tuple(outs))
+
+
+def _fmt(shape: Shape | None) -> str:
+    return "unknown" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
+    nodes = list(nodes)
+    text = ", ".join(graph.nodes[i].label for i in nodes[:limit])
+    return text + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+
+
+def _verdict(graph: FusionGraph, st: _State) -> str | None:
+    """Rules 3–5 of the design note on a connected set of fusible nodes."""
+    between = st.desc & st.anc & ~st.mask
+    if between:
+        return (f"not convex: a path leaves the group through {_labels(graph, iter_bits(between))} "
+                f"and comes back, so fusing would create a cycle")
+    if st.shape is None:
+        shapes = sorted({_fmt(s) for i in st.members for s in _output_shapes(graph, i)})
+        return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
+    for t in st.outs:
+        s = _shape(graph, t)
+        if s != st.shape:
+            return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
+                    f"not the iteration shape {_fmt(st.shape)}; a kernel writes every output "
+                    f"over the whole iteration space")
+    from_inputs = broadcast_shapes([_shape(graph, t) for t in st.ins])
+    if from_inputs != st.shape:
+        return (f"the broadcast of the group's inputs is {_fmt(from_inputs)}, not its iteration "
+                f"shape {_fmt(st.shape)} (baked constants widen it); the kernel derives its "
+                f"iteration shape from its inputs")
+    if len(st.ins) > MAX_INPUTS:
+        return f"{len(st.ins)} inputs exceed the kernel limit of {MAX_INPUTS}"
+    if len(st.outs) > MAX_OUTPUTS:
+        return f"{len(st.outs)} outputs exceed the kernel limit of {MAX_OUTPUTS}"
+    return None
+
+
+def _unconnected_part(graph: FusionGraph, members: Sequence[int]) -> list[int]:
+    """Members not reachable (undirected, through member-to-member tensors) from the first."""
+    inside = set(members)
+    seen = {members[0]}
+    stack = [members[0]]
+    while stack:
+        i = stack.pop()
+        for j in graph.succs[i] | graph.preds[i]:
+            if j in inside and j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return sorted(inside - seen)
+
+
+def legality(graph: FusionGraph, nodes: frozenset[int] | set[int],
+             reach: Reachability | None = None) -> str | None:
+    """None if `nodes` may be one fused kernel, else why not (naming the nodes concerned).
+
+    `reach` (from `reachability(graph)`) saves recomputing reachability for repeated calls.
+    """
+    members = sorted(nodes)
+    for i in members:
+        n = graph.nodes[i]
+        if not n.fusible:
+            return f"{n.label} is not fusible: {n.reason}"
+    if len(members) < 2:
+        return "a fused group needs at least two nodes"
+    apart = _unconnected_part(graph, members)
+    if apart:
+        return f"not connected: {_labels(graph, apart)} share no tensor with the rest of the group"
+    return _verdict(graph, _State.of(graph, reach or reachability(graph), members))
+
+
+# ---------------------------------------------------------------------------------------------
+# Enumeration.
+
+
+def _fusible_neighbours(graph: FusionGraph) -> list[tuple[int, ...]]:
+    return [tuple(sorted(j for j in graph.succs[i] | graph.preds[i] if graph.nodes[j].fusible))
+            if graph.nodes[i].fusible else () for i in range(len(graph.nodes))]
+
+
+def _components(graph: FusionGraph, nbrs: list[tuple[int, ...]]) -> list[list[int]]:
+    """Connected components of the subgraph induced by fusible nodes, each sorted."""
+    seen: set[int] = set()
+    comps = []
+    for start in range(len(graph.nodes)):
+        if start in seen or not graph.nodes[start].fusible:
+            continue
+        seen.add(start)
+        comp, stack = [start], [start]
+        while stack:
+            for j in nbrs[stack.pop()]:
+                if j not in seen:
+                    seen.add(j)
+                    comp.append(j)
+                    stack.append(j)
+        comps.append(sorted(comp))
+    return comps
+
+
+def _forced(graph: FusionGraph, st: _State, free: set[int]) -> list[int]:
+    """Nodes that every legal superset of `st` must contain, when all of them are `free`
+    (else none): the nodes on paths between members (a convex superset holds them all), or
+    the outside consumers of an output smaller than the iteration shape (it must become
+    internal)."""
+    between = list(iter_bits(st.desc & st.anc & ~st.mask))
+    if between:
+        return between if all(j in free for j in between) else []
+    if st.shape is None:
+        return []
+    need: list[int] = []
+    for t in st.outs:
+        if _shape(graph, t) != st.shape:
+            if t in graph.graph_outputs:
+                return []
+            need += [c for c in graph.consumers.get(t, ()) if not (st.mask >> c) & 1]
+    return need if all(j in free for j in need) else []
+
+
+def _try_add(graph: FusionGraph, reach: Reachability, st: _State, v: int,
+             free: set[int]) -> tuple[_State | None, str | None]:
+    """`st` plus `v` and whatever that forces in (a node whose output feeds the far side of a
+    diamond can only join together with it): (new state, None), or (None, why `v` alone
+    does not fit)."""
+    new = st.add(graph, reach, v)
+    first = reason = _verdict(graph, new)
+    while reason is not None:
+        need = [j for j in _forced(graph, new, free) if not (new.mask >> j) & 1]
+        if not need:
+            return None, first
+        for j in need:
+            new = new.add(graph, reach, j)
+        reason = _verdict(graph, new)
+    return new, None
+
+
+def _grow_one(graph: FusionGraph, reach: Reachability, nbrs: list[tuple[int, ...]], seed: int,
+              free: set[int]) -> tuple[_State, dict[int, str]]:
+    """Grow a legal group from `seed` over `free` nodes, smallest topological index first.
+    Once the frontier runs dry, refused nodes get one more try against the grown group.
+    Returns the group and the nodes still refused, with why."""
+    st = _State.of(graph, reach, [seed])
+    frontier = [j for j in nbrs[seed] if j in free]
+    heapq.heapify(frontier)
+    refused: dict[int, str] = {}
+    while True:
+        while frontier:
+            v = heapq.heappop(frontier)
+            if (st.mask >> v) & 1:
+                continue
+            new, reason = _try_add(graph, reach, st, v, free)
+            if new is None:
+                refused[v] = reason or ""
+                continue
+            for j in iter_bits(new.mask & ~st.mask):
+                refused.pop(j, None)
+                frontier += [k for k in nbrs[j] if k in free and not (new.mask >> k) & 1]
+            heapq.heapify(frontier)
+            st = new
+        again = {v: _try_add(graph, reach, st, v, free) for v in sorted(refused) if not (st.mask >> v) & 1}
+        ok = [v for v, (new, _) in again.items() if new is not None]
+        if not ok:
+            return st, {v: r or "" for v, (_, r) in again.items()}
+        frontier = ok[:1]  # take one; the loop re-checks the others against the larger group
+
+
+def _maximal_groups(graph: FusionGraph, reach: Reachability, nbrs: list[tuple[int, ...]],
+                    comp: list[int]) -> tuple[list[tuple[int, ...]], list[Rejection]]:
+    """Partition one fusible component into greedily grown maximal legal groups."""
+    free = set(comp)
+    groups: list[tuple[int, ...]] = []
+    rejections: list[Rejection] = []
+    for seed in comp:
+        if seed not in free:
+            continue
+        st, refused = _grow_one(graph, reach, nbrs, seed, free)
+        free -= set(st.members)
+        if len(st.members) > 1:
+            groups.append(st.members)
+        rejections += [Rejection(st.members, v, r) for v, r in sorted(refused.items())]
+        rejections += _opaque_neighbours(graph, st.members)
+    return groups, rejections
+
+
+def _opaque_neighbours(graph: FusionGraph, members: tuple[int, ...]) -> list[Rejection]:
+    """Non-fusible nodes next to a group, with their own reason (Inductor style: every
+    refused fusion says why)."""
+    near = sorted({j for i in members for j in graph.succs[i] | graph.preds[i]
+                   if not graph.nodes[j].fusible})
+    return [Rejection(members, j, f"{graph.nodes[j].label} is not fusible: {graph.nodes[j].reason}")
+            for j in near]
+
+
+def _small_groups(graph: FusionGraph, reach: Reachability, nbrs: list[tuple[int, ...]], seed: int,
+                  max_size: int, per_seed: int) -> list[tuple[int, ...]]:
+    """Legal connected sets whose smallest node is `seed`, smallest first, up to `max_size`
+    nodes and `per_seed` results. Illegal sets are still extended (a diamond is convex only
+    once both arms are in), within a budget of explored sets."""
+    budget = 4 * per_seed * max_size
+    found: list[tuple[int, ...]] = []
+    level = {1 << seed: _State.of(graph, reach, [seed])}
+    for _ in range(max_size - 1):
+        nxt: dict[int, _State] = {}
+        for st in level.values():
+            for v in sorted({j for i in st.members for j in nbrs[i] if j > seed}):
+                mask = st.mask | (1 << v)
+                if (st.mask >> v) & 1 or mask in nxt:
+                    continue
+                new = st.add(graph, reach, v)
+                budget -= 1
+                if new.shape is not None:  # an unprovable shape stays unprovable: prune
+                    nxt[mask] = new
+                    if _verdict(graph, new) is None:
+                        found.append(new.members)
+                        if len(found) >= per_seed:
+                            return found
+                if budget <= 0:
+                    return found
+        level = nxt
+    return found
+
+
+def enumerate_candidates(graph: FusionGraph, max_size: int = 6, per_seed: int = 8,
+                         reach: Reachability | None = None) -> Candidates:
+    """The legal multi-node groups worth offering the plan, and the refusals met on the way.
+
+    `max_size` bounds the small subgraphs grown from each seed (not the maximal groups, which
+    are unbounded), `per_seed` how many of them each seed contributes.
+    """
+    reach = reach or reachability(graph)
+    nbrs = _fusible_neighbours(graph)
+    groups: dict[tuple[int, ...], None] = {}
+    rejections: list[Rejection] = []
+    for comp in _components(graph, nbrs):
+        maximal, rej = _maximal_groups(graph, reach, nbrs, comp)
+        groups.update(dict.fromkeys(maximal))
+        rejections += rej
+        for seed in comp:
+            groups.update(dict.fromkeys(_small_groups(graph, reach, nbrs, seed, max_size, per_seed)))
+    return Candidates(tuple(groups), tuple(dict.fromkeys(rejections)), reach)

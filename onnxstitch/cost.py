@@ -1,0 +1,65 @@
+"""The cost model the plan minimises: every kernel costs one launch plus its memory traffic.
+
+Memory-bound kernels are priced by the roofline's memory side only: the bytes a kernel must
+move (each boundary tensor read or written once) over the measured device-to-device copy
+bandwidth, plus one host launch. DESIGN.md's anchors: a launch from the host costs about
+4–5 µs; a device-to-device copy moves about 2.85 TB/s on H100 and 3.96 TB/s on H200
+(read + write counted). Small tensors are launch-bound, large ones bandwidth-bound, so both
+terms are needed.
+
+Nodes left to ONNX Runtime (unfused fusible nodes, and opaque nodes such as MatMul) are priced
+the same way from their own inputs and outputs. For opaque nodes that underestimates compute,
+but their cost is the same in every plan, so it never changes the choice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .graph import FusionGraph
+
+H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
+H200_BANDWIDTH_GBS = 3960.0
+HOST_LAUNCH_US = 4.5  # one kernel launched from the host, outside a CUDA graph
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Predicted time of a memory-bound kernel: `launch_us + bytes / bandwidth`.
+
+    Defaults are the H100 anchors; use `CostModel(bandwidth_gbs=H200_BANDWIDTH_GBS)` for H200.
+    """
+
+    launch_us: float = HOST_LAUNCH_US
+    bandwidth_gbs: float = H100_BANDWIDTH_GBS
+
+    def kernel_us(self, nbytes: int) -> float:
+        """Microseconds for one kernel moving `nbytes` (1 GB/s = 1e3 bytes/µs)."""
+        return self.launch_us + nbytes / (self.bandwidth_gbs * 1e3)
+
+
+def _sum_bytes(graph: FusionGraph, tensors: Iterable[str]) -> int:
+    return sum(graph.tensor_bytes(t) for t in dict.fromkeys(tensors) if t)
+
+
+def group_bytes(graph: FusionGraph, group: frozenset[int] | set[int]) -> int:
+    """Bytes a fused kernel moves: its boundary inputs and outputs, each once. Internal
+    tensors stay in registers; baked scalars are literals and cost nothing."""
+    ins, outs = graph.boundary(group)
+    return _sum_bytes(graph, ins + outs)
+
+
+def node_bytes(graph: FusionGraph, node: int) -> int:
+    """Bytes one node moves when ONNX Runtime runs it alone: all its inputs and outputs."""
+    n = graph.nodes[node]
+    return _sum_bytes(graph, n.inputs + n.outputs)
+
+
+def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[int]) -> float:
+    """Predicted time of one fused kernel over `group`."""
+    return cost.kernel_us(group_bytes(graph, group))
+
+
+def node_us(graph: FusionGraph, cost: CostModel, node: int) -> float:
+    """Predicted time of a node left as it is (one launch of its own)."""
+    return cost.kernel_us(node_bytes(graph, node))

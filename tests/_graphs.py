@@ -1,0 +1,34 @@
+"""Helpers for planning tests: FusionGraphs from ONNX text, nodes looked up by output name."""
+from __future__ import annotations
+
+import onnx
+import onnx.parser
+
+from onnxstitch import graph as fgraph
+from onnxstitch import shapes
+
+HEADER = '<ir_version: 10, opset_import: ["" : 20]>'
+
+
+def from_text(text: str) -> fgraph.FusionGraph:
+    """Parse, check, infer and build. `text` may omit the `<ir_version ...>` header."""
+    if not text.lstrip().startswith("<"):
+        text = HEADER + "\n" + text
+    model = onnx.parser.parse_model(text)
+    onnx.checker.check_model(model)
+    return from_model(model)
+
+
+def from_model(model: onnx.ModelProto) -> fgraph.FusionGraph:
+    inferred, tensors = shapes.infer(model)
+    return fgraph.build(inferred, tensors)
+
+
+def node(g: fgraph.FusionGraph, output: str) -> int:
+    """Id of the node producing tensor `output`."""
+    return g.producer[output]
+
+
+def nodes(g: fgraph.FusionGraph, *outputs: str) -> tuple[int, ...]:
+    """Sorted ids of the nodes producing `outputs`."""
+    return tuple(sorted(g.producer[t] for t in outputs))
