@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Benchmark: the 20-op elementwise chain on [8192, 4096] (float32, float16).
+
+Measures, in one process on one GPU: the device-to-device copy bandwidth (the ceiling),
+the fused kernel alone (launched from its embedded cubin, timed with CUDA events), and stock
+ORT CUDA EP vs the stitched model end to end (IO binding). Prints a table, writes JSON.
+
+    python scripts/bench_elementwise.py --out results.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxstitch  # noqa: E402
+from models.elementwise import chain  # noqa: E402
+from onnxstitch import bench  # noqa: E402
+
+ROWS, COLS = 8192, 4096
+
+
+def copy_bandwidth(nbytes: int, reps: int = 50) -> float:
+    """Device-to-device copy, GB/s counting bytes read plus written."""
+    import cupy as cp
+
+    a = cp.random.standard_normal(nbytes // 4, dtype=cp.float32)
+    b = cp.empty_like(a)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(5):
+        b[...] = a
+    start.record()
+    for _ in range(reps):
+        cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
+    stop.record()
+    stop.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, stop) / reps
+    return 2 * a.nbytes / (ms * 1e-3) / 1e9
+
+
+class _Args(ctypes.Structure):
+    # docs/abi.md StitchArgs
+    _fields_ = [("inp", ctypes.c_void_p * 32), ("out", ctypes.c_void_p * 16), ("n", ctypes.c_longlong),
+                ("rank", ctypes.c_int), ("pad", ctypes.c_int), ("dims", ctypes.c_longlong * 8),
+                ("strides", (ctypes.c_longlong * 8) * 32)]
+
+
+def fused_kernel_time(node: onnx.NodeProto, x, y, reps: int = 50) -> float:
+    """Milliseconds per launch of a one-input one-output FULL fused kernel, from its cubin."""
+    import cupy as cp
+
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    cc = cp.cuda.Device().compute_capability  # e.g. "90"
+    archs = [a.decode() for a in attrs["image_archs"]]
+    image = attrs["images"][archs.index(f"sm_{cc}")]
+    cuda = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
+    name = attrs["kernel_name"].decode() + "_v32"
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) == 0
+    args = _Args()
+    args.inp[0], args.out[0], args.n, args.rank = x.data.ptr, y.data.ptr, x.size, 2
+    args.dims[0], args.dims[1] = x.shape
+    vw = attrs["vec_width"]
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    grid = max(1, min((x.size // vw + 255) // 256, 32 * sms))
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
+
+    def launch():
+        assert cuda.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, None, params, None) == 0
+
+    for _ in range(5):
+        launch()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        launch()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / reps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("bench_elementwise.json"))
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    import cupy as cp
+
+    results = {"gpu": bench.gpu_name(), "shape": [ROWS, COLS], "ops": 20}
+    results["copy_gbs"] = copy_bandwidth(ROWS * COLS * 4)
+    for dtype in (TP.FLOAT, TP.FLOAT16):
+        name = TP.DataType.Name(dtype).lower()
+        model = chain(20, shape=("batch", COLS), dtype=dtype)
+        res = onnxstitch.optimize(model, shapes={"batch": [ROWS]})
+        fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+        with tempfile.TemporaryDirectory() as tmp:
+            src, dst = Path(tmp) / "chain.onnx", Path(tmp) / "chain.stitched.onnx"
+            onnx.save(model, src)
+            onnx.save(res.model, dst)
+            b = bench.run(src, dst, warmup=10, iters=args.iters, dim_values={"batch": ROWS})
+        np_dtype = np.float32 if dtype == TP.FLOAT else np.float16
+        x = cp.asarray(np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np_dtype))
+        y = cp.empty_like(x)
+        k_ms = fused_kernel_time(fused[0], x, y) if len(fused) == 1 else float("nan")
+        moved = 2 * x.nbytes
+        results[name] = {
+            "kernels_stitched": len(fused), "bench": b.to_json(), "fused_kernel_ms": k_ms,
+            "fused_kernel_gbs": moved / (k_ms * 1e-3) / 1e9,
+            "fused_kernel_fraction_of_copy": moved / (k_ms * 1e-3) / 1e9 / results["copy_gbs"],
+            "end_to_end_gbs": moved / (b.stitched.median_ms * 1e-3) / 1e9,
+            "speedup_vs_stock": b.speedup,
+        }
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"GPU {results['gpu']}: device-to-device copy {results['copy_gbs']:.0f} GB/s")
+    print(f"{'dtype':8} {'stock ms':>9} {'stitched ms':>12} {'speedup':>8} {'kernel ms':>10} {'kernel GB/s':>12} {'of copy':>8} {'maxrel':>8}")
+    for name in ("float", "float16"):
+        r = results[name]
+        bj = r["bench"]
+        print(f"{name:8} {bj['stock']['median_ms']:9.3f} {bj['stitched']['median_ms']:12.3f} {r['speedup_vs_stock']:8.2f} "
+              f"{r['fused_kernel_ms']:10.3f} {r['fused_kernel_gbs']:12.0f} {r['fused_kernel_fraction_of_copy']:8.1%} "
+              f"{bj['max_rel_err']:8.2g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: install onnxstitch, run every `gpu` test, run the
+# benchmarks. Full logs and JSON go to $OUT. Expects the staged packages in /tmp/site
+# (../shared/gpu/stage.sh) and the custom-op library built on the CPU machine in .carry/.
+#   bash scripts/gpu_check.sh [pytest -k expression]
+set -uo pipefail
+OUT=${OUT:-/tmp/onnxstitch-out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
+export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
+log="$OUT/gpu_check.log"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())"
+  python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
+} 2>&1 | tee "$log"
+sel=${1:-}
+python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore ${sel:+-k "$sel"} \
+  --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee -a "$log" | tail -40
+status=${PIPESTATUS[0]}
+python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | tee -a "$log"
+exit "$status"

@@ -1,0 +1,113 @@
+"""The command line: optimize end to end on CPU, bad input as one line with exit status 2
+and no output file, the report file, and the fallback equivalence of what it writes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto as TP
+
+from cli.main import main
+from models.elementwise import chain, random_graph
+from onnxstitch.inputs import random_feeds
+
+from .stitching import assert_close
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _bad(tmp_path: Path, name: str, content: bytes | None) -> Path:
+    p = tmp_path / name
+    if content is not None:
+        p.write_bytes(content)
+    return p
+
+
+def _truncated(tmp_path: Path) -> bytes:
+    return chain(5, shape=(4, 8)).SerializeToString()[:-37]
+
+
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "truncated", "not_onnx", "dangling_input"])
+def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path: Path, case: str) -> None:
+    if case == "missing":
+        path = tmp_path / "nope.onnx"
+    elif case == "directory":
+        path = tmp_path / "dir.onnx"
+        path.mkdir()
+    elif case == "empty":
+        path = _bad(tmp_path, "empty.onnx", b"")
+    elif case == "truncated":
+        path = _bad(tmp_path, "trunc.onnx", _truncated(tmp_path))
+    elif case == "not_onnx":
+        path = _bad(tmp_path, "text.onnx", b"this is not a model\n" * 10)
+    else:
+        m = chain(3, shape=(4, 8))
+        m.graph.node[1].input[0] = "nowhere"
+        path = _bad(tmp_path, "dangling.onnx", m.SerializeToString())
+    out = tmp_path / "out.onnx"
+    res = _invoke("optimize", str(path), "-o", str(out))
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("onnxstitch: error:") and str(path) in lines[0], res.output
+    assert "Traceback" not in res.output
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.onnx")]  # no temp left
+
+
+def test_bad_shape_option(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(chain(3), src)
+    res = _invoke("optimize", str(src), "--shape", "batch", "-o", str(tmp_path / "o.onnx"))
+    assert res.exit_code == 2 and "--shape" in res.output
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+def test_optimize_chain_writes_one_kernel_and_same_outputs(tmp_path: Path, dtype: int) -> None:
+    src, out, rep = tmp_path / "chain.onnx", tmp_path / "chain.stitched.onnx", tmp_path / "plan.json"
+    model = chain(20, shape=("batch", 64), dtype=dtype)
+    onnx.save(model, src)
+    res = _invoke("optimize", str(src), "-o", str(out), "--report", str(rep), "--shape", "batch=8192")
+    assert res.exit_code == 0, res.output
+    assert "kernels" in res.output and "solver" in res.output
+    stitched = onnx.load(str(out))
+    onnx.checker.check_model(stitched, full_check=True)
+    assert [n.op_type for n in stitched.graph.node] == ["FusedKernel"]
+    report = json.loads(rep.read_text())
+    assert report["plan"]["kernels_before"] == 20 and report["plan"]["kernels_after"] == 1
+    assert report["symbolic_dims_for_cost"] == {"batch": 8192}
+    for batch in (1, 5):  # dynamic dims still work
+        feeds = random_feeds(model, seed=batch, dim_values={"batch": batch})
+        ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert_close(got[0], ref[0], f"batch {batch}")
+
+
+def test_optimize_random_model_with_opaque_nodes_keeps_outputs(tmp_path: Path) -> None:
+    src, out = tmp_path / "r.onnx", tmp_path / "r.stitched.onnx"
+    model = random_graph(60, seed=3, shape=("batch", 16), opaque_every=9)
+    onnx.save(model, src)
+    res = _invoke("optimize", str(src), "-o", str(out), "-q")
+    assert res.exit_code == 0 and res.output.strip() == ""
+    stitched = onnx.load(str(out))
+    assert any(n.op_type == "FusedKernel" for n in stitched.graph.node)
+    assert sum(n.op_type == "MatMul" for n in stitched.graph.node) == sum(n.op_type == "MatMul" for n in model.graph.node)
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 3})
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_refuses_to_overwrite_input(tmp_path: Path) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(chain(3), src)
+    before = src.read_bytes()
+    res = _invoke("optimize", str(src), "-o", str(src))
+    assert res.exit_code == 2 and src.read_bytes() == before
