@@ -1,0 +1,74 @@
+"""The Python API end to end on CPU (fallback path): constants, initializers that are graph
+inputs, fan-out and multi-output groups, unsupported ops left alone, the report."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper, parser
+
+import onnxstitch
+from onnxstitch.inputs import random_feeds
+
+from .stitching import assert_close
+
+FANOUT = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 32] x, float[32, 32] w) => (float[B, 32] y, float[B, 32] z, float[B, 32] m) {
+  half = Constant<value = float {0.5}>()
+  a = Mul(x, half)
+  b = Sigmoid(a)
+  c = Tanh(a)
+  y = Add(b, c)
+  m = MatMul(y, w)
+  e = Relu(m)
+  z = Sub(e, y)
+}"""
+
+
+def _cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_fanout_and_opaque_node() -> None:
+    model = parser.parse_model(FANOUT)
+    res = onnxstitch.optimize(model, shapes={"B": [64]})
+    ops = [n.op_type for n in res.model.graph.node]
+    assert ops.count("MatMul") == 1 and ops.count("FusedKernel") == 2
+    groups = res.report.plan.groups
+    assert sorted(len(g.nodes) for g in groups) == [2, 4]
+    assert any("MatMul" in r.reason for r in res.report.plan.rejections)
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"B": 5})
+    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+        assert_close(a, b)
+
+
+def test_report_json_lists_groups_and_solver() -> None:
+    rep = onnxstitch.optimize(parser.parse_model(FANOUT)).report.to_json()
+    assert rep["plan"]["status"] == "optimal"
+    assert rep["nodes_before"] == 7 and rep["nodes_after"] == 3
+    assert all(k["vec_width"] == 4 for k in rep["kernels"])
+
+
+def test_initializer_that_is_a_graph_input_stays_a_runtime_input() -> None:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 8])
+    s = helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 8])
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Exp", ["t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x, s], [y], [numpy_helper.from_array(np.array(2.0, np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    stitched = onnxstitch.optimize(model).model
+    fused = [n for n in stitched.graph.node if n.op_type == "FusedKernel"]
+    assert len(fused) == 1 and "s" in fused[0].input
+    xv = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    for sv in (None, np.array(-0.75, np.float32)):  # default value, then an override
+        feeds = {"x": xv} if sv is None else {"x": xv, "s": sv}
+        assert_close(_cpu(stitched, feeds)[0], _cpu(model, feeds)[0])
+
+
+def test_model_path_and_proto_give_the_same_plan(tmp_path) -> None:
+    model = parser.parse_model(FANOUT)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    a = onnxstitch.optimize(path).report.plan
+    b = onnxstitch.optimize(model).report.plan
+    assert [g.nodes for g in a.groups] == [g.nodes for g in b.groups]
