@@ -9,27 +9,34 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 # Each step maps the running value through one op; constants keep values in a range where
-# float16 neither overflows nor loses everything.
-_CHAIN = [
+# float16 neither overflows nor loses everything. LIGHT is what models chain between matrix
+# products (scale, shift, clamp, an activation or two); HEAVY is transcendental-bound.
+LIGHT_CHAIN = [
+    ("Mul", 0.5), ("Add", 0.25), ("Sigmoid", None), ("Mul", 1.5), ("Sub", 0.5),
+    ("Abs", None), ("Add", 1.0), ("Sqrt", None), ("Mul", 0.75), ("Max", 0.1),
+    ("Min", 4.0), ("Neg", None), ("Add", 2.0), ("Relu", None), ("Mul", 2.0),
+    ("Tanh", None), ("Add", 0.5), ("Mul", 3.0), ("Sub", 1.0), ("Mul", 0.25),
+]
+HEAVY_CHAIN = [
     ("Mul", 0.5), ("Add", 0.25), ("Tanh", None), ("Mul", 1.5), ("Sigmoid", None),
     ("Sub", 0.5), ("Abs", None), ("Add", 1.0), ("Sqrt", None), ("Log", None),
     ("Neg", None), ("Exp", None), ("Mul", 2.0), ("Relu", None), ("Sin", None),
     ("Div", 1.25), ("Erf", None), ("Cos", None), ("Reciprocal", None), ("Softplus", None),
 ]
 
-
 def _dims(shape: Sequence[int | str]) -> list[int | str]:
     return list(shape)
 
 
 def chain(n_ops: int = 20, shape: Sequence[int | str] = ("batch", 4096), dtype: int = TP.FLOAT,
-          opset: int = 20) -> onnx.ModelProto:
-    """A chain of `n_ops` elementwise ops over one input (stock ORT runs one kernel each)."""
+          opset: int = 20, steps: Sequence[tuple[str, float | None]] = LIGHT_CHAIN) -> onnx.ModelProto:
+    """A chain of `n_ops` elementwise ops over one input (stock ORT runs one kernel each),
+    cycling through `steps` (LIGHT_CHAIN or HEAVY_CHAIN)."""
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
     nodes, inits = [], []
     cur = "x"
     for i in range(n_ops):
-        op, c = _CHAIN[i % len(_CHAIN)]
+        op, c = steps[i % len(steps)]
         out = "y" if i == n_ops - 1 else f"t{i}"
         if c is None:
             nodes.append(helper.make_node(op, [cur], [out], name=f"{op.lower()}_{i}"))
