@@ -17,8 +17,13 @@ from .graph import FusionGraph
 DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
-KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "images", "ptx",
+KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule")
+
+
+def arch_number(arch: str) -> int:
+    """"sm_90" (or "sm_90a") → 90, as the runtime compares it with the device's major*10+minor."""
+    return int(arch.split("_")[1].rstrip("abcdefghijklmnopqrstuvwxyz"))
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,10 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     k = group.kernel
     node = helper.make_node(
         OP_TYPE, list(k.source.inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
-        kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=list(k.archs),
-        images=list(k.images), ptx=k.ptx, input_kinds=list(k.source.input_kinds),
+        # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob
+        # split by image_sizes (docs/abi.md).
+        kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
+        image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx, input_kinds=list(k.source.input_kinds),
         output_dtypes=list(k.source.output_dtypes), shape_rule="broadcast")
     node.overload = group.name
     return node
@@ -81,6 +88,18 @@ def _topo(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.Node
     return [nodes[i] for i in order]
 
 
+def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> None:
+    """value_info for every fused output: ORT cannot infer a custom op's output type where an
+    input is a scalar (it cannot tell 'scalar' from 'unknown shape')."""
+    known = {v.name for v in g.value_info} | {o.name for o in g.output}
+    for grp in groups:
+        for t in grp.kernel.source.outputs:
+            if t not in known:
+                info = graph.tensors[t]
+                shape = None if info.shape is None else list(info.shape)
+                g.value_info.append(helper.make_tensor_value_info(t, info.dtype, shape))
+
+
 def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
     with every group replaced by its FusedKernel node and function."""
@@ -107,6 +126,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     keep_vi = [v for v in g.value_info if v.name in live]
     del g.value_info[:]
     g.value_info.extend(keep_vi)
+    _declare_fused_outputs(g, graph, groups)
     if groups:
         out.ir_version = max(out.ir_version, IR_VERSION)
         if not any(o.domain == DOMAIN for o in out.opset_import):

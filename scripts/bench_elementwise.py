@@ -59,9 +59,10 @@ def fused_kernel_time(node: onnx.NodeProto, x, y, reps: int = 50) -> float:
     import cupy as cp
 
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    cc = cp.cuda.Device().compute_capability  # e.g. "90"
-    archs = [a.decode() for a in attrs["image_archs"]]
-    image = attrs["images"][archs.index(f"sm_{cc}")]
+    cc = int(cp.cuda.Device().compute_capability)  # e.g. 90
+    k = list(attrs["image_archs"]).index(cc)
+    start = sum(attrs["image_sizes"][:k])
+    image = attrs["images"][start:start + attrs["image_sizes"][k]]
     cuda = ctypes.CDLL("libcuda.so.1")
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0

@@ -26,8 +26,11 @@ def test_kernel_compiles_and_fallback_matches(name: str, model: onnx.ModelProto)
     onnx.checker.check_model(stitched, full_check=True)
     node = stitched.graph.node[0]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert attrs["image_archs"] == [b"sm_80", b"sm_90"]
-    assert all(img[:4] == b"\x7fELF" for img in attrs["images"])  # cubins are ELF images
+    assert attrs["image_archs"] == [80, 90]
+    sizes = attrs["image_sizes"]
+    assert sum(sizes) == len(attrs["images"])
+    starts = [0, sizes[0]]
+    assert all(attrs["images"][s:s + 4] == b"\x7fELF" for s in starts)  # cubins are ELF images
     assert b".entry" in attrs["ptx"]
     feeds = random_feeds(model, seed=np.random.SeedSequence().entropy % 2**32)
     if "b" in feeds and feeds["b"].dtype.kind == "i":

@@ -1,0 +1,857 @@
+// onnxstitch runtime: the com.onnxstitch::FusedKernel custom op for ONNX Runtime's CUDA EP.
+//
+// One op, heterogeneous variadic inputs and outputs of any tensor type, all in GPU memory. Each
+// node carries its own compiled kernel (cubins + PTX) in attributes; this library loads the
+// module once per CUDA context, computes the iteration shape, fills StitchArgs and launches on
+// ORT's compute stream. The node/kernel contract is docs/abi.md.
+//
+// Rules kept throughout:
+//  * Plain C API only (no ORT C++ wrappers): no C++ exception may cross into ORT, so every entry
+//    point catches everything and returns an OrtStatus whose message names the node.
+//  * The CUDA driver is reached through cuda_driver.h (dlopen + cuGetProcAddress), lazily at the
+//    first Compute, so the library loads, registers and builds sessions on machines without GPUs.
+//  * Compute allocates nothing but the outputs and never synchronises (CUDA-graph friendly).
+//
+// Attributes read by this library (see the report / docs/abi.md for the encoding of the images:
+// ORT's custom-op C API cannot read STRINGS attributes, so cubins travel as one binary-safe STRING):
+//   kernel_name STRING, vec_width INT, input_kinds INTS, output_dtypes INTS, shape_rule STRING,
+//   image_archs INTS (major*10+minor, e.g. 90), image_sizes INTS, images STRING (the cubins
+//   concatenated in image_archs order), ptx STRING.
+#include <onnxruntime_c_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "stitch_abi.h"
+
+#define STITCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace onnxstitch {
+namespace {
+
+constexpr const char* kDomain = "com.onnxstitch";
+constexpr const char* kOpType = "FusedKernel";
+#ifdef ONNXSTITCH_CPU_EP_FOR_TESTS
+// Test build only (tests/test_runtime_build.py): registering for the CPU EP lets a machine
+// without a GPU run everything up to the first driver call (attributes, shapes, outputs, errors).
+constexpr const char* kProvider = "CPUExecutionProvider";
+#else
+constexpr const char* kProvider = "CUDAExecutionProvider";
+#endif
+constexpr int kBlock = 256;
+constexpr long long kWideThreshold = 1LL << 30;  // the 32-bit vector entry stops short of this
+constexpr int kEntries = 2;
+constexpr const char* kEntrySuffix[kEntries] = {"_v32", "_s64"};
+
+// Our OrtCustomOp plus the OrtApi it was registered with (InferOutputShapeFn gets no api).
+struct OpDef {
+  OrtCustomOp op;  // first member: ORT hands back &op, we cast back to OpDef
+  const OrtApi* api;
+};
+
+// An error on its way to becoming an OrtStatus.
+struct Error {
+  OrtErrorCode code = ORT_OK;
+  std::string message;
+  explicit operator bool() const { return code != ORT_OK; }
+};
+
+Error Fail(OrtErrorCode code, std::string message) { return Error{code, std::move(message)}; }
+
+// Converts an OrtStatus from an ORT call into an Error (and releases it).
+Error FromStatus(const OrtApi* api, OrtStatus* status, const char* what) {
+  if (status == nullptr) return {};
+  Error e{api->GetErrorCode(status), std::string(what) + ": " + api->GetErrorMessage(status)};
+  if (e.code == ORT_OK) e.code = ORT_FAIL;
+  api->ReleaseStatus(status);
+  return e;
+}
+
+#define STITCH_TRY(expr, what)                            \
+  do {                                                    \
+    if (Error e_ = FromStatus(api_, (expr), (what))) return e_; \
+  } while (0)
+
+std::string ShapeText(const int64_t* dims, size_t rank) {
+  std::string s = "[";
+  for (size_t i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel attribute reading (OrtKernelInfo).
+
+struct AttrReader {
+  const OrtApi* api_;
+  const OrtKernelInfo* info_;
+
+  // A failed read means "absent" unless ORT says the attribute exists with another type, which
+  // is reported (e.g. images written as STRINGS by an older exporter must not be skipped silently).
+  Error Absent(OrtStatus* st, const char* name, const char* expected, bool* present) {
+    const std::string msg = api_->GetErrorMessage(st);
+    api_->ReleaseStatus(st);
+    *present = false;
+    if (msg.find("No attribute") == std::string::npos && msg.find("type") != std::string::npos) {
+      return Fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be " + expected +
+                                            " (" + msg + ")");
+    }
+    return {};
+  }
+
+  // Binary-safe: ORT reports the true size (+1 for a NUL it appends) and memcpy()s the bytes.
+  Error String(const char* name, std::string* out, bool* present) {
+    size_t size = 0;
+    OrtStatus* st = api_->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
+    if (st != nullptr) return Absent(st, name, "a STRING", present);
+    std::vector<char> buf(size + 1, '\0');
+    size_t got = buf.size();
+    STITCH_TRY(api_->KernelInfoGetAttribute_string(info_, name, buf.data(), &got),
+               (std::string("reading attribute '") + name + "'").c_str());
+    out->assign(buf.data(), got > 0 ? got - 1 : 0);
+    *present = true;
+    return {};
+  }
+
+  Error Ints(const char* name, std::vector<int64_t>* out, bool* present) {
+    size_t size = 0;
+    OrtStatus* st = api_->KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size);
+    if (st != nullptr) return Absent(st, name, "INTS", present);
+    out->assign(size, 0);
+    *present = true;
+    if (size == 0) return {};
+    STITCH_TRY(api_->KernelInfoGetAttributeArray_int64(info_, name, out->data(), &size),
+               (std::string("reading attribute '") + name + "'").c_str());
+    out->resize(size);
+    return {};
+  }
+
+  Error Int(const char* name, int64_t* out, bool* present) {
+    OrtStatus* st = api_->KernelInfoGetAttribute_int64(info_, name, out);
+    if (st != nullptr) return Absent(st, name, "an INT", present);
+    *present = true;
+    return {};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Per-context module cache entry.
+
+struct Loaded {
+  cu::Context ctx = nullptr;
+  cu::Module module = nullptr;
+  cu::Function entry[kEntries] = {nullptr, nullptr};  // v32, s64
+  int sm_count = 1;
+};
+
+class Kernel {
+ public:
+  Kernel(const OrtApi* api, std::string node_name) : api_(api), node_(std::move(node_name)) {}
+  ~Kernel() { UnloadAll(); }
+
+  Error Init(const OrtKernelInfo* info);
+  Error Compute(OrtKernelContext* ctx);
+
+  OrtStatus* ToStatus(const Error& e) const { return api_->CreateStatus(e.code, (Who() + ": " + e.message).c_str()); }
+
+  // "FusedKernel node 'name' (kernel k)": the prefix of every message.
+  std::string Who() const {
+    std::string s = std::string(kOpType) + " node '" + node_ + "'";
+    if (!kernel_name_.empty()) s += " (kernel " + kernel_name_ + ")";
+    return s;
+  }
+
+ private:
+  Error EnsureDriver();
+  Error ModuleFor(cu::Context ctx, const Loaded** out);
+  Error LoadModule(Loaded* l);
+  void UnloadAll() noexcept;
+  std::string CuError(cu::Result r) const { return driver_.ErrorText(r); }
+
+  const OrtApi* api_;
+  std::string node_;
+
+  // From the attributes; immutable after Init.
+  std::string kernel_name_;
+  int64_t vec_width_ = 1;
+  std::vector<int64_t> input_kinds_;  // 0 FULL, 1 BROADCAST
+  std::vector<int64_t> output_dtypes_;
+  std::string shape_rule_;
+  std::vector<int64_t> image_archs_;   // major*10+minor
+  std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
+  std::string ptx_;
+  bool has_ptx_ = false;
+
+  // Lazily initialised under mu_; after that read-only.
+  std::mutex mu_;
+  bool driver_tried_ = false;
+  std::string driver_error_;
+  cu::Driver driver_;
+  std::map<unsigned long long, std::unique_ptr<Loaded>> loaded_;  // by context id
+};
+
+Error Kernel::Init(const OrtKernelInfo* info) {
+  AttrReader r{api_, info};
+  bool present = false;
+
+  if (Error e = r.String("kernel_name", &kernel_name_, &present)) return e;
+  if (!present || kernel_name_.empty()) {
+    return Fail(ORT_INVALID_ARGUMENT, "missing STRING attribute 'kernel_name'");
+  }
+  if (Error e = r.Int("vec_width", &vec_width_, &present)) return e;
+  if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INT attribute 'vec_width'");
+  if (vec_width_ < 1) {
+    return Fail(ORT_INVALID_ARGUMENT, "vec_width must be >= 1, got " + std::to_string(vec_width_));
+  }
+  if (Error e = r.String("shape_rule", &shape_rule_, &present)) return e;
+  if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing STRING attribute 'shape_rule'");
+
+  if (Error e = r.Ints("input_kinds", &input_kinds_, &present)) return e;
+  if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'input_kinds'");
+  for (int64_t k : input_kinds_) {
+    if (k != 0 && k != 1) {
+      return Fail(ORT_INVALID_ARGUMENT,
+                  "input_kinds values must be 0 (FULL) or 1 (BROADCAST), got " + std::to_string(k));
+    }
+  }
+  if (Error e = r.Ints("output_dtypes", &output_dtypes_, &present)) return e;
+  if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_dtypes'");
+
+  size_t n_in = 0, n_out = 0;
+  STITCH_TRY(api_->KernelInfo_GetInputCount(info, &n_in), "KernelInfo_GetInputCount");
+  STITCH_TRY(api_->KernelInfo_GetOutputCount(info, &n_out), "KernelInfo_GetOutputCount");
+  if (n_in < 1 || n_in > STITCH_MAX_IN) {
+    return Fail(ORT_INVALID_ARGUMENT, "has " + std::to_string(n_in) + " inputs; 1.." +
+                                          std::to_string(STITCH_MAX_IN) + " are supported");
+  }
+  if (n_out < 1 || n_out > STITCH_MAX_OUT) {
+    return Fail(ORT_INVALID_ARGUMENT, "has " + std::to_string(n_out) + " outputs; 1.." +
+                                          std::to_string(STITCH_MAX_OUT) + " are supported");
+  }
+  if (input_kinds_.size() != n_in) {
+    return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
+                                          " entries for " + std::to_string(n_in) + " inputs");
+  }
+  if (output_dtypes_.size() != n_out) {
+    return Fail(ORT_INVALID_ARGUMENT, "output_dtypes has " +
+                                          std::to_string(output_dtypes_.size()) + " entries for " +
+                                          std::to_string(n_out) + " outputs");
+  }
+  // The outputs ORT allocates take the node's declared types; they must be what the kernel writes.
+  for (size_t i = 0; i < n_out; ++i) {
+    OrtTypeInfo* ti = nullptr;
+    if (OrtStatus* st = api_->KernelInfo_GetOutputTypeInfo(info, i, &ti)) {
+      api_->ReleaseStatus(st);  // no type recorded: nothing to compare against
+      continue;
+    }
+    const OrtTensorTypeAndShapeInfo* tensor = nullptr;
+    ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    OrtStatus* st = api_->CastTypeInfoToTensorInfo(ti, &tensor);
+    if (st == nullptr && tensor != nullptr) st = api_->GetTensorElementType(tensor, &et);
+    if (st != nullptr) api_->ReleaseStatus(st);
+    api_->ReleaseTypeInfo(ti);
+    if (et != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED && static_cast<int64_t>(et) != output_dtypes_[i]) {
+      return Fail(ORT_INVALID_ARGUMENT, "output " + std::to_string(i) + " has element type " +
+                                            std::to_string(static_cast<int>(et)) +
+                                            " in the graph but output_dtypes says " +
+                                            std::to_string(output_dtypes_[i]));
+    }
+  }
+
+  // Kernel images. STRINGS attributes are unreadable through the custom-op C API, hence INTS
+  // archs, byte sizes, and one STRING holding the cubins back to back.
+  std::vector<int64_t> sizes;
+  bool has_archs = false, has_sizes = false, has_images = false;
+  std::string blob;
+  if (Error e = r.Ints("image_archs", &image_archs_, &has_archs)) return e;
+  if (Error e = r.Ints("image_sizes", &sizes, &has_sizes)) return e;
+  if (Error e = r.String("images", &blob, &has_images)) return e;
+  if (Error e = r.String("ptx", &ptx_, &has_ptx_)) return e;
+  has_ptx_ = has_ptx_ && !ptx_.empty();
+  if (has_images && !blob.empty()) {
+    if (!has_archs || !has_sizes) {
+      return Fail(ORT_INVALID_ARGUMENT,
+                  "attribute 'images' needs 'image_archs' and 'image_sizes' as INTS (a STRINGS "
+                  "attribute cannot be read by an ONNX Runtime custom op)");
+    }
+    if (sizes.size() != image_archs_.size()) {
+      return Fail(ORT_INVALID_ARGUMENT, "image_sizes and image_archs differ in length");
+    }
+    size_t offset = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      if (sizes[k] <= 0 || image_archs_[k] < 10 || offset + static_cast<size_t>(sizes[k]) > blob.size()) {
+        return Fail(ORT_INVALID_ARGUMENT, "image " + std::to_string(k) +
+                                              ": bad image_sizes/image_archs entry");
+      }
+      images_.emplace_back(blob, offset, static_cast<size_t>(sizes[k]));
+      offset += static_cast<size_t>(sizes[k]);
+    }
+    if (offset != blob.size()) {
+      return Fail(ORT_INVALID_ARGUMENT, "image_sizes add up to " + std::to_string(offset) +
+                                            " bytes but 'images' holds " + std::to_string(blob.size()));
+    }
+  } else {
+    image_archs_.clear();
+  }
+  if (images_.empty() && !has_ptx_) {
+    return Fail(ORT_INVALID_ARGUMENT,
+                "carries no kernel image: neither 'images' (+ image_archs, image_sizes) nor 'ptx'");
+  }
+  return {};
+}
+
+Error Kernel::EnsureDriver() {
+  // Caller holds mu_.
+  if (!driver_tried_) {
+    driver_tried_ = true;
+    driver_error_ = driver_.Load();
+  }
+  if (!driver_error_.empty()) return Fail(ORT_FAIL, driver_error_);
+  return {};
+}
+
+Error Kernel::LoadModule(Loaded* l) {
+  // The context l->ctx is current on this thread.
+  cu::Device dev = 0;
+  cu::Result r = driver_.CtxGetDevice(&dev);
+  if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuCtxGetDevice failed: " + CuError(r));
+  int major = 0, minor = 0, sms = 0;
+  if ((r = driver_.DeviceGetAttribute(&major, cu::kAttrComputeCapabilityMajor, dev)) != cu::kSuccess ||
+      (r = driver_.DeviceGetAttribute(&minor, cu::kAttrComputeCapabilityMinor, dev)) != cu::kSuccess ||
+      (r = driver_.DeviceGetAttribute(&sms, cu::kAttrMultiprocessorCount, dev)) != cu::kSuccess) {
+    return Fail(ORT_FAIL, "cuDeviceGetAttribute failed: " + CuError(r));
+  }
+  l->sm_count = std::max(1, sms);
+  const std::string device_arch = "sm_" + std::to_string(major) + std::to_string(minor);
+
+  // Cubin: same major as the device, the highest minor not above the device's.
+  int best = -1;
+  for (size_t k = 0; k < image_archs_.size(); ++k) {
+    const int64_t a = image_archs_[k];
+    if (a / 10 == major && a % 10 <= minor && (best < 0 || a % 10 > image_archs_[best] % 10)) {
+      best = static_cast<int>(k);
+    }
+  }
+  std::string why;
+  if (best >= 0) {
+    r = driver_.ModuleLoadDataEx(&l->module, images_[best].data(), 0, nullptr, nullptr);
+    if (r != cu::kSuccess) {
+      l->module = nullptr;
+      why = "loading the sm_" + std::to_string(image_archs_[best]) + " cubin failed: " + CuError(r);
+    }
+  } else {
+    why = "no cubin for " + device_arch + " (have:";
+    for (int64_t a : image_archs_) why += " sm_" + std::to_string(a);
+    why += image_archs_.empty() ? " none)" : ")";
+  }
+  if (l->module == nullptr && has_ptx_) {
+    // PTX: the driver JIT-compiles it; keep its log for the error message.
+    char log[4096] = {0};
+    int options[2] = {cu::kJitErrorLogBuffer, cu::kJitErrorLogBufferSizeBytes};
+    void* values[2] = {log, reinterpret_cast<void*>(static_cast<uintptr_t>(sizeof(log) - 1))};
+    r = driver_.ModuleLoadDataEx(&l->module, ptx_.c_str(), 2, options, values);
+    if (r != cu::kSuccess) {
+      l->module = nullptr;
+      why += "; JIT of the PTX failed: " + CuError(r);
+      if (log[0] != '\0') why += ": " + std::string(log);
+    }
+  } else if (l->module == nullptr) {
+    why += "; no PTX to fall back on";
+  }
+  if (l->module == nullptr) return Fail(ORT_FAIL, "cannot load a kernel image for " + device_arch + ": " + why);
+
+  for (int v = 0; v < kEntries; ++v) {
+    const std::string entry = kernel_name_ + kEntrySuffix[v];
+    r = driver_.ModuleGetFunction(&l->entry[v], l->module, entry.c_str());
+    if (r != cu::kSuccess) {
+      driver_.ModuleUnload(l->module);
+      l->module = nullptr;
+      return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + CuError(r));
+    }
+  }
+  return {};
+}
+
+Error Kernel::ModuleFor(cu::Context ctx, const Loaded** out) {
+  // Caller has pushed ctx. Contexts are keyed by their unique id where the driver has one
+  // (a destroyed context's address can be reused by a new one).
+  unsigned long long key = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
+  if (driver_.CtxGetId != nullptr) {
+    unsigned long long id = 0;
+    if (driver_.CtxGetId(ctx, &id) == cu::kSuccess) key = id;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loaded_.find(key);
+  if (it != loaded_.end()) {
+    *out = it->second.get();
+    return {};
+  }
+  auto l = std::make_unique<Loaded>();
+  l->ctx = ctx;
+  if (Error e = LoadModule(l.get())) return e;
+  *out = l.get();
+  loaded_.emplace(key, std::move(l));
+  return {};
+}
+
+void Kernel::UnloadAll() noexcept {
+  // Best effort: at process exit the driver may already be shut down; errors are ignored.
+  for (auto& kv : loaded_) {
+    Loaded* l = kv.second.get();
+    if (l->module == nullptr) continue;
+    if (driver_.CtxPushCurrent(l->ctx) == cu::kSuccess) {
+      driver_.ModuleUnload(l->module);
+      cu::Context popped = nullptr;
+      driver_.CtxPopCurrent(&popped);
+    }
+  }
+  loaded_.clear();
+}
+
+// Pops the pushed context on every path out of Compute.
+struct CtxGuard {
+  const cu::Driver* driver = nullptr;
+  ~CtxGuard() {
+    if (driver != nullptr) {
+      cu::Context popped = nullptr;
+      driver->CtxPopCurrent(&popped);
+    }
+  }
+};
+
+Error Kernel::Compute(OrtKernelContext* ctx) {
+  if (shape_rule_ != "broadcast") {
+    return Fail(ORT_NOT_IMPLEMENTED, "shape_rule '" + shape_rule_ + "' is not supported (only \"broadcast\")");
+  }
+  size_t n_in = 0, n_out = 0;
+  STITCH_TRY(api_->KernelContext_GetInputCount(ctx, &n_in), "KernelContext_GetInputCount");
+  STITCH_TRY(api_->KernelContext_GetOutputCount(ctx, &n_out), "KernelContext_GetOutputCount");
+  if (n_in != input_kinds_.size() || n_out != output_dtypes_.size()) {
+    return Fail(ORT_INVALID_ARGUMENT, "got " + std::to_string(n_in) + " inputs / " +
+                                          std::to_string(n_out) + " outputs, attributes describe " +
+                                          std::to_string(input_kinds_.size()) + " / " +
+                                          std::to_string(output_dtypes_.size()));
+  }
+
+  StitchArgs args;
+  std::memset(&args, 0, sizeof(args));  // unused slots are zero
+  int64_t shapes[STITCH_MAX_IN][STITCH_MAX_RANK];
+  size_t ranks[STITCH_MAX_IN];
+
+  for (size_t i = 0; i < n_in; ++i) {
+    const OrtValue* v = nullptr;
+    STITCH_TRY(api_->KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput");
+    if (v == nullptr) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " is missing");
+    OrtTensorTypeAndShapeInfo* ti = nullptr;
+    STITCH_TRY(api_->GetTensorTypeAndShape(v, &ti), "GetTensorTypeAndShape");
+    size_t rank = 0;
+    OrtStatus* st = api_->GetDimensionsCount(ti, &rank);
+    if (st == nullptr && rank > STITCH_MAX_RANK) {
+      api_->ReleaseTensorTypeAndShapeInfo(ti);
+      return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has rank " +
+                                            std::to_string(rank) + "; at most " +
+                                            std::to_string(STITCH_MAX_RANK) + " is supported");
+    }
+    if (st == nullptr) st = api_->GetDimensions(ti, shapes[i], rank);
+    api_->ReleaseTensorTypeAndShapeInfo(ti);
+    STITCH_TRY(st, "GetDimensions");
+    ranks[i] = rank;
+    void* data = nullptr;
+    // ORT has no const accessor in this API version; the kernel only reads inputs.
+    STITCH_TRY(api_->GetTensorMutableData(const_cast<OrtValue*>(v), &data), "GetTensorMutableData");
+    args.in[i] = data;
+  }
+
+  // Iteration shape: numpy broadcast of all input shapes (right-aligned).
+  size_t rank = 0;
+  for (size_t i = 0; i < n_in; ++i) rank = std::max(rank, ranks[i]);
+  int64_t dims[STITCH_MAX_RANK];
+  for (size_t d = 0; d < rank; ++d) dims[d] = 1;
+  for (size_t i = 0; i < n_in; ++i) {
+    for (size_t j = 0; j < ranks[i]; ++j) {
+      const size_t d = rank - ranks[i] + j;
+      const int64_t s = shapes[i][j];
+      if (dims[d] == 1) {
+        dims[d] = s;
+      } else if (s != 1 && s != dims[d]) {
+        std::string all;
+        for (size_t k = 0; k < n_in; ++k) all += (k ? " " : "") + ShapeText(shapes[k], ranks[k]);
+        return Fail(ORT_INVALID_ARGUMENT, "input shapes do not broadcast: " + all);
+      }
+    }
+  }
+  long long n = 1;
+  for (size_t d = 0; d < rank; ++d) n *= dims[d];
+
+  for (size_t i = 0; i < n_in; ++i) {
+    // FULL inputs are indexed linearly: their shape must be the iteration shape (leading 1s,
+    // which change no linear index, are tolerated).
+    if (input_kinds_[i] == 0) {
+      bool same = ranks[i] <= rank;
+      for (size_t d = 0; same && d < rank; ++d) {
+        const int64_t s = d + ranks[i] >= rank ? shapes[i][d + ranks[i] - rank] : 1;
+        same = s == dims[d];
+      }
+      if (!same) {
+        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " is FULL but has shape " +
+                                              ShapeText(shapes[i], ranks[i]) + ", not the iteration shape " +
+                                              ShapeText(dims, rank));
+      }
+    }
+    // Element strides of the input's own contiguous layout, mapped onto the iteration dims;
+    // 0 where the input is broadcast (missing leading dim, or extent 1 against a larger one).
+    long long own = 1;
+    for (size_t j = ranks[i]; j-- > 0;) {
+      const size_t d = rank - ranks[i] + j;
+      args.strides[i][d] = (shapes[i][j] == 1 && dims[d] != 1) ? 0 : own;
+      own *= shapes[i][j];
+    }
+  }
+  args.n = n;
+  args.rank = static_cast<int>(rank);
+  for (size_t d = 0; d < rank; ++d) args.dims[d] = dims[d];
+
+  for (size_t o = 0; o < n_out; ++o) {
+    OrtValue* v = nullptr;
+    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, dims, rank, &v), "KernelContext_GetOutput");
+    if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
+    void* data = nullptr;
+    STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
+    args.out[o] = data;
+  }
+  if (n == 0) return {};  // empty outputs allocated; nothing to launch
+
+  void* stream_handle = nullptr;
+  STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
+  cu::Stream stream = static_cast<cu::Stream>(stream_handle);
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Error e = EnsureDriver()) return e;
+  }
+  cu::Context cuctx = nullptr;
+  cu::Result r = driver_.StreamContext(stream, &cuctx);
+  if ((r != cu::kSuccess || cuctx == nullptr) && stream == nullptr) {
+    r = driver_.CtxGetCurrent(&cuctx);  // legacy default stream: the thread's current context
+  }
+  if (r != cu::kSuccess || cuctx == nullptr) {
+    return Fail(ORT_FAIL, "cannot get the CUDA context of ORT's compute stream: " +
+                              (r != cu::kSuccess ? CuError(r) : std::string("no context")));
+  }
+  r = driver_.CtxPushCurrent(cuctx);
+  if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuCtxPushCurrent failed: " + CuError(r));
+  CtxGuard guard{&driver_};
+
+  const Loaded* l = nullptr;
+  if (Error e = ModuleFor(cuctx, &l)) return e;
+
+  // Variant: vector entries need whole vectors and 16-byte aligned linear tensors.
+  bool vector_ok = (n % vec_width_) == 0;
+  for (size_t i = 0; vector_ok && i < n_in; ++i) {
+    if (input_kinds_[i] == 0) vector_ok = (reinterpret_cast<uintptr_t>(args.in[i]) % 16) == 0;
+  }
+  for (size_t o = 0; vector_ok && o < n_out; ++o) {
+    vector_ok = (reinterpret_cast<uintptr_t>(args.out[o]) % 16) == 0;
+  }
+  vector_ok = vector_ok && n < kWideThreshold;
+  const int variant = vector_ok ? 0 : 1;  // _v32 or _s64
+  const long long work = vector_ok ? n / vec_width_ : n;
+  long long blocks = (work + kBlock - 1) / kBlock;
+  blocks = std::min<long long>(blocks, 32LL * l->sm_count);
+  blocks = std::max<long long>(blocks, 1);
+
+  void* params[1] = {&args};
+  r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1, kBlock, 1, 1, 0,
+                           stream, params, nullptr);
+  if (r != cu::kSuccess) {
+    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kEntrySuffix[variant] + ", grid " +
+                              std::to_string(blocks) + ") failed: " + CuError(r));
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape inference (graph resolution). ORT ignores this function's status and, as of 1.31,
+// ShapeInferContext_SetOutputTypeShape only records the shape: the output element types must be
+// present in the model (value_info / graph outputs). So this only adds shapes, and only where they
+// are certain; anything unexpected leaves the outputs untouched.
+
+struct ShapeDim {
+  int64_t value = 1;   // -1: not a number
+  std::string symbol;  // non-empty: named dimension
+};
+
+bool ReadInts(const OrtApi* api, const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* out) {
+  const OrtOpAttr* attr = nullptr;
+  if (OrtStatus* st = api->ShapeInferContext_GetAttribute(ctx, name, &attr)) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  size_t bytes = 0;
+  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes)) api->ReleaseStatus(st);
+  out->assign(bytes / sizeof(int64_t), 0);
+  if (out->empty()) return true;
+  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_INTS, out->data(), out->size() * sizeof(int64_t), &bytes)) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  return true;
+}
+
+bool ReadString(const OrtApi* api, const OrtShapeInferContext* ctx, const char* name, std::string* out) {
+  const OrtOpAttr* attr = nullptr;
+  if (OrtStatus* st = api->ShapeInferContext_GetAttribute(ctx, name, &attr)) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  size_t bytes = 0;
+  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &bytes)) api->ReleaseStatus(st);
+  if (bytes == 0) return false;
+  std::vector<char> buf(bytes + 1, '\0');
+  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf.data(), buf.size(), &bytes)) {
+    api->ReleaseStatus(st);
+    return false;
+  }
+  out->assign(buf.data());
+  return true;
+}
+
+// Broadcast of input dims with names: a number other than 1 wins; else one shared name; else 1.
+// Returns false where the result is not certain (unknown dims, two different names, clashes).
+bool BroadcastSymbolic(const std::vector<std::vector<ShapeDim>>& ins, std::vector<ShapeDim>* out) {
+  size_t rank = 0;
+  for (const auto& s : ins) rank = std::max(rank, s.size());
+  out->assign(rank, ShapeDim{});
+  for (size_t d = 0; d < rank; ++d) {
+    int64_t number = -1;
+    std::string name;
+    bool unsure = false;
+    for (const auto& s : ins) {
+      if (d + s.size() < rank) continue;  // this input lacks the dim: broadcast
+      const ShapeDim& x = s[d + s.size() - rank];
+      if (!x.symbol.empty()) {
+        if (name.empty()) name = x.symbol;
+        else if (name != x.symbol) unsure = true;
+      } else if (x.value < 0) {
+        unsure = true;
+      } else if (x.value != 1) {
+        if (number >= 0 && number != x.value) return false;  // do not broadcast at all
+        number = x.value;
+      }
+    }
+    if (number >= 0) {
+      (*out)[d] = ShapeDim{number, ""};
+    } else if (unsure) {
+      return false;
+    } else if (!name.empty()) {
+      (*out)[d] = ShapeDim{-1, name};
+    }
+  }
+  return true;
+}
+
+void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
+  std::string rule;
+  if (!ReadString(api, ctx, "shape_rule", &rule) || rule != "broadcast") return;
+  std::vector<int64_t> dtypes;
+  if (!ReadInts(api, ctx, "output_dtypes", &dtypes) || dtypes.empty()) return;
+
+  size_t n_in = 0;
+  if (OrtStatus* st = api->ShapeInferContext_GetInputCount(ctx, &n_in)) {
+    api->ReleaseStatus(st);
+    return;
+  }
+  std::vector<std::vector<ShapeDim>> ins(n_in);
+  for (size_t i = 0; i < n_in; ++i) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ctx
+    if (OrtStatus* st = api->ShapeInferContext_GetInputTypeShape(ctx, i, &info)) {
+      api->ReleaseStatus(st);
+      return;
+    }
+    size_t rank = 0;
+    if (OrtStatus* st = api->GetDimensionsCount(info, &rank)) {
+      api->ReleaseStatus(st);
+      return;
+    }
+    // An input without shape information shows up as rank 0, like a scalar; the two cannot be
+    // told apart here, so give up rather than infer a wrong rank.
+    if (rank == 0 || rank > STITCH_MAX_RANK) return;
+    std::vector<int64_t> values(rank);
+    std::vector<const char*> names(rank, nullptr);
+    OrtStatus* st = api->GetDimensions(info, values.data(), rank);
+    if (st == nullptr) st = api->GetSymbolicDimensions(info, names.data(), rank);
+    if (st != nullptr) {
+      api->ReleaseStatus(st);
+      return;
+    }
+    for (size_t j = 0; j < rank; ++j) {
+      ins[i].push_back(ShapeDim{values[j], names[j] ? names[j] : ""});
+    }
+  }
+  std::vector<ShapeDim> shape;
+  if (!BroadcastSymbolic(ins, &shape)) return;
+
+  std::vector<int64_t> values;
+  std::vector<const char*> names;
+  for (const ShapeDim& d : shape) {
+    values.push_back(d.symbol.empty() ? d.value : -1);
+    names.push_back(d.symbol.c_str());
+  }
+  for (size_t o = 0; o < dtypes.size(); ++o) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    if (OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&info)) {
+      api->ReleaseStatus(st);
+      return;
+    }
+    OrtStatus* st = api->SetTensorElementType(info, static_cast<ONNXTensorElementDataType>(dtypes[o]));
+    if (st == nullptr) st = api->SetDimensions(info, values.data(), values.size());
+    if (st == nullptr) st = api->SetSymbolicDimensions(info, names.data(), names.size());
+    if (st == nullptr) st = api->ShapeInferContext_SetOutputTypeShape(ctx, o, info);
+    if (st != nullptr) api->ReleaseStatus(st);
+    api->ReleaseTensorTypeAndShapeInfo(info);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// OrtCustomOp callbacks. Each one is noexcept in effect: nothing escapes into ORT.
+
+std::string NodeName(const OrtApi* api, const OrtKernelInfo* info) {
+  size_t size = 0;
+  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, nullptr, &size)) {
+    api->ReleaseStatus(st);
+    return "?";
+  }
+  std::vector<char> buf(size + 1, '\0');
+  size_t got = buf.size();
+  if (OrtStatus* st = api->KernelInfo_GetNodeName(info, buf.data(), &got)) {
+    api->ReleaseStatus(st);
+    return "?";
+  }
+  return std::string(buf.data());
+}
+
+OrtStatus* ORT_API_CALL CreateKernelV2(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info,
+                                       void** kernel) {
+  *kernel = nullptr;
+  std::string who = std::string(kOpType) + " node";
+  try {
+    auto k = std::make_unique<Kernel>(api, NodeName(api, info));
+    who = k->Who();
+    if (Error e = k->Init(info)) return k->ToStatus(e);
+    *kernel = k.release();
+    return nullptr;
+  } catch (const std::exception& ex) {
+    return api->CreateStatus(ORT_FAIL, (who + ": " + ex.what()).c_str());
+  } catch (...) {
+    return api->CreateStatus(ORT_FAIL, (who + ": unknown error while creating the kernel").c_str());
+  }
+}
+
+OrtStatus* ORT_API_CALL KernelComputeV2(void* op_kernel, OrtKernelContext* context) {
+  auto* k = static_cast<Kernel*>(op_kernel);
+  try {
+    Error e = k->Compute(context);
+    return e ? k->ToStatus(e) : nullptr;
+  } catch (const std::exception& ex) {
+    return k->ToStatus(Error{ORT_FAIL, ex.what()});
+  } catch (...) {
+    return k->ToStatus(Error{ORT_FAIL, "unknown error in Compute"});
+  }
+}
+
+void ORT_API_CALL KernelDestroy(void* op_kernel) {
+  try {
+    delete static_cast<Kernel*>(op_kernel);
+  } catch (...) {
+    // Destruction must not throw into ORT.
+  }
+}
+
+OrtStatusPtr ORT_API_CALL InferOutputShape(const OrtCustomOp* op, OrtShapeInferContext* ctx) {
+  try {
+    InferShapes(reinterpret_cast<const OpDef*>(op)->api, ctx);
+  } catch (...) {
+    // Shapes are an optimisation; a failure here must not break graph resolution.
+  }
+  return nullptr;  // ORT ignores (and would leak) a returned status
+}
+
+const char* ORT_API_CALL GetName(const OrtCustomOp*) { return kOpType; }
+const char* ORT_API_CALL GetExecutionProviderType(const OrtCustomOp*) { return kProvider; }
+size_t ORT_API_CALL GetTypeCount(const OrtCustomOp*) { return 1; }
+ONNXTensorElementDataType ORT_API_CALL GetType(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // any tensor type
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL GetCharacteristic(const OrtCustomOp*, size_t) {
+  return INPUT_OUTPUT_VARIADIC;
+}
+OrtMemType ORT_API_CALL GetInputMemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL GetVariadicMinArity(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL GetVariadicHomogeneity(const OrtCustomOp*) { return 0; }  // mixed dtypes
+
+void FillOp(OrtCustomOp* op) {
+  std::memset(op, 0, sizeof(*op));
+  op->version = ORT_API_VERSION;
+  op->CreateKernel = nullptr;  // V2 entry points are used (ORT >= 1.16)
+  op->GetName = GetName;
+  op->GetExecutionProviderType = GetExecutionProviderType;
+  op->GetInputType = GetType;
+  op->GetInputTypeCount = GetTypeCount;
+  op->GetOutputType = GetType;
+  op->GetOutputTypeCount = GetTypeCount;
+  op->KernelCompute = nullptr;
+  op->KernelDestroy = KernelDestroy;
+  op->GetInputCharacteristic = GetCharacteristic;
+  op->GetOutputCharacteristic = GetCharacteristic;
+  op->GetInputMemoryType = GetInputMemoryType;
+  op->GetVariadicInputMinArity = GetVariadicMinArity;
+  op->GetVariadicInputHomogeneity = GetVariadicHomogeneity;
+  op->GetVariadicOutputMinArity = GetVariadicMinArity;
+  op->GetVariadicOutputHomogeneity = GetVariadicHomogeneity;
+  op->CreateKernelV2 = CreateKernelV2;
+  op->KernelComputeV2 = KernelComputeV2;
+  op->InferOutputShapeFn = InferOutputShape;
+  // GetStartVersion/GetEndVersion null: since version 1, open ended. In-place/alias maps: none.
+}
+
+}  // namespace
+}  // namespace onnxstitch
+
+// Entry point ORT calls from SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary.
+STITCH_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using namespace onnxstitch;
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    // Runtime older than our headers; version 1 of the API still has CreateStatus.
+    const OrtApi* v1 = api_base->GetApi(1);
+    const std::string msg = std::string("onnxstitch: this ONNX Runtime (") + api_base->GetVersionString() +
+                            ") is older than the API version " + std::to_string(ORT_API_VERSION) +
+                            " the custom-op library was built for";
+    return v1 ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  try {
+    // The op definition and the domain must outlive every session made from these options; ORT
+    // never hands them back, so they are kept for the life of the process (a few hundred bytes
+    // per registration).
+    auto* def = new OpDef;
+    FillOp(&def->op);
+    def->api = api;
+    OrtCustomOpDomain* domain = nullptr;
+    if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
+    if (OrtStatus* st = api->CustomOpDomain_Add(domain, &def->op)) return st;
+    if (OrtStatus* st = api->AddCustomOpDomain(options, domain)) return st;
+    return nullptr;
+  } catch (const std::exception& ex) {
+    return api->CreateStatus(ORT_FAIL, (std::string("onnxstitch: registering custom ops failed: ") + ex.what()).c_str());
+  } catch (...) {
+    return api->CreateStatus(ORT_FAIL, "onnxstitch: registering custom ops failed");
+  }
+}
