@@ -21,6 +21,14 @@ ENTRY_SUFFIXES = ("_v32", "_s64")
 
 
 @dataclass(frozen=True)
+class KernelOptions:
+    """Code-generation choices (benchmarks compare them; defaults are what optimize uses)."""
+
+    prefetch: bool = True  # load the next grid-stride iteration's FULL inputs before computing
+    fast_half: bool = True  # approximate exp/log/sqrt/tanh/div where all floats are half precision
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """Generated CUDA C++ for one group and the facts the fused node's attributes need."""
 
@@ -131,7 +139,14 @@ def vec_width(graph: FusionGraph, full_tensors: list[str]) -> int:
     return max(1, 16 // widest)
 
 
-def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...]) -> KernelSource:
+def _half_only(graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...]) -> bool:
+    tensors = set(inputs) | {t for i in nodes for t in graph.nodes[i].outputs if t}
+    floats = {graph.tensors[t].dtype for t in tensors} & ops.FLOATS
+    return bool(floats) and floats <= {TP.FLOAT16, TP.BFLOAT16}
+
+
+def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
+             options: KernelOptions = KernelOptions()) -> KernelSource:
     """CUDA source for a legal group (see candidates.legality) with topologically sorted nodes."""
     inputs, outputs = graph.boundary(frozenset(nodes))
     shape = graph.iteration_shape(frozenset(nodes))
@@ -146,8 +161,20 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...]) -> KernelSou
     def vtype(t: str) -> str:
         return f"StitchVec<V, {ops.CTYPES[graph.tensors[t].dtype][0]}>"
 
-    loads = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
-                      for k, t in enumerate(inputs) if kinds[k] == FULL)
+    full_in = [(k, t) for k, t in enumerate(inputs) if kinds[k] == FULL]
+    if options.prefetch:
+        # Two loads in flight per thread: the next iteration's inputs arrive while this one computes.
+        first = "\n".join(f"  {vtype(t)} in{k};\n  if (w0 < work) in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w0];"
+                          for k, t in full_in)
+        loads = "\n".join([f"    const I wn = w + step;"] + [
+            f"    {vtype(t)} nx{k};\n    if (wn < work) nx{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[wn];"
+            for k, t in full_in]) if full_in else ""
+        rotate = "\n".join(f"    in{k} = nx{k};" for k, _ in full_in)
+    else:
+        first, rotate = "", ""
+        loads = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
+                          for k, t in full_in)
+    fast = "  STITCH_FAST_HALF\n" if options.fast_half and _half_only(graph, nodes, inputs) else ""
     decls = "\n".join(f"    {vtype(t)} out{k};" for k, t in enumerate(outputs))
     stores = "\n".join(f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};" for k, t in enumerate(outputs))
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
@@ -163,9 +190,11 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...]) -> KernelSou
 {ARGS_STRUCT}
 template <typename I, int V>
 __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
-  const I work = (I)(a.n / V);
+{fast}  const I work = (I)(a.n / V);
   const I step = (I)gridDim.x * (I)blockDim.x;
-  for (I w = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; w < work; w += step) {{
+  const I w0 = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
+{first}
+  for (I w = w0; w < work; w += step) {{
 {loads}
 {decls}
 #pragma unroll
@@ -175,6 +204,7 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {index}{compute}
     }}
 {stores}
+{rotate}
   }}
 }}
 extern "C" __global__ void __launch_bounds__(256) {name}_v32(const StitchArgs a) {{ {name}_body<int, {vw}>(a); }}

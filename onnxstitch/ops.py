@@ -97,7 +97,7 @@ def _minmax(cmp: str) -> Printer:
 
 
 def _div(a: Sequence[Arg], at: Mapping[str, object], t: str) -> str:
-    return f"({_c(a[0], t)} / {_c(a[1], t)})"
+    return f"stitch_div({_c(a[0], t)}, {_c(a[1], t)})"
 
 
 def _mod(a: Sequence[Arg], at: Mapping[str, object], t: str) -> str:
@@ -226,7 +226,7 @@ TABLE: dict[str, OpSpec] = {
     "Exp": _ew(_fn("exp"), FLOATS),
     "Log": _ew(_fn("log"), FLOATS),
     "Sqrt": _ew(_fn("sqrt"), FLOATS),
-    "Reciprocal": _ew(lambda a, at, t: f"({_lit(1.0, t)} / {_c(a[0], t)})", FLOATS),
+    "Reciprocal": _ew(lambda a, at, t: f"stitch_div({_lit(1.0, t)}, {_c(a[0], t)})", FLOATS),
     "Sigmoid": _ew(_fn("stitch_sigmoid"), FLOATS),
     "Tanh": _ew(_fn("tanh"), FLOATS),
     "Erf": _ew(_fn("erf"), FLOATS),
@@ -315,6 +315,7 @@ __device__ __forceinline__ unsigned int stitch_abs(unsigned int x) { return x; }
 __device__ __forceinline__ unsigned long long stitch_abs(unsigned long long x) { return x; }
 template <typename T> __device__ __forceinline__ T stitch_relu(T x) { return x < T(0) ? T(0) : x; }
 template <typename T> __device__ __forceinline__ T stitch_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
+template <typename T> __device__ __forceinline__ T stitch_div(T a, T b) { return a / b; }
 template <typename T> __device__ __forceinline__ T stitch_sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 template <typename T> __device__ __forceinline__ T stitch_softplus(T x) { return x > T(20) ? x : log1p(exp(x)); }
 template <typename T> __device__ __forceinline__ T stitch_leaky(T x, T a) { return x >= T(0) ? x : a * x; }
@@ -325,6 +326,25 @@ template <typename T> __device__ __forceinline__ T stitch_gelu_erf(T x) { return
 template <typename T> __device__ __forceinline__ T stitch_gelu_tanh(T x) { return T(0.5) * x * (T(1) + tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 template <typename T> __device__ __forceinline__ T stitch_clip_lo(T x, T lo) { return x < lo ? lo : x; }
 template <typename T> __device__ __forceinline__ T stitch_clip_hi(T x, T hi) { return x > hi ? hi : x; }
+// Half-precision groups (every floating value float16/bfloat16) compute in float32 with the
+// GPU's approximate instructions: their errors (<= 2 ulp of float32; tanh 2^-11 relative) stay
+// below half precision's rounding, NaN/Inf propagate as in the exact forms (non-ftz variants),
+// and they cost a fraction of the exact sequences, which otherwise make such kernels
+// compute-bound. Brought into scope by using-declarations in those kernels only.
+namespace stitch_fast {
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float lg2(float x) { float y; asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float rcp(float x) { float y; asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float exp(float x) { return ex2(x * 1.44269504088896341f); }
+__device__ __forceinline__ float log(float x) { return lg2(x) * 0.693147180559945309f; }
+__device__ __forceinline__ float sqrt(float x) { float y; asm("sqrt.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float tanh(float x) { float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float stitch_div(float a, float b) { float y; asm("div.approx.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+template <typename T> __device__ __forceinline__ T stitch_div(T a, T b) { return a / b; }
+__device__ __forceinline__ float stitch_sigmoid(float x) { return rcp(1.0f + exp(-x)); }
+}
+#define STITCH_FAST_HALF using stitch_fast::exp; using stitch_fast::log; using stitch_fast::sqrt; \
+  using stitch_fast::tanh; using stitch_fast::stitch_div; using stitch_fast::stitch_sigmoid;
 // float -> int as ONNX Runtime's static_cast does; NaN -> 0 instead of undefined behaviour.
 template <typename I, typename F> __device__ __forceinline__ I stitch_f2i(F x) { return x != x ? I(0) : (I)x; }
 """

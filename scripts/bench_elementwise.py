@@ -54,24 +54,52 @@ class _Args(ctypes.Structure):
                 ("strides", (ctypes.c_longlong * 8) * 32)]
 
 
-def fused_kernel_time(node: onnx.NodeProto, x, y, reps: int = 50) -> float:
-    """Milliseconds per launch of a one-input one-output FULL fused kernel, from its cubin."""
+def node_image(node: onnx.NodeProto) -> tuple[bytes, str, int]:
+    """(cubin for this GPU, kernel name, vector width) of a FusedKernel node."""
     import cupy as cp
 
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     cc = int(cp.cuda.Device().compute_capability)  # e.g. 90
     k = list(attrs["image_archs"]).index(cc)
     start = sum(attrs["image_sizes"][:k])
-    image = attrs["images"][start:start + attrs["image_sizes"][k]]
+    return attrs["images"][start:start + attrs["image_sizes"][k]], attrs["kernel_name"].decode(), attrs["vec_width"]
+
+
+def variant_images(model: onnx.ModelProto, shapes: dict) -> dict[str, tuple[bytes, str, int]]:
+    """The single fused kernel of `model` compiled under each KernelOptions combination."""
+    import cupy as cp
+
+    from onnxstitch import codegen, compile as nvrtc, graph as graph_mod, load
+    from onnxstitch import shapes as shapes_mod
+    from onnxstitch.plan import make_plan
+
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes_mod.resolve_shapes(m, shapes)
+    g = graph_mod.build(m, shapes_mod.infer(m)[1], dims)
+    (grp,) = make_plan(g).groups
+    arch = f"sm_{cp.cuda.Device().compute_capability}"
+    out = {}
+    for prefetch in (False, True):
+        for fast in (False, True):
+            opts = codegen.KernelOptions(prefetch=prefetch, fast_half=fast)
+            src = codegen.generate(g, "stitch_bench", grp.nodes, opts)
+            k = nvrtc.compile_kernel(src, (arch,))
+            out[f"prefetch={int(prefetch)},fast_half={int(fast)}"] = (k.images[0], src.name, src.vec_width)
+    return out
+
+
+def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int = 50) -> float:
+    """Milliseconds per launch of a one-input one-output FULL fused kernel from its cubin."""
+    import cupy as cp
+
     cuda = ctypes.CDLL("libcuda.so.1")
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
-    name = attrs["kernel_name"].decode() + "_v32"
+    name = kernel_name + "_v32"
     assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) == 0
     args = _Args()
     args.inp[0], args.out[0], args.n, args.rank = x.data.ptr, y.data.ptr, x.size, 2
     args.dims[0], args.dims[1] = x.shape
-    vw = attrs["vec_width"]
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     grid = max(1, min((x.size // vw + 255) // 256, 32 * sms))
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
@@ -115,7 +143,9 @@ def main() -> int:
         np_dtype = np.float32 if dtype == TP.FLOAT else np.float16
         x = cp.asarray(np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np_dtype))
         y = cp.empty_like(x)
-        k_ms = fused_kernel_time(fused[0], x, y) if len(fused) == 1 else float("nan")
+        k_ms = fused_kernel_time(*node_image(fused[0]), x, y) if len(fused) == 1 else float("nan")
+        variants = {v: 2 * x.nbytes / (fused_kernel_time(*img, x, y) * 1e-3) / 1e9 / results["copy_gbs"]
+                    for v, img in variant_images(model, {"batch": [ROWS]}).items()}
         moved = 2 * x.nbytes
         results[name] = {
             "kernels_stitched": len(fused), "bench": b.to_json(), "fused_kernel_ms": k_ms,
@@ -123,6 +153,7 @@ def main() -> int:
             "fused_kernel_fraction_of_copy": moved / (k_ms * 1e-3) / 1e9 / results["copy_gbs"],
             "end_to_end_gbs": moved / (b.stitched.median_ms * 1e-3) / 1e9,
             "speedup_vs_stock": b.speedup,
+            "kernel_fraction_of_copy_by_variant": variants,
         }
     args.out.write_text(json.dumps(results, indent=2))
     print(f"GPU {results['gpu']}: device-to-device copy {results['copy_gbs']:.0f} GB/s")
@@ -133,6 +164,9 @@ def main() -> int:
         print(f"{name:14} {bj['stock']['median_ms']:9.3f} {bj['stitched']['median_ms']:12.3f} {r['speedup_vs_stock']:8.2f} "
               f"{r['fused_kernel_ms']:10.3f} {r['fused_kernel_gbs']:12.0f} {r['fused_kernel_fraction_of_copy']:8.1%} "
               f"{bj['max_rel_err']:8.2g}")
+    for name, _, _ in cases:
+        print(f"{name:14} kernel fraction of copy by variant: " +
+              ", ".join(f"{k} {v:.1%}" for k, v in results[name]["kernel_fraction_of_copy_by_variant"].items()))
     return 0
 
 

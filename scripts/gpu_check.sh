@@ -16,7 +16,7 @@ log="$OUT/gpu_check.log"
   python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
 } 2>&1 | tee "$log"
 sel=${1:-}
-python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore ${sel:+-k "$sel"} \
+python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore $(python3 -c "import xdist" 2>/dev/null && printf -- "-n 8") ${sel:+-k "$sel"} \
   --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee -a "$log" | tail -40
 status=${PIPESTATUS[0]}
 python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | tee -a "$log"

@@ -50,3 +50,30 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> No
                                    equal_nan=True, err_msg=what)
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=what)
+
+
+def chain_tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """(rtol, atol) for outputs at the end of long op chains: rounding differences compound
+    (about one ulp per op, amplified by cancellation), so a few dozen float32 ops need ~1e-4."""
+    name = np.dtype(dtype).name
+    if name in ("float16", "bfloat16"):
+        return 2e-2, 2e-2
+    if name == "float32":
+        return 1e-4, 1e-4
+    return tolerance(dtype)
+
+
+def as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same float16 model in float32 (inputs, outputs, value_info, initializers): the
+    reference for half-precision kernels, which compute in float32."""
+    from onnx import TensorProto, numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+    for i, init in enumerate(m.graph.initializer):
+        if init.data_type == TensorProto.FLOAT16:
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+    return m
