@@ -1,0 +1,4 @@
+"""`python -m onnxstitch.cli` runs the command line."""
+from .main import main
+
+main()
