@@ -309,6 +309,12 @@ __device__ __forceinline__ float stitch_round_f16(float x) { return stitch_h2f(s
 __device__ __forceinline__ float stitch_round_bf16(float x) { return stitch_bf2f(stitch_f2bf(x)); }
 template <typename T> __device__ __forceinline__ T stitch_pickmax(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T stitch_pickmin(T a, T b) { return (a < b || a != a) ? a : b; }
+// float32 has one-instruction forms with the same NaN semantics (sm_80+): max.NaN/min.NaN
+// propagate NaN like numpy, abs.f32 keeps NaN. The comparisons above cost three instructions.
+__device__ __forceinline__ float stitch_pickmax(float a, float b) { float d; asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
+__device__ __forceinline__ float stitch_pickmin(float a, float b) { float d; asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
+__device__ __forceinline__ float stitch_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ float stitch_relu(float x) { return stitch_pickmax(x, 0.0f); }
 template <typename T> __device__ __forceinline__ T stitch_pymod(T a, T b) { T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <typename T> __device__ __forceinline__ T stitch_abs(T x) { return x < T(0) ? -x : x; }
 __device__ __forceinline__ unsigned int stitch_abs(unsigned int x) { return x; }
