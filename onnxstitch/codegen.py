@@ -24,8 +24,8 @@ ENTRY_SUFFIXES = ("_v32", "_s64")
 class KernelOptions:
     """Code-generation choices (benchmarks compare them; defaults are what optimize uses)."""
 
-    prefetch: bool = False  # load the next grid-stride iteration's FULL inputs before computing
-    # (measured on H200: +1 point of copy bandwidth in float32, -5 in float16; off by default)
+    prefetch: bool = True  # load the next grid-stride iteration's FULL inputs before computing
+    # (+1 to +2 points of copy bandwidth on H200 once the math is lean: docs/perf-notes.md)
     fast_half: bool = True  # approximate exp/log/sqrt/tanh/div where all floats are half precision
 
 

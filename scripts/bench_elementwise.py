@@ -88,7 +88,7 @@ def variant_images(model: onnx.ModelProto, shapes: dict) -> dict[str, tuple[byte
     return out
 
 
-def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int = 50) -> float:
+def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int = 50, grid_cap: int | None = 64) -> float:
     """Milliseconds per launch of a one-input one-output FULL fused kernel from its cubin."""
     import cupy as cp
 
@@ -101,7 +101,9 @@ def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int =
     args.inp[0], args.out[0], args.n, args.rank = x.data.ptr, y.data.ptr, x.size, 2
     args.dims[0], args.dims[1] = x.shape
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    grid = max(1, min((x.size // vw + 255) // 256, 32 * sms))
+    grid = max(1, (x.size // vw + 255) // 256)
+    if grid_cap:  # docs/abi.md: grid = min(ceil(work / 256), 64 * multiprocessors)
+        grid = min(grid, grid_cap * sms)
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
 
     def launch():
@@ -144,8 +146,9 @@ def main() -> int:
         x = cp.asarray(np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np_dtype))
         y = cp.empty_like(x)
         k_ms = fused_kernel_time(*node_image(fused[0]), x, y) if len(fused) == 1 else float("nan")
-        variants = {v: 2 * x.nbytes / (fused_kernel_time(*img, x, y) * 1e-3) / 1e9 / results["copy_gbs"]
-                    for v, img in variant_images(model, {"batch": [ROWS]}).items()}
+        variants = {f"{v},grid_cap={cap}": 2 * x.nbytes / (fused_kernel_time(*img, x, y, grid_cap=cap) * 1e-3) / 1e9 / results["copy_gbs"]
+                    for v, img in variant_images(model, {"batch": [ROWS]}).items() if "fast_half=1" in v
+                    for cap in (16, 32, 64, None)}
         moved = 2 * x.nbytes
         results[name] = {
             "kernels_stitched": len(fused), "bench": b.to_json(), "fused_kernel_ms": k_ms,

@@ -565,7 +565,7 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   const int variant = vector_ok ? 0 : 1;  // _v32 or _s64
   const long long work = vector_ok ? n / vec_width_ : n;
   long long blocks = (work + kBlock - 1) / kBlock;
-  blocks = std::min<long long>(blocks, 32LL * l->sm_count);
+  blocks = std::min<long long>(blocks, 64LL * l->sm_count);  // 64: best of 16/32/64/uncapped on H200 (docs/perf-notes.md)
   blocks = std::max<long long>(blocks, 1);
 
   void* params[1] = {&args};
