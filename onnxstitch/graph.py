@@ -28,7 +28,7 @@ class Node:
     name: str
     op_type: str
     domain: str
-    inputs: tuple[str, ...]  # "" marks an omitted optional input
+    inputs: tuple[str, ...]  # "" marks an omitted optional input; subgraph reads are appended
     outputs: tuple[str, ...]
     attrs: Mapping[str, object]
     kind: ops.OpKind
@@ -122,6 +122,28 @@ def _attrs(node: onnx.NodeProto) -> dict[str, object]:
     return out
 
 
+def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read: dependencies as real
+    as its inputs, though they appear in no input list."""
+    found: list[str] = []
+
+    def walk(g: onnx.GraphProto, outer_defined: set[str]) -> None:
+        defined = set(outer_defined) | {i.name for i in g.input} | {i.name for i in g.initializer}
+        for n in g.node:
+            for t in n.input:
+                if t and t not in defined and t not in found:
+                    found.append(t)
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub, defined)
+            defined.update(n.output)
+
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            walk(sub, set())
+    return found
+
+
 def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object]) -> str | None:
     def dtype(t: str) -> int | None:
         info = tensors.get(t)
@@ -155,7 +177,8 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     nodes = []
     for idx, n in enumerate(g.node):
         attrs = _attrs(n)
-        nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input), tuple(n.output), attrs,
+        implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
+        nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input) + implicit, tuple(n.output), attrs,
                           ops.spec(n.op_type, n.domain).kind, _node_reason(n, tensors, attrs)))
     return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}))

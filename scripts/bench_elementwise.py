@@ -120,6 +120,19 @@ def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int =
     return cp.cuda.get_elapsed_time(start, stop) / reps
 
 
+def per_node_us(n_ops: int = 20) -> float:
+    """Stock ORT's cost of one tiny elementwise node (launch + framework overhead), in µs:
+    the cost model's launch constant."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "tiny.onnx"
+        onnx.save(chain(n_ops, shape=(1, 256)), src)
+        empty = Path(tmp) / "empty.onnx"
+        onnx.save(chain(1, shape=(1, 256)), empty)
+        many = bench.run(src, src, warmup=20, iters=200)
+        one = bench.run(empty, empty, warmup=20, iters=200)
+    return (many.stock.median_ms - one.stock.median_ms) / (n_ops - 1) * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench_elementwise.json"))
@@ -129,6 +142,7 @@ def main() -> int:
 
     results = {"gpu": bench.gpu_name(), "shape": [ROWS, COLS], "ops": 20}
     results["copy_gbs"] = copy_bandwidth(ROWS * COLS * 4)
+    results["stock_us_per_small_node"] = per_node_us()
     cases = [(f"{TP.DataType.Name(dt).lower()}-{kind}", dt, steps) for kind, steps in
              (("light", LIGHT_CHAIN), ("heavy", HEAVY_CHAIN)) for dt in (TP.FLOAT, TP.FLOAT16)]
     results["ops_light"] = [op for op, _ in LIGHT_CHAIN]
@@ -159,7 +173,8 @@ def main() -> int:
             "kernel_fraction_of_copy_by_variant": variants,
         }
     args.out.write_text(json.dumps(results, indent=2))
-    print(f"GPU {results['gpu']}: device-to-device copy {results['copy_gbs']:.0f} GB/s")
+    print(f"GPU {results['gpu']}: device-to-device copy {results['copy_gbs']:.0f} GB/s, "
+          f"stock ORT {results['stock_us_per_small_node']:.1f} µs per small node")
     print(f"{'chain':14} {'stock ms':>9} {'stitched ms':>12} {'speedup':>8} {'kernel ms':>10} {'kernel GB/s':>12} {'of copy':>8} {'maxrel':>8}")
     for name, _, _ in cases:
         r = results[name]

@@ -72,3 +72,23 @@ def test_model_path_and_proto_give_the_same_plan(tmp_path) -> None:
     a = onnxstitch.optimize(path).report.plan
     b = onnxstitch.optimize(model).report.plan
     assert [g.nodes for g in a.groups] == [g.nodes for g in b.groups]
+
+
+def test_tensor_read_only_inside_an_if_branch_survives() -> None:
+    # `s` feeds nothing in the main graph but the If's branch: it must stay a group output.
+    text = """<ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 8] x, bool c) => (float[4, 8] y) {
+      a = Mul(x, x)
+      s = Sigmoid(a)
+      t = Tanh(s)
+      y = If(c) <then_branch = g1 () => (float[4, 8] r1) { r1 = Add(s, t) },
+                 else_branch = g2 () => (float[4, 8] r2) { r2 = Sub(s, t) }>
+    }"""
+    model = parser.parse_model(text)
+    res = onnxstitch.optimize(model)
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    assert len(fused) == 1 and set(fused[0].output) == {"s", "t"}
+    x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        assert_close(_cpu(res.model, feeds)[0], _cpu(model, feeds)[0])

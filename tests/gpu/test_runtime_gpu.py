@@ -34,6 +34,7 @@ if _gpu_count() == 0:
 if "CUDAExecutionProvider" not in ort.get_available_providers():
     pytest.skip("onnxruntime has no CUDAExecutionProvider", allow_module_level=True)
 
+from onnxstitch.codegen import ARGS_STRUCT  # noqa: E402
 from onnxstitch.runtime import session  # noqa: E402
 
 FULL, BROADCAST = 0, 1
@@ -43,19 +44,7 @@ V32, S64 = 1, 4
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float16): "unsigned short"}
 _ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 
-_PRELUDE = r"""
-#define STITCH_MAX_RANK 8
-#define STITCH_MAX_IN 32
-#define STITCH_MAX_OUT 16
-struct StitchArgs {
-  const void* in[STITCH_MAX_IN];
-  void* out[STITCH_MAX_OUT];
-  long long n;
-  int rank;
-  int pad_;
-  long long dims[STITCH_MAX_RANK];
-  long long strides[STITCH_MAX_IN][STITCH_MAX_RANK];
-};
+_PRELUDE = ARGS_STRUCT + r"""
 struct __align__(16) Vec16 { unsigned int w[4]; };
 
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
