@@ -53,6 +53,10 @@ def _summary(report, out: Path) -> Table:
     t.add_row("predicted time", f"{p.predicted_us_before:,.1f} µs", f"{p.predicted_us_after:,.1f} µs")
     t.add_row("fused groups", "", str(len(p.groups)))
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
+    v = report.verification
+    if v is not None:
+        t.add_row("verified", "", f"skipped: {v.skipped}" if v.skipped else
+                  f"{v.tensors_checked} tensors on {v.device}, worst rel. err {v.worst_relative_error:.1e}")
     t.add_row("wall time", "", f"{report.wall_seconds:.2f} s")
     return t
 
@@ -65,9 +69,10 @@ def _summary(report, out: Path) -> Table:
 @click.option("--arch", "archs", multiple=True, default=("sm_80", "sm_90"), show_default=True,
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
+@click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
-             archs: tuple[str, ...], time_limit: float, verbose: bool, quiet: bool) -> None:
+             archs: tuple[str, ...], time_limit: float, no_verify: bool, verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -76,7 +81,8 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     if out.resolve() == model.resolve():
         raise BadInputError(f"{out}: refusing to overwrite the input model")
     progress = None if quiet else (lambda msg: console.print(f"[dim]… {msg}[/dim]") if verbose else None)
-    result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress)
+    result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
+                          verify=not no_verify)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)

@@ -168,10 +168,25 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
     return None
 
 
+# ai.onnx opsets whose elementwise semantics the op table follows (Clip's attributes before 11
+# are handled). Outside this range the model is left unchanged, with a warning.
+MIN_OPSET, MAX_OPSET = 7, 26
+
+
+def opset_refusal(model: onnx.ModelProto) -> str | None:
+    """Why no node of `model` may be fused because of its ai.onnx opset (None if it may)."""
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if version is not None and not MIN_OPSET <= version <= MAX_OPSET:
+        return f"ai.onnx opset {version} is outside the supported range {MIN_OPSET}–{MAX_OPSET}"
+    return None
+
+
 def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
           dim_values: Mapping[str, int] | None = None) -> FusionGraph:
-    """The FusionGraph of an (inferred) model's main graph."""
+    """The FusionGraph of an (inferred) model's main graph. Every node is refused fusion when
+    the model's opset is outside the supported range."""
     g = model.graph
+    refusal = opset_refusal(model)
     input_names = frozenset(i.name for i in g.input)
     constants = {i.name: i for i in g.initializer if i.name not in input_names}
     nodes = []
@@ -179,7 +194,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         attrs = _attrs(n)
         implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
         nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input) + implicit, tuple(n.output), attrs,
-                          ops.spec(n.op_type, n.domain).kind, _node_reason(n, tensors, attrs)))
+                          ops.spec(n.op_type, n.domain).kind, refusal or _node_reason(n, tensors, attrs)))
     return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}))
 

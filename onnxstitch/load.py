@@ -56,6 +56,8 @@ def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     see one kind of constant. Constants of other forms (strings, sparse) stay nodes."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    if out.ir_version < 4:  # before IR 4 every initializer is also a graph input (a runtime input)
+        return out
     keep = []
     for node in out.graph.node:
         attrs = {a.name: a for a in node.attribute}

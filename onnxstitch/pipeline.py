@@ -2,6 +2,7 @@
 compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -10,12 +11,14 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx
 
 from . import codegen, compile as nvrtc_compile, graph as graph_mod, load, rewrite
+from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError
 from .plan import Plan, make_plan
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Report:
     dim_values: Mapping[str, int]
     stage_seconds: Mapping[str, float]
     kernels: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    verification: verify_mod.Verification | None = None
 
     @property
     def wall_seconds(self) -> float:
@@ -45,6 +49,7 @@ class Report:
             "stage_seconds": {k: round(v, 4) for k, v in self.stage_seconds.items()},
             "wall_seconds": round(self.wall_seconds, 4),
             "kernels": list(self.kernels),
+            "verification": self.verification.to_json() if self.verification else None,
             "plan": self.plan.to_json(),
         }
 
@@ -59,11 +64,14 @@ class OptimizeResult:
 
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
-             time_limit_s: float = 30.0, progress: Progress | None = None) -> OptimizeResult:
+             time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
+             seed: int = 0) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
-    the stitched model keeps its dynamic dims. Raises BadInputError for unusable
-    input and CompileError when NVRTC rejects a kernel."""
+    the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
+    against the original on seeded random inputs (on the GPU when there is one) and a
+    mismatch raises VerifyError naming the group. Raises BadInputError for unusable input
+    and CompileError when NVRTC rejects a kernel."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 
@@ -74,22 +82,29 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         times[name] = time.perf_counter() - t0
         return out
 
-    m = stage("load", lambda: load.constants_to_initializers(load.load(model)))
+    loaded = stage("load", lambda: load.load(model))
+    m = load.constants_to_initializers(loaded)
     m, dim_values = shapes_mod.resolve_shapes(m, shapes or {})
+    refusal = graph_mod.opset_refusal(m)
+    if refusal:
+        log.warning("%s: the model is left unchanged", refusal)
     inferred, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values))
     plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
     sources = stage("codegen", lambda: [codegen.generate(g, f"stitch_{grp.name}", grp.nodes) for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
-    out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused))
+    # Nothing fused: the model goes out exactly as it came in.
+    out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
     stage("check", lambda: _check(out))
+    checked = stage("verify", lambda: verify_mod.verify(m, out, g, plan.groups, seed=seed, dim_values=dim_values)) \
+        if verify else None
     kinfo = tuple({"group": grp.name, "kernel": k.source.name, "vec_width": k.source.vec_width,
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in zip(plan.groups, kernels))
     report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
-                    g.dim_values, times, kinfo)
+                    g.dim_values, times, kinfo, checked)
     return OptimizeResult(out, report)
 
 

@@ -92,3 +92,28 @@ def test_tensor_read_only_inside_an_if_branch_survives() -> None:
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
         assert_close(_cpu(res.model, feeds)[0], _cpu(model, feeds)[0])
+
+
+def test_opset_outside_supported_range_is_left_unchanged(caplog) -> None:
+    model = parser.parse_model(FANOUT)
+    model.opset_import[0].version = 6  # older than any opset onnxstitch follows
+    model.ir_version = 3
+    with caplog.at_level("WARNING"):
+        res = onnxstitch.optimize(model)
+    assert res.model.SerializeToString() == model.SerializeToString()
+    assert "opset 6" in caplog.text and not res.report.plan.groups
+
+
+def test_custom_domain_op_is_kept_and_fusion_happens_around_it() -> None:
+    text = """<ir_version: 8, opset_import: ["" : 17, "com.example" : 1]>
+    g (float[4, 8] x) => (float[4, 8] y) <float[4, 8] c> {
+      a = Mul(x, x)
+      b = Exp(a)
+      c = com.example.Mystery(b)
+      d = Tanh(c)
+      y = Neg(d)
+    }"""
+    model = parser.parse_model(text)
+    res = onnxstitch.optimize(model, verify=False)  # ORT cannot run com.example ops to compare
+    ops = [(n.domain, n.op_type) for n in res.model.graph.node]
+    assert ops.count(("com.onnxstitch", "FusedKernel")) == 2 and ("com.example", "Mystery") in ops

@@ -1,0 +1,166 @@
+"""Stage 9: verify the stitched model against the original before anything is written.
+
+Both models run on the same seeded random inputs, with every fused group's outputs exposed as
+graph outputs, so a mismatch names the first group that went wrong. On a machine with a GPU
+and onnxruntime-gpu the stitched model runs its real kernels (reference: the original on
+stock ORT CUDA); elsewhere it runs through its fallback functions on ORT CPU, which checks the
+rewrite's wiring rather than the kernels.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .errors import StitchError
+from .graph import FusionGraph
+from .inputs import random_feeds
+from .plan import Group
+
+log = logging.getLogger(__name__)
+
+# Symbolic dims take this small odd value while verifying: fast on CPU, and it exercises the
+# kernels' broadcast and tail paths (the planning sizes stay what --shape said).
+VERIFY_DIM = 3
+
+
+class VerifyError(StitchError):
+    """The stitched model's outputs differ from the original's."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What was checked: where it ran, how many tensors, the worst relative error seen."""
+
+    device: str  # "gpu" or "cpu"
+    tensors_checked: int
+    worst_relative_error: float
+    skipped: str = ""  # why verification could not run, when it could not
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "tensors_checked": self.tensors_checked,
+                "worst_relative_error": self.worst_relative_error, "skipped": self.skipped}
+
+
+def _relative_tolerance(dtype: np.dtype) -> float:
+    name = np.dtype(dtype).name
+    return 1e-2 if name in ("float16", "bfloat16") else 1e-4
+
+
+def compare(actual: np.ndarray, expected: np.ndarray) -> tuple[bool, float, str]:
+    """(ok, relative error, why) for one tensor: exact for integers and bools; for floats the
+    same NaN positions and ‖a − b‖ ≤ tol·‖b‖ (tol 1e-4, or 1e-2 for half precision)."""
+    a, b = np.asarray(actual), np.asarray(expected)
+    if a.shape != b.shape:
+        return False, float("inf"), f"shape {a.shape} != {b.shape}"
+    if a.dtype != b.dtype:
+        return False, float("inf"), f"dtype {a.dtype} != {b.dtype}"
+    if a.dtype.kind not in "fc" and a.dtype.name != "bfloat16":
+        bad = int(np.count_nonzero(a != b))
+        return bad == 0, float(bad > 0), f"{bad} of {a.size} elements differ"
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+    if not np.array_equal(nan_a, nan_b):
+        return False, float("inf"), f"NaN at {int(np.count_nonzero(nan_a ^ nan_b))} positions where the original has none (or the reverse)"
+    inf_mismatch = np.isinf(a64) != np.isinf(b64)
+    if inf_mismatch.any() or (np.isinf(b64) & (a64 != b64)).any():
+        return False, float("inf"), "infinities differ"
+    finite = ~(nan_a | np.isinf(b64))
+    diff = float(np.linalg.norm((a64 - b64)[finite]))
+    ref = float(np.linalg.norm(b64[finite]))
+    rel = diff / ref if ref > 0 else diff
+    tol = _relative_tolerance(a.dtype)
+    return rel <= tol, rel, f"relative error {rel:.3g} > {tol:g}"
+
+
+def _expose(model: onnx.ModelProto, graph: FusionGraph, names: Sequence[str]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    have = {o.name for o in out.graph.output}
+    for t in names:
+        if t not in have:
+            info = graph.tensors[t]
+            out.graph.output.append(helper.make_tensor_value_info(t, info.dtype, None if info.shape is None else list(info.shape)))
+    return out
+
+
+def _gpu_usable() -> bool:
+    try:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return False
+        from .runtime import library_path
+
+        library_path(build=False)
+        return True
+    except Exception:
+        return False
+
+
+def _sessions(original: bytes, stitched: bytes, gpu: bool):
+    import onnxruntime as ort
+
+    if gpu:
+        from .runtime import session
+
+        # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
+        cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+        return ort.InferenceSession(original, providers=cuda), session(stitched, providers=cuda)
+    cpu = ["CPUExecutionProvider"]
+    return ort.InferenceSession(original, providers=cpu), ort.InferenceSession(stitched, providers=cpu)
+
+
+def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
+           groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
+           device: str = "auto") -> Verification:
+    """Run both models on seeded random inputs and compare every graph output and every fused
+    group's outputs. Raises VerifyError naming the first group whose outputs differ."""
+    if not groups:
+        return Verification("none", 0, 0.0, skipped="nothing was fused")
+    gpu = _gpu_usable() if device == "auto" else device == "gpu"
+    where = "gpu" if gpu else "cpu"
+    exposed = [t for grp in groups for t in grp.outputs]
+    ref_model = _expose(original, graph, exposed)
+    new_model = _expose(stitched, graph, exposed)
+    dims = {d: VERIFY_DIM for d in _symbolic_dims(original)}
+    dims.update(dim_values or {})
+    if not gpu:
+        dims = {d: min(v, VERIFY_DIM) for d, v in dims.items()}
+    feeds = random_feeds(original, seed, dims)
+    try:
+        ref_sess, new_sess = _sessions(ref_model.SerializeToString(), new_model.SerializeToString(), gpu)
+        names = [o.name for o in ref_model.graph.output]
+        expected = dict(zip(names, ref_sess.run(names, feeds)))
+    except Exception as e:  # the original itself cannot run here: nothing to compare against
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), msg)
+        return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {msg}")
+    try:
+        actual = dict(zip(names, new_sess.run(names, feeds)))
+    except Exception as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise VerifyError(f"verification failed on {where}: the stitched model does not run: {msg}") from e
+    worst = 0.0
+    for grp in groups:
+        for t in grp.outputs:
+            ok, rel, why = compare(actual[t], expected[t])
+            worst = max(worst, rel)
+            if not ok:
+                raise VerifyError(f"verification failed on {where}: group {grp.name} "
+                                  f"({', '.join(grp.labels[:4])}{', …' if len(grp.labels) > 4 else ''}) "
+                                  f"output '{t}': {why}")
+    for o in original.graph.output:
+        ok, rel, why = compare(actual[o.name], expected[o.name])
+        worst = max(worst, rel)
+        if not ok:
+            raise VerifyError(f"verification failed on {where}: graph output '{o.name}': {why}")
+    return Verification(where, len(set(exposed) | {o.name for o in original.graph.output}), worst)
+
+
+def _symbolic_dims(model: onnx.ModelProto) -> set[str]:
+    return {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}

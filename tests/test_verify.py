@@ -1,0 +1,85 @@
+"""Verification before writing: tensor comparison rules, and a stitched model whose fallback
+disagrees with the original is refused with the failing group named and nothing written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import parser
+
+import onnxstitch
+from cli.main import main
+from onnxstitch import rewrite
+from onnxstitch.verify import VerifyError, compare
+
+TWO_GROUPS = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {
+  a = Mul(x, x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Tanh(m)
+  z = Add(c, m)
+}"""
+
+
+def test_compare_rules() -> None:
+    rng = np.random.default_rng()
+    x = rng.standard_normal(100).astype(np.float32)
+    assert compare(x, x.copy())[0]
+    assert not compare(x * 1.01, x)[0]
+    assert compare((x * (1 + 1e-3)).astype(np.float16), x.astype(np.float16))[0]  # half precision
+    y = x.copy()
+    y[3] = np.nan
+    ok, _, why = compare(y, x)
+    assert not ok and "NaN" in why
+    assert compare(y, y.copy())[0]  # NaN where the original has NaN is fine
+    i = rng.integers(0, 9, 50)
+    j = i.copy()
+    j[7] += 1
+    assert not compare(j, i)[0] and compare(i, i.copy())[0]
+    assert not compare(x.astype(np.float64), x)[0]  # dtype must match
+
+
+def _broken_function(monkeypatch: pytest.MonkeyPatch, group: str) -> None:
+    """Make the fallback body of `group` compute Sub where the original computes Add/Mul."""
+    real = rewrite._function
+
+    def corrupt(model, graph, grp):
+        fn = real(model, graph, grp)
+        if grp.name == group:
+            for node in fn.node:
+                if node.op_type in ("Add", "Mul"):
+                    node.op_type = "Sub"
+        return fn
+
+    monkeypatch.setattr(rewrite, "_function", corrupt)
+
+
+def test_verification_names_the_failing_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = parser.parse_model(TWO_GROUPS)
+    groups = onnxstitch.optimize(model, verify=False).report.plan.groups
+    assert len(groups) == 2
+    target = groups[1].name
+    _broken_function(monkeypatch, target)
+    with pytest.raises(VerifyError, match=rf"group {target} .*output 'z'"):
+        onnxstitch.optimize(model)
+
+
+def test_cli_writes_nothing_when_verification_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, out = tmp_path / "m.onnx", tmp_path / "m.stitched.onnx"
+    onnx.save(parser.parse_model(TWO_GROUPS), src)
+    _broken_function(monkeypatch, "g0")
+    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 1 and "verification failed" in res.output and "g0" in res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists()
+    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out), "--no-verify", "-q"], catch_exceptions=False)
+    assert res.exit_code == 0 and out.exists()
+
+
+def test_verification_is_reported() -> None:
+    rep = onnxstitch.optimize(parser.parse_model(TWO_GROUPS)).report.to_json()["verification"]
+    assert rep["device"] in ("cpu", "gpu") and rep["tensors_checked"] >= 2 and not rep["skipped"]
