@@ -34,7 +34,8 @@ def _truncated(tmp_path: Path) -> bytes:
     return chain(5, shape=(4, 8)).SerializeToString()[:-37]
 
 
-@pytest.mark.parametrize("case", ["missing", "directory", "empty", "truncated", "not_onnx", "dangling_input"])
+@pytest.mark.parametrize("case", ["missing", "directory", "empty", "truncated", "not_onnx", "dangling_input",
+                                  "cycle", "duplicate_output"])
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path: Path, case: str) -> None:
     if case == "missing":
         path = tmp_path / "nope.onnx"
@@ -47,10 +48,18 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path: Path, case: str) -
         path = _bad(tmp_path, "trunc.onnx", _truncated(tmp_path))
     elif case == "not_onnx":
         path = _bad(tmp_path, "text.onnx", b"this is not a model\n" * 10)
-    else:
+    elif case == "dangling_input":
         m = chain(3, shape=(4, 8))
         m.graph.node[1].input[0] = "nowhere"
         path = _bad(tmp_path, "dangling.onnx", m.SerializeToString())
+    elif case == "cycle":
+        m = chain(3, shape=(4, 8))
+        m.graph.node[0].input[0] = m.graph.node[2].output[0]  # first node reads the last one's output
+        path = _bad(tmp_path, "cycle.onnx", m.SerializeToString())
+    else:
+        m = chain(3, shape=(4, 8))
+        m.graph.node[1].output[0] = m.graph.node[0].output[0]  # two nodes write one tensor
+        path = _bad(tmp_path, "dup.onnx", m.SerializeToString())
     out = tmp_path / "out.onnx"
     res = _invoke("optimize", str(path), "-o", str(out))
     assert res.exit_code == 2, res.output
