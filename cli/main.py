@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from onnxstitch import __version__
 from onnxstitch.errors import BadInputError
+from onnxstitch.load import save
 
 from .options import parse_shapes, verbosity
 
@@ -27,18 +29,17 @@ def main() -> None:
 
 
 def save_atomic(model: onnx.ModelProto, path: Path) -> None:
-    """Write next to the target, then rename: a failure never leaves a half-written model.
-    Models over 2 GB go out with external data beside them."""
+    """Write into a temporary folder beside the target, then rename into place (external data
+    first, the model last): a failure never leaves a half-written model. Models over 2 GiB go
+    out with their external data in `<name>.data` beside them."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        large = model.ByteSize() > 2**31 - 2**20
-        onnx.save(model, tmp, save_as_external_data=large, location=path.name + ".data" if large else None)
-        os.replace(tmp, path)
+        save(model, tmp / path.name)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == path.name):
+            os.replace(f, path.parent / f.name)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _summary(report, out: Path) -> Table:

@@ -188,6 +188,9 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
             return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
                     f"not the iteration shape {_fmt(st.shape)}; a kernel writes every output "
                     f"over the whole iteration space")
+    if not st.ins:
+        return ("the group reads no runtime tensor (only baked constants): a constant subgraph, "
+                "left to ONNX Runtime's constant folding")
     from_inputs = broadcast_shapes([_shape(graph, t) for t in st.ins])
     if from_inputs != st.shape:
         return (f"the broadcast of the group's inputs is {_fmt(from_inputs)}, not its iteration "

@@ -5,6 +5,7 @@ Every failure here is the user's input: a BadInputError with one line naming the
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -12,6 +13,38 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from .errors import BadInputError
+
+
+# Protobuf cannot serialize a message over 2 GiB; past this size models travel as files with
+# external data (checked, inferred and run from a path).
+PROTOBUF_LIMIT = 2**31 - 2**24
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """True when `model` is too big to serialize as one protobuf message."""
+    return model.ByteSize() > PROTOBUF_LIMIT
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """onnx.save, with external data (`<name>.data` beside it) when the model is large."""
+    path = Path(path)
+    if not is_large(model):
+        onnx.save(model, str(path))
+        return
+    copy = onnx.ModelProto()  # onnx.save moves tensors' bytes out of the proto it is given
+    copy.CopyFrom(model)
+    onnx.save(copy, str(path), save_as_external_data=True, location=path.name + ".data")
+
+
+def check(model: onnx.ModelProto, *, full_check: bool = False) -> None:
+    """onnx.checker.check_model, through a temporary file when the model is large."""
+    if not is_large(model):
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        save(model, path)
+        onnx.checker.check_model(str(path), full_check=full_check)
 
 
 def _first_line(e: BaseException) -> str:
@@ -42,7 +75,10 @@ def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise BadInputError(f"{where}: not an ONNX model (no graph)")
     try:
-        onnx.checker.check_model(model)
+        if isinstance(source, onnx.ModelProto):
+            check(model)
+        else:  # from the path: works for models with external data of any size
+            onnx.checker.check_model(str(source))
     except (onnx.checker.ValidationError, ValueError) as e:
         raise BadInputError(f"{where}: invalid graph: {_first_line(e)}") from e
     return model

@@ -42,8 +42,12 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob
         # split by image_sizes (docs/abi.md).
         kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
-        image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx, input_kinds=list(k.source.input_kinds),
+        image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx,
         output_dtypes=list(k.source.output_dtypes), shape_rule="broadcast")
+    # Typed explicitly: a group fed only by baked constants has no inputs, and an empty list
+    # has no type to infer.
+    node.attribute.append(helper.make_attribute("input_kinds", list(k.source.input_kinds),
+                                                attr_type=onnx.AttributeProto.INTS))
     node.overload = group.name
     return node
 

@@ -131,9 +131,27 @@ def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) 
     return model, values
 
 
+def _skeleton(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelProto:
+    """The model with large initializers turned into typed graph inputs: what shape inference
+    needs of them is their type, and without their bytes a model over 2 GiB can be inferred."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.initializer[:]
+    inputs = {i.name for i in out.graph.input}
+    for init in model.graph.initializer:
+        numel = int(np.prod(init.dims)) if len(init.dims) else 1
+        if numel <= keep_elements:
+            out.graph.initializer.append(init)
+        elif init.name not in inputs:
+            out.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return out
+
+
 def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
     """Run shape inference and return (model with value_info, tensor name → TensorInfo)."""
-    inferred = model
+    from .load import is_large
+
+    inferred = _skeleton(model) if is_large(model) else model
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx's inference is best effort here; missing shapes only cost fusion
@@ -141,9 +159,15 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        sym = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True, guess_output_rank=False)
-        if sym is not None:
-            inferred = sym
+        # SymbolicShapeInference.infer_shapes, minus its ending: when some shape stays unknown it
+        # writes sym_shape_infer_temp.onnx into the working directory and raises, losing the
+        # shapes it did infer. We keep the partial result and write nothing.
+        sym = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
+        sym._preprocess(inferred)
+        while sym.run_:
+            sym._infer_impl()
+        sym._update_output_from_vi()
+        inferred = sym.out_mp_
     except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
         log.info("symbolic shape inference skipped: %s", e)
 

@@ -9,6 +9,8 @@ rewrite's wiring rather than the kernels.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -19,6 +21,7 @@ from onnx import helper
 from .errors import StitchError
 from .graph import FusionGraph
 from .inputs import random_feeds
+from .load import is_large, save
 from .plan import Group
 
 log = logging.getLogger(__name__)
@@ -102,17 +105,31 @@ def _gpu_usable() -> bool:
         return False
 
 
-def _sessions(original: bytes, stitched: bytes, gpu: bool):
+def _source(model: onnx.ModelProto, folder: str, name: str) -> bytes | str:
+    """What ORT loads: the bytes, or for a model over 2 GiB a file with external data."""
+    if not is_large(model):
+        return model.SerializeToString()
+    path = os.path.join(folder, name)
+    save(model, path)
+    return path
+
+
+def _session(source: bytes | str, gpu: bool, stitched: bool):
     import onnxruntime as ort
 
-    if gpu:
+    if not gpu:
+        return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+    if stitched:
         from .runtime import session
 
-        # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
-        cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-        return ort.InferenceSession(original, providers=cuda), session(stitched, providers=cuda)
-    cpu = ["CPUExecutionProvider"]
-    return ort.InferenceSession(original, providers=cpu), ort.InferenceSession(stitched, providers=cpu)
+        return session(source, providers=cuda)
+    return ort.InferenceSession(source, providers=cuda)
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
@@ -123,7 +140,6 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     if not groups:
         return Verification("none", 0, 0.0, skipped="nothing was fused")
     gpu = _gpu_usable() if device == "auto" else device == "gpu"
-    where = "gpu" if gpu else "cpu"
     exposed = [t for grp in groups for t in grp.outputs]
     ref_model = _expose(original, graph, exposed)
     new_model = _expose(stitched, graph, exposed)
@@ -132,19 +148,25 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     if not gpu:
         dims = {d: min(v, VERIFY_DIM) for d, v in dims.items()}
     feeds = random_feeds(original, seed, dims)
+    with tempfile.TemporaryDirectory() as tmp:
+        return _run_and_compare(_source(ref_model, tmp, "original.onnx"), _source(new_model, tmp, "stitched.onnx"),
+                                original, groups, feeds, gpu, exposed)
+
+
+def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.ModelProto,
+                     groups: Sequence[Group], feeds: dict, gpu: bool, exposed: list[str]) -> Verification:
+    where = "gpu" if gpu else "cpu"
     try:
-        ref_sess, new_sess = _sessions(ref_model.SerializeToString(), new_model.SerializeToString(), gpu)
-        names = [o.name for o in ref_model.graph.output]
+        ref_sess = _session(ref_src, gpu, stitched=False)
+        names = [o.name for o in ref_sess.get_outputs()]
         expected = dict(zip(names, ref_sess.run(names, feeds)))
     except Exception as e:  # the original itself cannot run here: nothing to compare against
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), msg)
-        return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {msg}")
+        log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), _first(e))
+        return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {_first(e)}")
     try:
-        actual = dict(zip(names, new_sess.run(names, feeds)))
+        actual = dict(zip(names, _session(new_src, gpu, stitched=True).run(names, feeds)))
     except Exception as e:
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise VerifyError(f"verification failed on {where}: the stitched model does not run: {msg}") from e
+        raise VerifyError(f"verification failed on {where}: the stitched model does not run: {_first(e)}") from e
     worst = 0.0
     for grp in groups:
         for t in grp.outputs:

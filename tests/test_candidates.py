@@ -201,3 +201,18 @@ def test_nodes_that_can_only_join_together_are_added_together():
     assert legality(g, frozenset(range(4))) is None
     # max_size=2: the small subgraphs cannot find it, only the maximal growth can.
     assert (0, 1, 2, 3) in enumerate_candidates(g, max_size=2).groups
+
+
+def test_group_of_constants_only_is_refused() -> None:
+    from onnxstitch.candidates import legality
+
+    from ._graphs import from_text, nodes
+
+    g = from_text(("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[4] x) => (float[4] y, float y2) <float c = {2.0}> {
+      a = Exp(c)
+      b = Neg(a)
+      y = Add(x, b)
+      y2 = Identity(b)
+    }"""))
+    assert "constant" in (legality(g, frozenset(nodes(g, "a", "b"))) or "")
