@@ -147,42 +147,58 @@ def _skeleton(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelPr
     return out
 
 
-def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
-    """Run shape inference and return (model with value_info, tensor name → TensorInfo)."""
-    from .load import is_large
-
-    inferred = _skeleton(model) if is_large(model) else model
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as e:  # onnx's inference is best effort here; missing shapes only cost fusion
-        log.warning("onnx shape inference failed: %s", e)
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        # SymbolicShapeInference.infer_shapes, minus its ending: when some shape stays unknown it
-        # writes sym_shape_infer_temp.onnx into the working directory and raises, losing the
-        # shapes it did infer. We keep the partial result and write nothing.
-        sym = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
-        sym._preprocess(inferred)
-        while sym.run_:
-            sym._infer_impl()
-        sym._update_output_from_vi()
-        inferred = sym.out_mp_
-    except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
-        log.info("symbolic shape inference skipped: %s", e)
-
-    g = inferred.graph
+def _collect(g: onnx.GraphProto) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         got = _shape_of(vi.type)
         if got is not None and got[0] != 0:
-            prev = infos.get(vi.name)
-            # Keep the more precise of two records (graph outputs may be less specific).
-            if prev is None or (prev.shape is None and got[1] is not None):
-                infos[vi.name] = TensorInfo(vi.name, got[0], got[1])
-    for init in g.initializer:
+            infos[vi.name] = _more_precise(infos.get(vi.name), TensorInfo(vi.name, got[0], got[1]))
+    return infos
+
+
+def _unknowns(info: TensorInfo) -> int:
+    return 1_000 if info.shape is None else sum(d is None for d in info.shape)
+
+
+def _more_precise(a: TensorInfo | None, b: TensorInfo) -> TensorInfo:
+    """Of two records of one tensor, the one with fewer unknown dims (ties: `b`)."""
+    return b if a is None or _unknowns(b) <= _unknowns(a) else a
+
+
+def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    # SymbolicShapeInference.infer_shapes, minus its ending: when some shape stays unknown it
+    # writes sym_shape_infer_temp.onnx into the working directory and raises, losing the
+    # shapes it did infer. We keep the partial result and write nothing.
+    sym = SymbolicShapeInference(int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0)
+    sym._preprocess(model)
+    while sym.run_:
+        sym._infer_impl()
+    sym._update_output_from_vi()
+    return sym.out_mp_
+
+
+def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
+    """Run shape inference and return (model with value_info, tensor name → TensorInfo).
+    onnx's inference and onnxruntime's symbolic inference both run; for each tensor the record
+    with fewer unknown dims wins (a custom op's declared value_info survives either way)."""
+    from .load import is_large
+
+    inferred = _skeleton(model) if is_large(model) else model
+    try:
+        inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx's inference is best effort here; missing shapes only cost fusion
+        log.warning("onnx shape inference failed: %s", e)
+    infos = _collect(inferred.graph)
+    try:
+        for name, info in _collect(_symbolic(inferred).graph).items():
+            infos[name] = _more_precise(infos.get(name), info)
+    except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
+        log.info("symbolic shape inference skipped: %s", e)
+    for init in model.graph.initializer:
         infos[init.name] = TensorInfo(init.name, init.data_type, tuple(int(d) for d in init.dims))
-    for node in g.node:
+    for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
                 if a.name == "value":
