@@ -130,3 +130,21 @@ def test_profile_shows_fused_nodes_on_cuda(tmp_path) -> None:
     events = json.loads(open(sess.end_profiling()).read())
     fused = [e for e in events if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == "FusedKernel"]
     assert fused and all(e["args"]["provider"] == "CUDAExecutionProvider" for e in fused)
+
+
+def test_tensor_over_2_31_elements() -> None:
+    """The 64-bit entry: 2^31 + 17 bools (2 GiB in, 2 GiB out), every element checked."""
+    from onnx import helper
+
+    n = 2**31 + 17
+    nodes = [helper.make_node("Not", ["x"], ["t"]), helper.make_node("Xor", ["t", "k"], ["y"])]
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TP.BOOL, [n]),
+                                              helper.make_tensor_value_info("k", TP.BOOL, [1])],
+                              [helper.make_tensor_value_info("y", TP.BOOL, [n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    rng = np.random.default_rng()
+    x = (np.frombuffer(rng.bytes(n), dtype=np.uint8) & 1).view(np.bool_)
+    k = np.array([rng.random() < 0.5])
+    expected = np.logical_xor(~x, k)
+    got = run_gpu(stitch_nodes(model, [(0, 1)]), {"x": x, "k": k}, [expected])[0]
+    assert got.shape == (n,) and np.array_equal(got, expected)
