@@ -1,6 +1,7 @@
 """Entry point: `onnxstitch optimize | bench | build-library`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -98,35 +99,107 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--stitched", type=click.Path(path_type=Path), help="Stitched model (optimized now if omitted).")
 @click.option("--shape", "shape", multiple=True, help="Input sizes: batch=8,seq=128 or input=8x128.")
-@click.option("--warmup", type=int, default=20, show_default=True)
-@click.option("--iters", type=int, default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
+@click.option("--iters", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--providers", default="CUDAExecutionProvider,CPUExecutionProvider", show_default=True,
+              help="ONNX Runtime execution providers, in order (the CUDA EP is required).")
+@click.option("--cuda-graph", is_flag=True, help="Run every configuration through ORT's CUDA graphs.")
+@click.option("--peer-ort-optimizer", "peer_type", metavar="MODEL_TYPE",
+              help="Also time the model after ORT's transformers optimizer (bert, gpt2, t5, vit, …).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (schema in the result).")
 @verbosity
-def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int,
-          as_json: bool, verbose: bool, quiet: bool) -> None:
+def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int, providers: str,
+          cuda_graph: bool, peer_type: str | None, as_json: bool, verbose: bool, quiet: bool) -> None:
     """Time MODEL on ONNX Runtime's CUDA EP against its stitched version."""
     from onnxstitch import bench as bench_mod
     from onnxstitch import load, optimize as run_optimize
 
     shapes = parse_shapes(shape)
     load.load(model)  # bad input fails here, before any GPU work
+    bench_mod.require_gpu("onnxstitch bench")
+    plist = tuple(p.strip() for p in providers.split(",") if p.strip())
+    if "CUDAExecutionProvider" not in plist:
+        raise BadInputError(f"--providers {providers}: the stitched model's kernels need CUDAExecutionProvider")
     sym = {k: v[0] for k, v in shapes.items() if len(v) == 1}
     overrides = {k: tuple(v) for k, v in shapes.items() if len(v) != 1}
-    with tempfile.TemporaryDirectory() as tmp:
+    config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph)
+    status = None if (quiet or as_json) else console.status("benchmarking…")
+
+    def say(msg: str) -> None:
+        if status is not None:
+            status.update(msg)
+
+    with tempfile.TemporaryDirectory() as tmp, (status or contextlib.nullcontext()):
         if stitched is None:
+            say("optimizing")
             stitched = Path(tmp) / "stitched.onnx"
             save_atomic(run_optimize(model, shapes=shapes).model, stitched)
-        res = bench_mod.run(model, stitched, warmup=warmup, iters=iters, dim_values=sym, overrides=overrides)
+        peers = {}
+        if peer_type:
+            say("running ORT's transformers optimizer")
+            peers["ORT transformers optimizer"] = bench_mod.ort_transformers_optimized(model, peer_type, Path(tmp) / "peer.onnx")
+        res = bench_mod.run(model, stitched, config=config, dim_values=sym, overrides=overrides, peers=peers,
+                            progress=say)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
         return
-    t = Table(title=f"{model} on {res.device} (onnxruntime {res.ort_version})")
-    for col in ("", "median ms", "p90 ms", "CUDA nodes/run"):
+    graphs = ", CUDA graphs" if cuda_graph else ""
+    t = Table(title=f"{model} on {res.device} (driver {res.driver}, onnxruntime {res.ort_version}{graphs})")
+    for col in ("", "median ms", "p90 ms", "p99 ms", "samples/s", "CUDA nodes/run", "max abs err", "speedup"):
         t.add_column(col, justify="right" if col else "left")
-    for label, tm in (("ORT CUDA EP", res.stock), ("onnxstitch", res.stitched)):
-        t.add_row(label, f"{tm.median_ms:.3f}", f"{tm.p90_ms:.3f}", f"{tm.launches_per_run:.0f}")
+    for label, tm in res.configs.items():
+        t.add_row(label, f"{tm.median_ms:.3f}", f"{tm.p90_ms:.3f}", f"{tm.p99_ms:.3f}", f"{tm.samples_per_s:,.0f}",
+                  f"{tm.launches_per_run:.0f}", f"{tm.max_abs_err:.2g}", f"{res.stock.median_ms / tm.median_ms:.2f}×")
     console.print(t)
-    console.print(f"speedup {res.speedup:.2f}×   max abs err {res.max_abs_err:.3g}   max rel err {res.max_rel_err:.3g}")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Baseline JSON to compare with.")
+@click.option("--update-baseline", is_flag=True, help="Write the current results as the new baseline.")
+@click.option("--max-slowdown", type=click.FloatRange(0, 100), default=10.0, show_default=True,
+              help="Allowed drop of the measured speedup below the baseline, in percent (GPU only).")
+@click.option("--atol", type=float, help="Absolute tolerance per output (default by dtype).")
+@click.option("--rtol", type=float, help="Relative tolerance per output (default by dtype).")
+@click.option("--shape", "shape", multiple=True, help="Input sizes: batch=8,seq=128 or input=8x128.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@verbosity
+def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: float, atol: float | None,
+          rtol: float | None, shape: tuple[str, ...], as_json: bool, verbose: bool, quiet: bool) -> None:
+    """Re-optimize MODEL and fail (exit 1) if numerics, plan or speed regressed against BASELINE."""
+    from onnxstitch.check import run_check
+
+    if not update_baseline and not baseline.exists():
+        raise BadInputError(f"{baseline}: no baseline yet; create it with --update-baseline")
+    status = None if (quiet or as_json) else console.status("checking…")
+    with status or contextlib.nullcontext():
+        res = run_check(model, None if update_baseline else baseline, shapes=parse_shapes(shape),
+                        max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol)
+    numerics_ok = all(o.ok for o in res.outputs)
+    if update_baseline and numerics_ok:
+        baseline.parent.mkdir(parents=True, exist_ok=True)
+        baseline.write_text(json.dumps(res.baseline(), indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+    elif not quiet:
+        t = Table(title=f"onnxstitch check {model} ({res.device})")
+        for col in ("output", "ok", "max abs err", "max rel err", ""):
+            t.add_column(col)
+        for o in res.outputs:
+            t.add_row(o.name, "yes" if o.ok else "[red]NO[/red]", f"{o.max_abs_err:.2g}", f"{o.max_rel_err:.2g}", o.detail)
+        console.print(t)
+        p = res.plan
+        speed = f", speedup {res.speedup:.2f}×" if res.speedup is not None else ""
+        console.print(f"kernels {p['kernels_before']} → {p['kernels_after']}, predicted bytes "
+                      f"{p['bytes_before']:,} → {p['bytes_after']:,}{speed}")
+        for n in res.notes:
+            console.print(f"[yellow]note:[/yellow] {n}")
+        for r in res.regressions:
+            console.print(f"[red]regression:[/red] {r}")
+        if update_baseline and numerics_ok:
+            console.print(f"baseline written to {baseline}")
+    if not numerics_ok or (res.regressions and not update_baseline):
+        sys.exit(1)
 
 
 @main.command("build-library")

@@ -1,22 +1,43 @@
-"""`onnxstitch bench`: stock ONNX Runtime CUDA EP against the stitched model, side by side in
-one process, same inputs, IO binding on the GPU."""
+"""`onnxstitch bench`: stock ONNX Runtime against the stitched model (and optional peers), side
+by side in one process, on the same seeded inputs, through IO binding on the GPU.
+
+Every configuration runs the same feeds; outputs are compared with the stock run's. Kernel
+launches per run come from ORT's profiler (CUDA EP node executions). With `cuda_graph`, every
+configuration runs through ORT's CUDA graphs (captured on the first run, replayed after).
+"""
 from __future__ import annotations
 
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from .inputs import random_feeds
 
-SCHEMA_VERSION = 1
+# v2: several configurations, percentiles, throughput, device/driver, CUDA graphs.
+SCHEMA_VERSION = 2
+STOCK = "ORT CUDA EP"
+STITCHED = "onnxstitch"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How to run: warm-up and timed iterations, providers, CUDA graphs, seed."""
+
+    warmup: int = 20
+    iters: int = 100
+    providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    cuda_graph: bool = False
+    seed: int = 0
+    profile_runs: int = 5
 
 
 @dataclass(frozen=True)
@@ -25,28 +46,57 @@ class Timing:
 
     median_ms: float
     p90_ms: float
+    p99_ms: float
     min_ms: float
+    mean_ms: float
     iters: int
+    runs_per_s: float
+    samples_per_s: float  # runs/s × batch (the first dim of the first input)
     launches_per_run: float  # CUDA EP node executions per run, from ORT's profile
     fused_nodes_on_cuda: int  # FusedKernel nodes that ORT's profile shows on the CUDA EP
+    max_abs_err: float = 0.0  # against the stock configuration's outputs
+    max_rel_err: float = 0.0
 
 
 @dataclass(frozen=True)
 class BenchResult:
-    """Stock vs stitched: timings, speedup and output error."""
+    """All configurations' timings; `speedup` is stock median over stitched median."""
 
     model: str
     device: str
+    driver: str
     ort_version: str
-    stock: Timing
-    stitched: Timing
-    speedup: float
-    max_abs_err: float
-    max_rel_err: float
+    onnxstitch_version: str
+    providers: tuple[str, ...]
+    cuda_graph: bool
     inputs: Mapping[str, list[int]]
+    configs: Mapping[str, Timing] = field(default_factory=dict)
+
+    @property
+    def stock(self) -> Timing:
+        return self.configs[STOCK]
+
+    @property
+    def stitched(self) -> Timing:
+        return self.configs[STITCHED]
+
+    @property
+    def speedup(self) -> float:
+        return self.stock.median_ms / self.stitched.median_ms
+
+    @property
+    def max_abs_err(self) -> float:
+        return self.stitched.max_abs_err
+
+    @property
+    def max_rel_err(self) -> float:
+        return self.stitched.max_rel_err
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA_VERSION, **asdict(self)}
+        """The result in the versioned JSON schema (`schema`)."""
+        out = asdict(self)
+        out["configs"] = {k: asdict(v) for k, v in self.configs.items()}
+        return {"schema": SCHEMA_VERSION, **out, "speedup": self.speedup}
 
 
 def gpu_name() -> str:
@@ -60,33 +110,75 @@ def gpu_name() -> str:
         return "unknown"
 
 
-def _bind(sess, feeds: Mapping[str, np.ndarray]):
+def driver_version() -> str:
+    """The NVIDIA driver's version from nvidia-smi, or 'unknown'."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def require_gpu(what: str) -> None:
+    """Raise a one-line StitchError unless onnxruntime's CUDA EP is usable here."""
     import onnxruntime as ort
 
-    io = sess.io_binding()
-    keep = []
-    for name, arr in feeds.items():
-        ov = ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0)
-        keep.append(ov)
-        io.bind_ortvalue_input(name, ov)
-    for out in sess.get_outputs():
-        io.bind_output(out.name, "cuda", 0)
-    return io, keep
+    from .errors import StitchError
+
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise StitchError(f"{what} needs an NVIDIA GPU and onnxruntime-gpu (this onnxruntime "
+                          f"{ort.__version__} offers {', '.join(ort.get_available_providers())})")
 
 
-def _time(sess, feeds, warmup: int, iters: int) -> tuple[list[float], list[np.ndarray]]:
-    io, _keep = _bind(sess, feeds)
-    for _ in range(warmup):
-        sess.run_with_iobinding(io)
+class _Bound:
+    """A session with its inputs on the GPU and outputs bound, ready for run_with_iobinding."""
+
+    def __init__(self, sess, feeds: Mapping[str, np.ndarray], outputs_like: Sequence[np.ndarray] | None) -> None:
+        import onnxruntime as ort
+
+        self.sess = sess
+        self.io = sess.io_binding()
+        self.keep = []
+        for name, arr in feeds.items():
+            ov = ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0)
+            self.keep.append(ov)
+            self.io.bind_ortvalue_input(name, ov)
+        for i, out in enumerate(sess.get_outputs()):
+            if outputs_like is None:
+                self.io.bind_output(out.name, "cuda", 0)
+            else:  # CUDA graphs replay fixed addresses: outputs must be preallocated
+                ov = ort.OrtValue.ortvalue_from_numpy(np.empty_like(outputs_like[i]), "cuda", 0)
+                self.keep.append(ov)
+                self.io.bind_ortvalue_output(out.name, ov)
+
+    def run(self) -> None:
+        self.sess.run_with_iobinding(self.io)
+
+    def outputs(self) -> list[np.ndarray]:
+        return [o.numpy() for o in self.io.get_outputs()]
+
+
+def _provider_list(config: BenchConfig) -> list:
+    if not config.cuda_graph:
+        return list(config.providers)
+    return [(p, {"enable_cuda_graph": "1"}) if p == "CUDAExecutionProvider" else p for p in config.providers]
+
+
+def _time(bound: _Bound, config: BenchConfig) -> list[float]:
+    for _ in range(config.warmup):
+        bound.run()
     times = []
-    for _ in range(iters):
+    for _ in range(config.iters):
         t0 = time.perf_counter()
-        sess.run_with_iobinding(io)  # Run synchronizes the CUDA EP's stream before returning
+        bound.run()  # Run synchronizes the CUDA EP's stream before returning
         times.append((time.perf_counter() - t0) * 1e3)
-    return times, [o.numpy() for o in io.get_outputs()]
+    return times
 
 
-def _profile_counts(make_session, feeds, runs: int = 5) -> tuple[float, int]:
+def _profile_counts(make_session: Callable, feeds, outputs_like, runs: int) -> tuple[float, int]:
     """(CUDA EP node executions per run, FusedKernel nodes on CUDA) from ORT's profiler."""
     import onnxruntime as ort
 
@@ -94,58 +186,90 @@ def _profile_counts(make_session, feeds, runs: int = 5) -> tuple[float, int]:
         so = ort.SessionOptions()
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "prof")
-        sess = make_session(so)
-        io, _keep = _bind(sess, feeds)
+        bound = _Bound(make_session(so, graphs=False), feeds, outputs_like)
         for _ in range(runs):
-            sess.run_with_iobinding(io)
-        events = json.loads(Path(sess.end_profiling()).read_text())
+            bound.run()
+        events = json.loads(Path(bound.sess.end_profiling()).read_text())
     cuda = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
             and e.get("args", {}).get("provider") == "CUDAExecutionProvider"]
     fused = {e["name"] for e in cuda if e.get("args", {}).get("op_name") == "FusedKernel"}
     return len(cuda) / runs, len(fused)
 
 
-def _stats(times: list[float], counts: tuple[float, int]) -> Timing:
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
-    return Timing(statistics.median(times), q[8], min(times), len(times), counts[0], counts[1])
-
-
-def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, warmup: int = 20, iters: int = 100,
-        dim_values: Mapping[str, int] | None = None, overrides: Mapping[str, tuple[int, ...]] | None = None,
-        seed: int = 0) -> BenchResult:
-    """Benchmark the stock model on ORT's CUDA EP (default graph optimizations) against the
-    stitched model with the onnxstitch library registered."""
-    import onnxruntime as ort
-
-    from .runtime import session as stitch_session
-
-    if hasattr(ort, "preload_dlls"):
-        ort.preload_dlls()
-    model = onnx.load(str(model_path), load_external_data=False)
-    feeds = random_feeds(model, seed, dim_values, overrides)
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-
-    def stock(so=None):
-        return ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
-
-    def stitched(so=None):
-        return stitch_session(str(stitched_path), sess_options=so)
-
-    t_stock, out_stock = _time(stock(), feeds, warmup, iters)
-    t_stitch, out_stitch = _time(stitched(), feeds, warmup, iters)
+def _errors(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> tuple[float, float]:
     abs_err, rel_err = 0.0, 0.0
-    for a, b in zip(out_stitch, out_stock):
+    for a, b in zip(got, ref):
         a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if a64.size:
             diff = np.abs(a64 - b64)
-            both_nan = np.isnan(a64) & np.isnan(b64)
-            diff[both_nan] = 0.0
+            diff[np.isnan(a64) & np.isnan(b64)] = 0.0
             abs_err = max(abs_err, float(np.max(diff)))
             rel_err = max(rel_err, float(np.max(diff / np.maximum(np.abs(b64), 1e-6))))
-    stock_t = _stats(t_stock, _profile_counts(stock, feeds))
-    stitch_t = _stats(t_stitch, _profile_counts(stitched, feeds))
-    return BenchResult(str(model_path), gpu_name(), ort.__version__, stock_t, stitch_t,
-                       stock_t.median_ms / stitch_t.median_ms, abs_err, rel_err,
-                       {k: list(v.shape) for k, v in feeds.items()})
+    return abs_err, rel_err
 
 
+def _stats(times: list[float], counts: tuple[float, int], batch: int, errs: tuple[float, float]) -> Timing:
+    q = np.percentile(times, [50, 90, 99])
+    med = float(statistics.median(times))
+    return Timing(med, float(q[1]), float(q[2]), min(times), float(np.mean(times)), len(times),
+                  1e3 / med, 1e3 / med * batch, counts[0], counts[1], errs[0], errs[1])
+
+
+def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
+        dim_values: Mapping[str, int] | None = None, overrides: Mapping[str, tuple[int, ...]] | None = None,
+        peers: Mapping[str, str | os.PathLike] | None = None,
+        progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Benchmark the stock model (ORT, default graph optimizations) against the stitched model
+    (the onnxstitch library registered) and any `peers` (label → model path, run stock)."""
+    import onnxruntime as ort
+
+    from . import __version__
+    from .runtime import session as stitch_session
+
+    say = progress or (lambda _m: None)
+    require_gpu("bench")
+    model = onnx.load(str(model_path), load_external_data=False)
+    feeds = random_feeds(model, config.seed, dim_values, overrides)
+    first = next(iter(feeds.values()), np.zeros(1))
+    batch = int(first.shape[0]) if first.ndim else 1
+
+    def stock_maker(path: str | os.PathLike):
+        def make(so=None, graphs: bool = config.cuda_graph):
+            cfg = config if graphs else BenchConfig(providers=config.providers)
+            return ort.InferenceSession(str(path), sess_options=so, providers=_provider_list(cfg))
+        return make
+
+    def stitched_maker(so=None, graphs: bool = config.cuda_graph):
+        cfg = config if graphs else BenchConfig(providers=config.providers)
+        return stitch_session(str(stitched_path), sess_options=so, providers=_provider_list(cfg))
+
+    makers = {STOCK: stock_maker(model_path), STITCHED: stitched_maker}
+    makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
+    # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run.
+    ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
+    ref_bound.run()
+    reference = ref_bound.outputs()
+    like = reference if config.cuda_graph else None
+    configs: dict[str, Timing] = {}
+    for label, make in makers.items():
+        say(f"timing {label}")
+        bound = _Bound(make(), feeds, like)
+        times = _time(bound, config)
+        errs = _errors(bound.outputs(), reference)
+        say(f"profiling {label}")
+        counts = _profile_counts(make, feeds, like, config.profile_runs)
+        configs[label] = _stats(times, counts, batch, errs)
+    return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
+                       tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
+                       configs)
+
+
+def ort_transformers_optimized(model_path: str | os.PathLike, model_type: str, out_path: str | os.PathLike) -> Path:
+    """The model after ONNX Runtime's transformers optimizer (its hand-written fused kernels:
+    Attention, SkipLayerNormalization, BiasGelu…), the peer automatic fusion is measured against."""
+    from onnxruntime.transformers import optimizer
+
+    opt = optimizer.optimize_model(str(model_path), model_type=model_type, num_heads=0, hidden_size=0,
+                                   use_gpu=True, only_onnxruntime=False)
+    opt.save_model_to_file(str(out_path))
+    return Path(out_path)

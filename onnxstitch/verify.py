@@ -54,30 +54,79 @@ def _relative_tolerance(dtype: np.dtype) -> float:
     return 1e-2 if name in ("float16", "bfloat16") else 1e-4
 
 
-def compare(actual: np.ndarray, expected: np.ndarray) -> tuple[bool, float, str]:
-    """(ok, relative error, why) for one tensor: exact for integers and bools; for floats the
-    same NaN positions and ‖a − b‖ ≤ tol·‖b‖ (tol 1e-4, or 1e-2 for half precision)."""
-    a, b = np.asarray(actual), np.asarray(expected)
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
+
+
+def _special_mismatch(a: np.ndarray, b: np.ndarray) -> str | None:
+    """Why two tensors cannot match whatever the tolerance: shape, dtype, integer values,
+    NaN or infinity positions (None when none of these differ)."""
     if a.shape != b.shape:
-        return False, float("inf"), f"shape {a.shape} != {b.shape}"
+        return f"shape {a.shape} != {b.shape}"
     if a.dtype != b.dtype:
-        return False, float("inf"), f"dtype {a.dtype} != {b.dtype}"
-    if a.dtype.kind not in "fc" and a.dtype.name != "bfloat16":
+        return f"dtype {a.dtype} != {b.dtype}"
+    if not _is_float(b):
         bad = int(np.count_nonzero(a != b))
-        return bad == 0, float(bad > 0), f"{bad} of {a.size} elements differ"
+        return f"{bad} of {a.size} elements differ" if bad else None
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nan_a, nan_b = np.isnan(a64), np.isnan(b64)
     if not np.array_equal(nan_a, nan_b):
-        return False, float("inf"), f"NaN at {int(np.count_nonzero(nan_a ^ nan_b))} positions where the original has none (or the reverse)"
-    inf_mismatch = np.isinf(a64) != np.isinf(b64)
-    if inf_mismatch.any() or (np.isinf(b64) & (a64 != b64)).any():
-        return False, float("inf"), "infinities differ"
-    finite = ~(nan_a | np.isinf(b64))
+        return f"NaN at {int(np.count_nonzero(nan_a ^ nan_b))} positions where the original has none (or the reverse)"
+    if (np.isinf(a64) != np.isinf(b64)).any() or (np.isinf(b64) & (a64 != b64)).any():
+        return "infinities differ"
+    return None
+
+
+def compare(actual: np.ndarray, expected: np.ndarray) -> tuple[bool, float, str]:
+    """(ok, relative error, why) for one tensor: exact for integers and bools; for floats the
+    same NaN/Inf positions and ‖a − b‖ ≤ tol·‖b‖ over finite values (tol 1e-4, or 1e-2 for
+    half precision): the norm suits values at the end of long chains."""
+    a, b = np.asarray(actual), np.asarray(expected)
+    why = _special_mismatch(a, b)
+    if why is not None:
+        return False, float("inf"), why
+    if not _is_float(b):
+        return True, 0.0, ""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    finite = np.isfinite(b64)
     diff = float(np.linalg.norm((a64 - b64)[finite]))
     ref = float(np.linalg.norm(b64[finite]))
     rel = diff / ref if ref > 0 else diff
     tol = _relative_tolerance(a.dtype)
     return rel <= tol, rel, f"relative error {rel:.3g} > {tol:g}"
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output compared element by element with its reference."""
+
+    name: str
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    detail: str = ""
+
+
+def compare_elementwise(name: str, got: np.ndarray, ref: np.ndarray, atol: float | None = None,
+                        rtol: float | None = None) -> OutputCheck:
+    """Every element within atol + rtol·|ref| (defaults by dtype: 1e-4 for float32/64, 1e-2
+    for half), besides the exact rules of `compare` for shapes, integers, NaN and Inf."""
+    g, r = np.asarray(got), np.asarray(ref)
+    why = _special_mismatch(g, r)
+    if why is not None:
+        return OutputCheck(name, False, float("inf"), float("inf"), why)
+    if not _is_float(r):
+        return OutputCheck(name, True, 0.0, 0.0)
+    tol = _relative_tolerance(r.dtype)
+    atol, rtol = (tol if atol is None else atol), (tol if rtol is None else rtol)
+    g64, r64 = g.astype(np.float64), r.astype(np.float64)
+    finite = np.isfinite(r64)
+    diff = np.abs(g64 - r64)[finite]
+    mag = np.abs(r64[finite])
+    abs_err = float(diff.max()) if diff.size else 0.0
+    rel_err = float((diff / np.maximum(mag, 1e-12)).max()) if diff.size else 0.0
+    ok = bool(np.all(diff <= atol + rtol * mag))
+    return OutputCheck(name, ok, abs_err, rel_err, "" if ok else f"exceeds atol {atol:g} + rtol {rtol:g}")
 
 
 def _expose(model: onnx.ModelProto, graph: FusionGraph, names: Sequence[str]) -> onnx.ModelProto:

@@ -128,8 +128,8 @@ def per_node_us(n_ops: int = 20) -> float:
         onnx.save(chain(n_ops, shape=(1, 256)), src)
         empty = Path(tmp) / "empty.onnx"
         onnx.save(chain(1, shape=(1, 256)), empty)
-        many = bench.run(src, src, warmup=20, iters=200)
-        one = bench.run(empty, empty, warmup=20, iters=200)
+        many = bench.run(src, src, config=bench.BenchConfig(iters=200))
+        one = bench.run(empty, empty, config=bench.BenchConfig(iters=200))
     return (many.stock.median_ms - one.stock.median_ms) / (n_ops - 1) * 1e3
 
 
@@ -155,7 +155,7 @@ def main() -> int:
             src, dst = Path(tmp) / "chain.onnx", Path(tmp) / "chain.stitched.onnx"
             onnx.save(model, src)
             onnx.save(res.model, dst)
-            b = bench.run(src, dst, warmup=10, iters=args.iters, dim_values={"batch": ROWS})
+            b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=args.iters), dim_values={"batch": ROWS})
         np_dtype = np.float32 if dtype == TP.FLOAT else np.float16
         x = cp.asarray(np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np_dtype))
         y = cp.empty_like(x)
@@ -179,9 +179,10 @@ def main() -> int:
     for name, _, _ in cases:
         r = results[name]
         bj = r["bench"]
-        print(f"{name:14} {bj['stock']['median_ms']:9.3f} {bj['stitched']['median_ms']:12.3f} {r['speedup_vs_stock']:8.2f} "
+        stock, stitched = bj["configs"][bench.STOCK], bj["configs"][bench.STITCHED]
+        print(f"{name:14} {stock['median_ms']:9.3f} {stitched['median_ms']:12.3f} {r['speedup_vs_stock']:8.2f} "
               f"{r['fused_kernel_ms']:10.3f} {r['fused_kernel_gbs']:12.0f} {r['fused_kernel_fraction_of_copy']:8.1%} "
-              f"{bj['max_rel_err']:8.2g}")
+              f"{stitched['max_rel_err']:8.2g}")
     for name, _, _ in cases:
         print(f"{name:14} kernel fraction of copy by variant: " +
               ", ".join(f"{k} {v:.1%}" for k, v in results[name]["kernel_fraction_of_copy_by_variant"].items()))

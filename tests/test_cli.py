@@ -120,3 +120,15 @@ def test_refuses_to_overwrite_input(tmp_path: Path) -> None:
     before = src.read_bytes()
     res = _invoke("optimize", str(src), "-o", str(src))
     assert res.exit_code == 2 and src.read_bytes() == before
+
+
+def test_bench_without_gpu_says_so(tmp_path: Path) -> None:
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has the CUDA EP")
+    src = tmp_path / "m.onnx"
+    onnx.save(chain(3, shape=(4, 8)), src)
+    res = _invoke("bench", str(src))
+    assert res.exit_code == 1 and "needs an NVIDIA GPU" in res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1

@@ -1,0 +1,138 @@
+"""`onnxstitch check`: a regression gate for CI. Re-optimizes a model, verifies numerics
+against stock ONNX Runtime, and compares the plan (and, on a GPU, the measured speedup) with
+a baseline file. Anything worse than the baseline is a regression.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from . import __version__
+from .errors import BadInputError
+from .inputs import random_feeds
+from .pipeline import optimize
+from .verify import OutputCheck, compare_elementwise
+
+BASELINE_SCHEMA = 1
+BYTES_SLACK = 0.01  # predicted bytes may grow by 1% (symbolic-dim defaults, rounding) before it counts
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Everything `check` measured, and the regressions found against the baseline."""
+
+    model: str
+    device: str  # "gpu" or "cpu"
+    plan: Mapping[str, Any]
+    outputs: tuple[OutputCheck, ...]
+    speedup: float | None  # stock median / stitched median (GPU only)
+    regressions: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+    def baseline(self) -> dict[str, Any]:
+        """The JSON a later run compares against (--update-baseline writes it)."""
+        return {"schema": BASELINE_SCHEMA, "onnxstitch": __version__, "model": self.model, "plan": dict(self.plan),
+                "speedup": self.speedup, "device": self.device}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.baseline(), "outputs": [asdict(o) for o in self.outputs], "ok": self.ok,
+                "regressions": list(self.regressions), "notes": list(self.notes)}
+
+
+def _plan_summary(report) -> dict[str, Any]:
+    p = report.plan
+    return {"kernels_before": p.kernels_before, "kernels_after": p.kernels_after,
+            "bytes_before": p.bytes_before, "bytes_after": p.bytes_after,
+            "groups": [list(g.labels) for g in p.groups]}
+
+
+def _gpu() -> bool:
+    try:
+        import onnxruntime as ort
+
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+    except Exception:
+        return False
+
+
+def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,
+              dims: Mapping[str, int], atol: float | None, rtol: float | None) -> tuple[OutputCheck, ...]:
+    import onnxruntime as ort
+
+    feeds = random_feeds(original, seed, dims)
+    if gpu:
+        from .runtime import session
+
+        cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+        ref = ort.InferenceSession(model_path, providers=cuda).run(None, feeds)
+        got = session(stitched.SerializeToString(), providers=cuda).run(None, feeds)
+    else:
+        ref = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        got = ort.InferenceSession(stitched.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    return tuple(compare_elementwise(o.name, g, r, atol, rtol) for o, g, r in zip(original.graph.output, got, ref))
+
+
+def _regressions(current: "CheckResult", baseline: Mapping[str, Any], max_slowdown_pct: float) -> list[str]:
+    out = []
+    bp, cp = baseline.get("plan", {}), current.plan
+    if cp["kernels_after"] > bp.get("kernels_after", cp["kernels_after"]):
+        out.append(f"kernels after fusion rose from {bp['kernels_after']} to {cp['kernels_after']}")
+    if cp["bytes_after"] > bp.get("bytes_after", cp["bytes_after"]) * (1 + BYTES_SLACK):
+        out.append(f"predicted bytes moved rose from {bp['bytes_after']:,} to {cp['bytes_after']:,}")
+    base_speed = baseline.get("speedup")
+    if current.speedup is not None and base_speed:
+        floor = base_speed * (1 - max_slowdown_pct / 100)
+        if current.speedup < floor:
+            out.append(f"speedup fell from {base_speed:.2f}× to {current.speedup:.2f}× "
+                       f"(more than {max_slowdown_pct:g}% below the baseline)")
+    return out
+
+
+def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | None, *,
+              shapes: Mapping[str, Sequence[int]] | None = None, max_slowdown_pct: float = 10.0,
+              atol: float | None = None, rtol: float | None = None, seed: int = 0, iters: int = 50) -> CheckResult:
+    """Optimize `model_path`, check its numerics against stock ORT (GPU when present, else CPU
+    through the fallback), time it on a GPU, and compare with the baseline JSON if given."""
+    from . import load
+
+    original = load.load(model_path)
+    baseline = None
+    if baseline_path is not None and Path(baseline_path).exists():
+        try:
+            baseline = json.loads(Path(baseline_path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise BadInputError(f"{baseline_path}: not a readable baseline ({e})") from e
+        if baseline.get("schema") != BASELINE_SCHEMA:
+            raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
+    res = optimize(original, shapes=shapes, verify=False, seed=seed)
+    dims = {k: int(v[0]) for k, v in (shapes or {}).items() if len(v) == 1}
+    gpu = _gpu()
+    outputs = _numerics(str(model_path), res.model, original, gpu, seed, dims, atol, rtol)
+    notes = [] if gpu else ["no GPU here: numerics ran on CPU through the fallback functions, and speed was not measured"]
+    speedup = None
+    if gpu:
+        from .bench import BenchConfig, run as bench_run
+
+        with tempfile.TemporaryDirectory() as tmp:
+            stitched = Path(tmp) / "stitched.onnx"
+            load.save(res.model, stitched)
+            speedup = bench_run(model_path, stitched, config=BenchConfig(warmup=10, iters=iters), dim_values=dims).speedup
+    result = CheckResult(str(model_path), "gpu" if gpu else "cpu", _plan_summary(res.report), outputs, speedup,
+                         notes=tuple(notes))
+    regressions = [f"output '{o.name}': {o.detail}" for o in outputs if not o.ok]
+    if baseline is not None:
+        regressions += _regressions(result, baseline, max_slowdown_pct)
+    return CheckResult(result.model, result.device, result.plan, outputs, speedup, tuple(regressions), result.notes)
+
+

@@ -1,0 +1,85 @@
+"""`onnxstitch check` as CI uses it: create a baseline, pass against it, fail (exit 1, with a
+readable reason) when the plan regresses or numerics break; CPU-only runs say so."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from models.elementwise import random_graph
+from onnxstitch.verify import compare_elementwise
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def model_path(tmp_path: Path) -> Path:
+    p = tmp_path / "m.onnx"
+    onnx.save(random_graph(30, seed=5, shape=("batch", 16), opaque_every=11), p)
+    return p
+
+
+def test_baseline_round_trip_and_plan_regression(tmp_path: Path, model_path: Path) -> None:
+    base = tmp_path / "baseline.json"
+    res = _invoke("check", str(model_path), "--baseline", str(base))
+    assert res.exit_code == 2 and "--update-baseline" in res.output  # no baseline yet
+    res = _invoke("check", str(model_path), "--baseline", str(base), "--update-baseline")
+    assert res.exit_code == 0, res.output
+    data = json.loads(base.read_text())
+    assert data["schema"] == 1 and data["plan"]["kernels_after"] < data["plan"]["kernels_before"]
+    res = _invoke("check", str(model_path), "--baseline", str(base))
+    assert res.exit_code == 0, res.output
+    assert "no GPU here" in res.output or "speedup" in res.output
+    # A baseline that fused better than today's plan: today is a regression.
+    data["plan"]["kernels_after"] -= 1
+    data["plan"]["bytes_after"] = data["plan"]["bytes_after"] // 2
+    base.write_text(json.dumps(data))
+    res = _invoke("check", str(model_path), "--baseline", str(base))
+    assert res.exit_code == 1
+    assert "kernels after fusion rose" in res.output and "predicted bytes moved rose" in res.output
+
+
+def test_json_output_is_machine_readable(tmp_path: Path, model_path: Path) -> None:
+    base = tmp_path / "b.json"
+    _invoke("check", str(model_path), "--baseline", str(base), "--update-baseline", "-q")
+    res = _invoke("check", str(model_path), "--baseline", str(base), "--json")
+    out = json.loads(res.output)
+    assert out["ok"] and out["regressions"] == [] and all(o["ok"] for o in out["outputs"])
+
+
+def test_elementwise_comparison_rules() -> None:
+    rng = np.random.default_rng()
+    x = rng.standard_normal(64).astype(np.float32)
+    assert compare_elementwise("y", x, x.copy()).ok
+    assert not compare_elementwise("y", x + 1e-3, x).ok
+    assert compare_elementwise("y", x + 1e-3, x, atol=1e-2).ok
+    inf = x.copy()
+    inf[0] = np.inf
+    assert not compare_elementwise("y", x, inf).ok and compare_elementwise("y", inf, inf.copy()).ok
+    assert not compare_elementwise("y", x.astype(np.float16), x).ok  # dtype differs
+
+
+def test_broken_numerics_fail_check(tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxstitch import rewrite
+
+    real = rewrite._function
+
+    def corrupt(model, graph, grp):
+        fn = real(model, graph, grp)
+        for node in fn.node:
+            if node.op_type == "Add":
+                node.op_type = "Sub"
+        return fn
+
+    base = tmp_path / "b.json"
+    _invoke("check", str(model_path), "--baseline", str(base), "--update-baseline", "-q")
+    monkeypatch.setattr(rewrite, "_function", corrupt)
+    res = _invoke("check", str(model_path), "--baseline", str(base))
+    assert res.exit_code == 1 and "regression: output" in res.output
