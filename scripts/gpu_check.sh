@@ -24,4 +24,8 @@ python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | 
 python3 -c "from models.elementwise import chain; import onnx; onnx.save(chain(20), '/tmp/chain.onnx')"
 python3 -m onnxstitch.cli optimize /tmp/chain.onnx -o /tmp/chain.stitched.onnx --shape batch=8192 2>&1 | tee -a "$log"
 python3 -m onnxstitch.cli bench /tmp/chain.onnx --stitched /tmp/chain.stitched.onnx --shape batch=8192 2>&1 | tee -a "$log"
+python3 -m onnxstitch.cli bench /tmp/chain.onnx --stitched /tmp/chain.stitched.onnx --shape batch=8192 --cuda-graph 2>&1 | tee -a "$log"
+python3 -m onnxstitch.cli bench /tmp/chain.onnx --stitched /tmp/chain.stitched.onnx --shape batch=64 --json > "$OUT/bench_chain_b64.json"
+python3 -m onnxstitch.cli check /tmp/chain.onnx --baseline "$OUT/check_baseline.json" --update-baseline --shape batch=64 2>&1 | tee -a "$log"
+python3 -m onnxstitch.cli check /tmp/chain.onnx --baseline "$OUT/check_baseline.json" --shape batch=64 2>&1 | tee -a "$log"
 exit "$status"
