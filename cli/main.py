@@ -21,6 +21,7 @@ from onnxstitch.load import save
 from .options import parse_shapes, verbosity
 
 console = Console(stderr=False)
+progress_console = Console(stderr=True)  # spinners stay off stdout, which --json keeps machine-readable
 
 
 @click.group()
@@ -82,9 +83,15 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     out = output or model.with_name(model.stem + ".stitched.onnx")
     if out.resolve() == model.resolve():
         raise BadInputError(f"{out}: refusing to overwrite the input model")
-    progress = None if quiet else (lambda msg: console.print(f"[dim]… {msg}[/dim]") if verbose else None)
-    result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
-                          verify=not no_verify)
+    status = None if quiet else progress_console.status("optimizing…")
+
+    def progress(stage: str) -> None:
+        if status is not None:
+            status.update(f"{stage}…")
+
+    with status or contextlib.nullcontext():
+        result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
+                              verify=not no_verify)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +130,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
     sym = {k: v[0] for k, v in shapes.items() if len(v) == 1}
     overrides = {k: tuple(v) for k, v in shapes.items() if len(v) != 1}
     config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph)
-    status = None if (quiet or as_json) else console.status("benchmarking…")
+    status = None if (quiet or as_json) else progress_console.status("benchmarking…")
 
     def say(msg: str) -> None:
         if status is not None:
@@ -171,7 +178,7 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
 
     if not update_baseline and not baseline.exists():
         raise BadInputError(f"{baseline}: no baseline yet; create it with --update-baseline")
-    status = None if (quiet or as_json) else console.status("checking…")
+    status = None if (quiet or as_json) else progress_console.status("checking…")
     with status or contextlib.nullcontext():
         res = run_check(model, None if update_baseline else baseline, shapes=parse_shapes(shape),
                         max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol)
