@@ -40,7 +40,7 @@ def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator) -
         return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
     np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
     if np_dtype == np.bool_:
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)  # an array even at rank 0
     if np.issubdtype(np_dtype, np.integer):
         lo = 0 if np.issubdtype(np_dtype, np.unsignedinteger) else -20
         return rng.integers(lo, 20, size=shape).astype(np_dtype)

@@ -102,9 +102,10 @@ def _div(a: Sequence[Arg], at: Mapping[str, object], t: str) -> str:
 
 def _mod(a: Sequence[Arg], at: Mapping[str, object], t: str) -> str:
     x, y = _c(a[0], t), _c(a[1], t)
-    if at.get("fmod", 0) or t in ("float", "double"):
+    if t in ("float", "double"):
         return f"fmod({x}, {y})"
-    return f"stitch_pymod({x}, {y})"
+    # Integers: fmod=1 is C's truncating %, fmod=0 takes the divisor's sign like Python.
+    return f"({x} % {y})" if at.get("fmod", 0) else f"stitch_pymod({x}, {y})"
 
 
 def _lit(v: float, t: str) -> str:

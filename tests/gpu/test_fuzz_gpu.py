@@ -1,0 +1,51 @@
+"""The fuzz models of tests/test_fuzz.py with the real kernels (marker `gpu`): each drawn model
+is stitched and run through onnxstitch.session on the CUDA EP (outputs poisoned first, IO
+binding: tests/gpu/test_stitched_gpu.run_gpu) against the original on ORT CPU.
+
+Tolerances by dtype (models.fuzz.tolerant_mismatch): float32 chains within chain_tolerance
+with NaN/Inf at the same positions; float64 likewise; float16 against the float32 model
+(half-precision kernels compute in float32) by relative norm ≤ 1e-2; ints and bools exact
+(up to 1% of elements in models with float16 math, where a threshold can round either way).
+ONNXSTITCH_FUZZ_EXAMPLES / ONNXSTITCH_FUZZ_RANDOM as for the CPU test.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, event, given, note, settings
+
+import onnxstitch
+from models.fuzz import (FuzzCase, cases, float32_feeds, float32_reference, fused_nodes, run_cpu,
+                         tolerant_mismatch)
+
+from .test_stitched_gpu import run_gpu
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLES = int(os.environ.get("ONNXSTITCH_FUZZ_EXAMPLES", "60"))
+RANDOM = os.environ.get("ONNXSTITCH_FUZZ_RANDOM", "") not in ("", "0")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM, database=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_fuzz_model_kernels_match_cpu(case: FuzzCase) -> None:
+    note(onnx.printer.to_text(case.model))
+    note(f"run-time dims {dict(case.dims)}, feeds seed {case.seed}, overrides {list(case.overrides)}")
+    stitched = onnxstitch.optimize(case.model, shapes=case.plan_shapes).model
+    n = len(fused_nodes(stitched))
+    event("outcome: improved" if n else "outcome: unchanged")
+    if not n:
+        return  # nothing runs on a kernel; the CPU fuzz test covers the unchanged model
+    feeds = case.feeds()
+    half = case.has_float16
+    # Half-precision kernels compute in float32: the reference is the float32 model on CPU.
+    ref = run_cpu(float32_reference(case.model), float32_feeds(feeds)) if half else run_cpu(case.model, feeds)
+    dtypes = [np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)) for o in case.model.graph.output]
+    got = run_gpu(stitched, feeds, [r.astype(d) for r, d in zip(ref, dtypes)])
+    for out, a, b in zip(case.model.graph.output, got, ref):
+        why = tolerant_mismatch(a, b, half)
+        assert why is None, f"output {out.name}: {why}"
