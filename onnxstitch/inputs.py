@@ -33,14 +33,19 @@ def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = 
 
 
 def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Fresh random data of an onnx dtype: normal floats, small integers, random bools."""
+    """Fresh random data of an onnx dtype: normal floats, small integers, random bools. Always
+    an ndarray, rank 0 included (numpy hands back scalars there, which ORT refuses)."""
+    return np.asarray(_draw(dtype, shape, rng))
+
+
+def _draw(dtype: int, shape: tuple[int, ...], rng: np.random.Generator):
     if dtype == onnx.TensorProto.BFLOAT16:
         import ml_dtypes
 
         return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
     np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
     if np_dtype == np.bool_:
-        return np.asarray(rng.random(shape) < 0.5)  # an array even at rank 0
+        return rng.random(shape) < 0.5
     if np.issubdtype(np_dtype, np.integer):
         lo = 0 if np.issubdtype(np_dtype, np.unsignedinteger) else -20
         return rng.integers(lo, 20, size=shape).astype(np_dtype)
