@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
+from .ops import OpKind
 from .shapes import Shape, broadcast_shapes
 
 
@@ -182,11 +183,21 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
     if st.shape is None:
         shapes = sorted({_fmt(s) for i in st.members for s in _output_shapes(graph, i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
+    reducers = [i for i in st.members if graph.nodes[i].kind == OpKind.REDUCE]
+    row_shape = st.shape[:-1] + (1,) if reducers and st.shape else None
+    if reducers and not st.shape:
+        return "a group with reductions needs an iteration shape of rank 1 or more"
+    for i in reducers:
+        data = _shape(graph, graph.nodes[i].inputs[0])
+        if data != st.shape:
+            return (f"{graph.nodes[i].label} reduces a tensor of shape {_fmt(data)}, not the group's "
+                    f"iteration shape {_fmt(st.shape)}; a row kernel reduces the last axis of its iteration space")
     for t in st.outs:
         s = _shape(graph, t)
-        if s != st.shape:
+        if s != st.shape and (row_shape is None or s != row_shape):
+            rows = f" or its row shape {_fmt(row_shape)}" if row_shape else ""
             return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
-                    f"not the iteration shape {_fmt(st.shape)}; a kernel writes every output "
+                    f"not the iteration shape {_fmt(st.shape)}{rows}; a kernel writes every output "
                     f"over the whole iteration space")
     if not st.ins:
         return ("the group reads no runtime tensor (only baked constants): a constant subgraph, "

@@ -40,10 +40,12 @@ class KernelSource:
     outputs: tuple[str, ...]
     input_kinds: tuple[int, ...]
     output_dtypes: tuple[int, ...]
+    shape_rule: str = "broadcast"  # or "rows" (codegen_rows)
+    output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims)
 
     @property
     def entries(self) -> tuple[str, ...]:
-        return tuple(self.name + s for s in ENTRY_SUFFIXES)
+        return (self.name + "_rows",) if self.shape_rule == "rows" else tuple(self.name + s for s in ENTRY_SUFFIXES)
 
 
 ARGS_STRUCT = f"""

@@ -54,6 +54,7 @@ class FusionGraph:
     # Initializers that are not graph inputs: their values are fixed.
     constants: Mapping[str, onnx.TensorProto]
     dim_values: Mapping[str, int] = field(default_factory=dict)
+    opset: int = 17  # the model's ai.onnx opset (row ops' default axes depend on it)
 
     @cached_property
     def producer(self) -> dict[str, int]:
@@ -144,7 +145,46 @@ def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
     return found
 
 
-def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object]) -> str | None:
+def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: Mapping[str, onnx.TensorProto],
+             opset: int) -> list[int] | None:
+    """The axes a row op (REDUCE kind) works on, as written (may be negative); None when they
+    are not constant."""
+    if n.op_type in ("Softmax", "LogSoftmax"):
+        return [int(attrs.get("axis", -1 if opset >= 13 else 1))]  # type: ignore[arg-type]
+    if n.op_type == "LayerNormalization":
+        return [int(attrs.get("axis", -1))]  # type: ignore[arg-type]
+    if "axes" in attrs:
+        return [int(a) for a in attrs["axes"]]  # type: ignore[union-attr]
+    if len(n.inputs if isinstance(n, Node) else n.input) > 1:
+        t = (n.inputs if isinstance(n, Node) else n.input)[1]
+        if not t:
+            return []
+        if t not in constants:
+            return None
+        return [int(a) for a in numpy_helper.to_array(constants[t]).reshape(-1)]
+    return []
+
+
+def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object],
+                constants: Mapping[str, onnx.TensorProto], opset: int) -> str | None:
+    """Why a REDUCE-kind node cannot be stitched: only the last axis, keepdims=1, no extras."""
+    shape = tensors[n.input[0]].shape or ()
+    if not shape:
+        return f"{n.op_type} of a scalar"
+    axes = row_axes(n, attrs, constants, opset)
+    if axes is None:
+        return f"{n.op_type}'s axes are not constant"
+    if [a % len(shape) for a in axes] != [len(shape) - 1]:
+        return f"{n.op_type} over axes {axes}: only the last axis is stitched"
+    if n.op_type in ops.REDUCERS and attrs.get("keepdims", 1) != 1:
+        return f"{n.op_type} with keepdims=0 is not stitched"
+    if n.op_type == "LayerNormalization" and any(t for t in n.output[1:]):
+        return "LayerNormalization's Mean/InvStdDev outputs are not stitched"
+    return None
+
+
+def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object],
+                 constants: Mapping[str, onnx.TensorProto] | None = None, opset: int = 17) -> str | None:
     def dtype(t: str) -> int | None:
         info = tensors.get(t)
         return info.dtype if info is not None else None
@@ -165,6 +205,8 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
             return f"rank of '{t}' exceeds {MAX_RANK}"
     if n.op_type == "Cast" and attrs.get("saturate", 1) != 1:
         return "Cast with saturate=0 is not supported"
+    if ops.spec(n.op_type, n.domain).kind == ops.OpKind.REDUCE:
+        return _row_reason(n, tensors, attrs, constants or {}, opset)
     return None
 
 
@@ -187,6 +229,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     the model's opset is outside the supported range."""
     g = model.graph
     refusal = opset_refusal(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     input_names = frozenset(i.name for i in g.input)
     constants = {i.name: i for i in g.initializer if i.name not in input_names}
     nodes = []
@@ -194,9 +237,9 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         attrs = _attrs(n)
         implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
         nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input) + implicit, tuple(n.output), attrs,
-                          ops.spec(n.op_type, n.domain).kind, refusal or _node_reason(n, tensors, attrs)))
+                          ops.spec(n.op_type, n.domain).kind, refusal or _node_reason(n, tensors, attrs, constants, opset)))
     return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
-                       constants, dict(dim_values or {}))
+                       constants, dict(dim_values or {}), opset)
 
 
 def constant_value(graph: FusionGraph, tensor: str) -> object:

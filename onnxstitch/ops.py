@@ -1,9 +1,11 @@
 """Stage 3: the operator table — one place that says what each ONNX op is and how it prints.
 
 Kinds form an ordered lattice (TVM's FuseOps): ELEMENTWISE < BROADCAST < INJECTIVE < REDUCE <
-OPAQUE. This issue fuses ELEMENTWISE/BROADCAST ops; every other op stays as ONNX Runtime runs it.
-Each fusible op maps to a C expression printer over already-loaded operand values, in the
-value's compute type (float32 for float16/bfloat16).
+OPAQUE. ELEMENTWISE/BROADCAST ops map to a C expression printer over already-loaded operand
+values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce the last
+axis of a row (keepdims=1) and are stitched with the elementwise work around them
+(codegen_rows); each names its reducer in REDUCERS or its expansion there. INJECTIVE and
+OPAQUE ops stay as ONNX Runtime runs them.
 """
 from __future__ import annotations
 
@@ -202,6 +204,10 @@ class OpSpec:
     dtypes: frozenset[int]
     printer: Printer | None
 
+    @property
+    def fusible(self) -> bool:
+        return self.printer is not None or self.kind == OpKind.REDUCE
+
 
 def _ew(printer: Printer, dtypes: frozenset[int] = NUMERIC) -> OpSpec:
     return OpSpec(OpKind.ELEMENTWISE, dtypes, printer)
@@ -262,8 +268,36 @@ TABLE: dict[str, OpSpec] = {
     "IsInf": _ew(_isinf, FLOATS),
 }
 
+@dataclass(frozen=True)
+class Reducer:
+    """A row reduction: accumulator start, how two partials combine (a C expression over u and
+    v), and what the total becomes (over `acc` and the row length `C`)."""
+
+    identity: str  # C expression in the compute type T
+    combine: str
+    finalize: str = "acc"
+
+
+REDUCERS: dict[str, Reducer] = {
+    "ReduceSum": Reducer("T(0)", "u + v"),
+    "ReduceMean": Reducer("T(0)", "u + v", "acc / T(C)"),
+    "ReduceMax": Reducer("-stitch_inf<T>()", "stitch_pickmax(u, v)"),
+    "ReduceMin": Reducer("stitch_inf<T>()", "stitch_pickmin(u, v)"),
+    "ReduceProd": Reducer("T(1)", "u * v"),
+    "ReduceSumSquare": Reducer("T(0)", "u + v"),  # the square is taken on the element
+    "ReduceL1": Reducer("T(0)", "u + v"),  # likewise the absolute value
+    "ReduceL2": Reducer("T(0)", "u + v", "sqrt(acc)"),
+}
+# Element-side transform before accumulating, for the reducers that need one.
+REDUCE_ELEMENT = {"ReduceSumSquare": "({x} * {x})", "ReduceL1": "stitch_abs({x})", "ReduceL2": "({x} * {x})"}
+# Ops made of reductions and elementwise steps (codegen_rows expands them).
+ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization")
+
+for _op in list(REDUCERS) + list(ROW_COMPOSITES):
+    TABLE[_op] = OpSpec(OpKind.REDUCE, FLOATS, None)
+
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
-_DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0)}
+_DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0), **{r: slice(0, 1) for r in REDUCERS}}
 
 OPAQUE = OpSpec(OpKind.OPAQUE, frozenset(), None)
 
@@ -279,8 +313,8 @@ def unsupported_reason(op_type: str, domain: str, input_dtypes: Sequence[int | N
                        output_dtypes: Sequence[int | None]) -> str | None:
     """Why a node cannot be fused (None when it can): unknown op or an unsupported dtype."""
     s = spec(op_type, domain)
-    if s.printer is None:
-        return f"{domain + '::' if domain else ''}{op_type} is not an elementwise op onnxstitch fuses"
+    if not s.fusible:
+        return f"{domain + '::' if domain else ''}{op_type} is not an op onnxstitch fuses"
     checked = list(input_dtypes[_DTYPE_INPUTS.get(op_type, slice(None))])
     if op_type == "Cast":
         checked = []
@@ -352,6 +386,7 @@ __device__ __forceinline__ float stitch_sigmoid(float x) { return rcp(1.0f + exp
 }
 #define STITCH_FAST_HALF using stitch_fast::exp; using stitch_fast::log; using stitch_fast::sqrt; \
   using stitch_fast::tanh; using stitch_fast::stitch_div; using stitch_fast::stitch_sigmoid;
+template <typename T> __device__ __forceinline__ T stitch_inf() { return T(__int_as_float(0x7f800000)); }
 // float -> int as ONNX Runtime's static_cast does; NaN -> 0 instead of undefined behaviour.
 template <typename I, typename F> __device__ __forceinline__ I stitch_f2i(F x) { return x != x ? I(0) : (I)x; }
 """

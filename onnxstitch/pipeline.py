@@ -10,12 +10,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, compile as nvrtc_compile, graph as graph_mod, load, rewrite
+from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, rewrite
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError
-from .plan import Plan, make_plan
+from .plan import Group, Plan, make_plan
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values))
     plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
-    sources = stage("codegen", lambda: [codegen.generate(g, f"stitch_{grp.name}", grp.nodes) for grp in plan.groups])
+    sources = stage("codegen", lambda: [_generate(g, grp) for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
     # Nothing fused: the model goes out exactly as it came in.
@@ -107,6 +107,14 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
                     g.dim_values, times, kinfo, checked)
     return OptimizeResult(out, report)
+
+
+def _generate(g: graph_mod.FusionGraph, grp: Group) -> codegen.KernelSource:
+    """The elementwise scheme, or the rows scheme for a group with reductions."""
+    name = f"stitch_{grp.name}"
+    if codegen_rows.has_rows(g, grp.nodes):
+        return codegen_rows.generate_rows(g, name, grp.nodes)
+    return codegen.generate(g, name, grp.nodes)
 
 
 def _check(model: onnx.ModelProto, original: onnx.ModelProto) -> None:

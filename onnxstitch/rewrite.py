@@ -18,7 +18,7 @@ DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
-                "input_kinds", "output_dtypes", "shape_rule")
+                "input_kinds", "output_dtypes", "shape_rule", "output_kinds")
 
 
 def arch_number(arch: str) -> int:
@@ -43,11 +43,14 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         # split by image_sizes (docs/abi.md).
         kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
         image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx,
-        output_dtypes=list(k.source.output_dtypes), shape_rule="broadcast")
+        output_dtypes=list(k.source.output_dtypes), shape_rule=k.source.shape_rule)
     # Typed explicitly: a group fed only by baked constants has no inputs, and an empty list
     # has no type to infer.
     node.attribute.append(helper.make_attribute("input_kinds", list(k.source.input_kinds),
                                                 attr_type=onnx.AttributeProto.INTS))
+    if k.source.shape_rule == "rows":
+        node.attribute.append(helper.make_attribute("output_kinds", list(k.source.output_kinds),
+                                                    attr_type=onnx.AttributeProto.INTS))
     node.overload = group.name
     return node
 

@@ -4,7 +4,7 @@ Two float32 [8192, 4096] graphs:
 - "blocks": repeated blocks of a chain with fan-out (two branches that rejoin) and per-block
   broadcast constants ([4096] bias, scalar scale), so the maximal groups hit the kernel's
   input limit;
-- "lanes": four chains that read each other, directly and through opaque Softmax nodes
+- "lanes": four chains that read each other, directly and through opaque Hardmax nodes
   (about one node in twelve), with broadcast constants: many candidates conflict, and the
   ILP has to break cycles.
 
@@ -56,7 +56,7 @@ def _model(nodes, inits, outputs) -> onnx.ModelProto:
 
 def build_lanes(num_nodes: int, seed: int = 0) -> onnx.ModelProto:
     """Four lanes of elementwise nodes reading each other's recent values, some through a
-    Softmax; a [4096] bias every few nodes; every lane's end is a graph output."""
+    Hardmax; a [4096] bias every few nodes; every lane's end is a graph output."""
     rnd = random.Random(seed)
     heads = ["x"] * 4
     seen: list[str] = ["x"]
@@ -77,7 +77,7 @@ def build_lanes(num_nodes: int, seed: int = 0) -> onnx.ModelProto:
             other = rnd.choice(seen[-12:])  # a recent value of any lane
             if roll < 0.63:
                 soft = f"s{len(nodes)}"
-                nodes.append(helper.make_node("Softmax", [other], [soft]))
+                nodes.append(helper.make_node("Hardmax", [other], [soft]))
                 other = soft
             nodes.append(helper.make_node(rnd.choice(["Add", "Mul", "Max"]), [heads[k], other], [out]))
         heads[k] = out

@@ -93,13 +93,13 @@ def test_smaller_graph_output_keeps_its_producer_apart():
 
 
 # Two groups that feed each other through opaque nodes: A = {x, v}, B = {u, y};
-# x -> Softmax -> y puts A before B, u -> Softmax -> v puts B before A.
+# x -> Hardmax -> y puts A before B, u -> Hardmax -> v puts B before A.
 TWO_CYCLE = """
 g (float[8,16] p, float[8,16] q) => (float[8,16] v, float[8,16] y) {
   x = Relu(p)
   u = Sigmoid(q)
-  sx = Softmax(x)
-  su = Softmax(u)
+  sx = Hardmax(x)
+  su = Hardmax(u)
   v = Add(x, su)
   y = Add(u, sx)
 }"""
@@ -129,7 +129,7 @@ def test_lazy_cuts_alone_also_break_the_two_cycle():
 
 
 # Three groups K = {k0, k1, k2} for K in a, b, c: k0 feeds k1 and k2; k2 leaves through a
-# Softmax into the next group's k1. No two groups reach each other both ways (each enters at
+# Hardmax into the next group's k1. No two groups reach each other both ways (each enters at
 # k1 and leaves from k2, unconnected inside), but a -> b -> c -> a is a cycle.
 THREE_CYCLE = """
 g (float[4,8] pa, float[4,8] pb, float[4,8] pc) => (float[4,8] a1, float[4,8] b1, float[4,8] c1) {
@@ -139,9 +139,9 @@ g (float[4,8] pa, float[4,8] pb, float[4,8] pc) => (float[4,8] a1, float[4,8] b1
   a2 = Sigmoid(a0)
   b2 = Sigmoid(b0)
   c2 = Sigmoid(c0)
-  xa = Softmax(a2)
-  xb = Softmax(b2)
-  xc = Softmax(c2)
+  xa = Hardmax(a2)
+  xb = Hardmax(b2)
+  xc = Hardmax(c2)
   a1 = Add(a0, xc)
   b1 = Add(b0, xa)
   c1 = Add(c0, xb)
@@ -160,7 +160,7 @@ def test_three_cycle_needs_a_lazy_cut():
     assert _acyclic(g, plan)
     # Best acyclic plan: two full groups and the third split into a pair and a singleton.
     assert len(chosen(plan) & set(full)) == 2
-    assert plan.kernels_after == 3 + 2 + 2  # three Softmax, two full groups, pair + single
+    assert plan.kernels_after == 3 + 2 + 2  # three Hardmax, two full groups, pair + single
 
 
 def test_cut_limit_falls_back_to_no_fusion_and_says_so():

@@ -3,7 +3,7 @@ the contracted graph acyclic with the plan's group order a topological one, and 
 graphs) the ILP's choice as good as brute force over all partitions.
 
 The random graphs mix elementwise/broadcast ops (float and bool), opaque ops that keep the
-shape (Softmax) or shrink it (ReduceMax keepdims), fan-out, shared inputs, a baked scalar and
+shape (Hardmax) or shrink it (ReduceMax keepdims), fan-out, shared inputs, a baked scalar and
 broadcast inputs. Shapes are computed here, so no shape inference runs per example.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ INPUT_SHAPES = [(3, 4), (4,), (3, 1), (1, 4), ()]
 UNARY = ["Relu", "Sigmoid", "Neg", "Exp"]
 BINARY = ["Add", "Mul", "Sub", "Max"]
 # Opaque nodes between fusible ones ("cross" adds a pair) are what make groups conflict.
-OPS = UNARY + BINARY + ["Greater", "Where", "Softmax", "ReduceMax", "cross"]
+OPS = UNARY + BINARY + ["Greater", "Where", "Hardmax", "ReduceMax", "cross"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Tensor:
 
 class _Builder:
     """Grows a random graph as a few lanes (chains) that read each other, directly or through
-    an opaque node: lanes crossing through Softmax in both directions are what make two legal
+    an opaque node: lanes crossing through Hardmax in both directions are what make two legal
     groups feed each other."""
 
     def __init__(self, draw, inputs: list[Tensor], ops: list[str], lanes: int) -> None:
@@ -56,24 +56,24 @@ class _Builder:
         return out
 
     def operand(self, lane: int) -> Tensor:
-        """Another float operand: a lane's head, any float tensor, or one through a Softmax."""
+        """Another float operand: a lane's head, any float tensor, or one through a Hardmax."""
         how = self.draw(st.sampled_from(["pool", "lane", "opaque"]))
         if how == "lane":
             return self.lanes[self.draw(st.integers(0, len(self.lanes) - 1))]
         some = self.draw(st.sampled_from([t for t in self.pool if t.dtype == TensorProto.FLOAT]))
         if how == "opaque" and some.shape:
-            return self.emit("Softmax", [some], some.dtype, some.shape)
+            return self.emit("Hardmax", [some], some.dtype, some.shape)
         return some
 
     def cross(self, lane: int) -> None:
-        """Two lanes each read the other's head through a Softmax: the smallest pattern in
+        """Two lanes each read the other's head through a Hardmax: the smallest pattern in
         which two legal groups feed each other."""
         other = self.draw(st.integers(0, len(self.lanes) - 1))
         a, b = self.lanes[lane], self.lanes[other]
         if other == lane or not a.shape or not b.shape:
             return
-        sa = self.emit("Softmax", [a], a.dtype, a.shape)
-        sb = self.emit("Softmax", [b], b.dtype, b.shape)
+        sa = self.emit("Hardmax", [a], a.dtype, a.shape)
+        sb = self.emit("Hardmax", [b], b.dtype, b.shape)
         self.lanes[lane] = self.emit("Add", [a, sb], a.dtype, broadcast_shapes([a.shape, b.shape]))
         self.lanes[other] = self.emit("Add", [b, sa], b.dtype, broadcast_shapes([a.shape, b.shape]))
 
@@ -102,7 +102,7 @@ class _Builder:
             res = self.emit(op, [c, a, b], F, broadcast_shapes([c.shape, a.shape, b.shape]))
         elif not a.shape:  # both opaque ops need rank >= 1
             return
-        elif op == "Softmax":
+        elif op == "Hardmax":
             res = self.emit(op, [a], F, a.shape)
         else:  # ReduceMax, keepdims: a smaller shape for later broadcasts
             res = self.emit(op, [a, Tensor("axes", TensorProto.INT64, (1,))], F, a.shape[:-1] + (1,))
@@ -214,7 +214,7 @@ def test_random_plans_are_legal_acyclic_and_ordered(graph):
 
 
 # Mostly lane crossings, so that many plans need cuts.
-CROSSING = ["Relu", "Sigmoid", "Add", "Mul", "Softmax", "cross", "cross"]
+CROSSING = ["Relu", "Sigmoid", "Add", "Mul", "Hardmax", "cross", "cross"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

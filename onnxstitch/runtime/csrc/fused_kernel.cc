@@ -185,6 +185,8 @@ class Kernel {
   std::vector<int64_t> input_kinds_;  // 0 FULL, 1 BROADCAST
   std::vector<int64_t> output_dtypes_;
   std::string shape_rule_;
+  bool rows_ = false;                  // shape_rule "rows"
+  std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims)
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -224,6 +226,17 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   }
   if (Error e = r.Ints("output_dtypes", &output_dtypes_, &present)) return e;
   if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_dtypes'");
+  rows_ = shape_rule_ == "rows";
+  if (rows_) {
+    // Row kernels (docs/abi.md): each output is full-shaped (0) or row-shaped, keepdims (1).
+    if (Error e = r.Ints("output_kinds", &output_kinds_, &present)) return e;
+    if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_kinds' (shape_rule \"rows\")");
+    for (int64_t k : output_kinds_) {
+      if (k != 0 && k != 1) {
+        return Fail(ORT_INVALID_ARGUMENT, "output_kinds values must be 0 or 1, got " + std::to_string(k));
+      }
+    }
+  }
 
   size_t n_in = 0, n_out = 0;
   STITCH_TRY(api_->KernelInfo_GetInputCount(info, &n_in), "KernelInfo_GetInputCount");
@@ -235,6 +248,10 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   if (n_out < 1 || n_out > STITCH_MAX_OUT) {
     return Fail(ORT_INVALID_ARGUMENT, "has " + std::to_string(n_out) + " outputs; 1.." +
                                           std::to_string(STITCH_MAX_OUT) + " are supported");
+  }
+  if (rows_ && output_kinds_.size() != n_out) {
+    return Fail(ORT_INVALID_ARGUMENT, "output_kinds has " + std::to_string(output_kinds_.size()) +
+                                          " entries for " + std::to_string(n_out) + " outputs");
   }
   if (input_kinds_.size() != n_in) {
     return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
@@ -368,8 +385,8 @@ Error Kernel::LoadModule(Loaded* l) {
   }
   if (l->module == nullptr) return Fail(ORT_FAIL, "cannot load a kernel image for " + device_arch + ": " + why);
 
-  for (int v = 0; v < kEntries; ++v) {
-    const std::string entry = kernel_name_ + kEntrySuffix[v];
+  for (int v = 0; v < (rows_ ? 1 : kEntries); ++v) {
+    const std::string entry = kernel_name_ + (rows_ ? "_rows" : kEntrySuffix[v]);
     r = driver_.ModuleGetFunction(&l->entry[v], l->module, entry.c_str());
     if (r != cu::kSuccess) {
       driver_.ModuleUnload(l->module);
@@ -428,8 +445,8 @@ struct CtxGuard {
 };
 
 Error Kernel::Compute(OrtKernelContext* ctx) {
-  if (shape_rule_ != "broadcast") {
-    return Fail(ORT_NOT_IMPLEMENTED, "shape_rule '" + shape_rule_ + "' is not supported (only \"broadcast\")");
+  if (shape_rule_ != "broadcast" && !rows_) {
+    return Fail(ORT_NOT_IMPLEMENTED, "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\" or \"rows\")");
   }
   size_t n_in = 0, n_out = 0;
   STITCH_TRY(api_->KernelContext_GetInputCount(ctx, &n_in), "KernelContext_GetInputCount");
@@ -519,15 +536,22 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   args.rank = static_cast<int>(rank);
   for (size_t d = 0; d < rank; ++d) args.dims[d] = dims[d];
 
+  if (rows_ && rank == 0) return Fail(ORT_INVALID_ARGUMENT, "a rows kernel needs inputs of rank 1 or more");
+  // Rows: the last iteration dim is the row; R rows (which may exist even when C is 0).
+  long long n_rows = 1;
+  for (size_t d = 0; rows_ && d + 1 < rank; ++d) n_rows *= dims[d];
   for (size_t o = 0; o < n_out; ++o) {
     OrtValue* v = nullptr;
-    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, dims, rank, &v), "KernelContext_GetOutput");
+    int64_t out_dims[STITCH_MAX_RANK];
+    for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
+    if (rows_ && output_kinds_[o] == 1) out_dims[rank - 1] = 1;
+    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, rank, &v), "KernelContext_GetOutput");
     if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
     void* data = nullptr;
     STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
     args.out[o] = data;
   }
-  if (n == 0) return {};  // empty outputs allocated; nothing to launch
+  if (rows_ ? n_rows == 0 : n == 0) return {};  // empty outputs allocated; nothing to launch
 
   void* stream_handle = nullptr;
   STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
@@ -553,6 +577,18 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   const Loaded* l = nullptr;
   if (Error e = ModuleFor(cuctx, &l)) return e;
 
+  if (rows_) {
+    // One block per row, rows grid-strided (docs/abi.md).
+    const long long blocks = std::max<long long>(1, std::min<long long>(n_rows, 64LL * l->sm_count));
+    void* params[1] = {&args};
+    r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params,
+                             nullptr);
+    if (r != cu::kSuccess) {
+      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + "_rows, grid " + std::to_string(blocks) +
+                                ") failed: " + CuError(r));
+    }
+    return {};
+  }
   // Variant: vector entries need whole vectors and 16-byte aligned linear tensors.
   bool vector_ok = (n % vec_width_) == 0;
   for (size_t i = 0; vector_ok && i < n_in; ++i) {
@@ -660,9 +696,11 @@ bool BroadcastSymbolic(const std::vector<std::vector<ShapeDim>>& ins, std::vecto
 
 void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::string rule;
-  if (!ReadString(api, ctx, "shape_rule", &rule) || rule != "broadcast") return;
+  if (!ReadString(api, ctx, "shape_rule", &rule) || (rule != "broadcast" && rule != "rows")) return;
   std::vector<int64_t> dtypes;
   if (!ReadInts(api, ctx, "output_dtypes", &dtypes) || dtypes.empty()) return;
+  std::vector<int64_t> out_kinds(dtypes.size(), 0);
+  if (rule == "rows" && (!ReadInts(api, ctx, "output_kinds", &out_kinds) || out_kinds.size() != dtypes.size())) return;
 
   size_t n_in = 0;
   if (OrtStatus* st = api->ShapeInferContext_GetInputCount(ctx, &n_in)) {
@@ -698,14 +736,19 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   }
   std::vector<ShapeDim> shape;
   if (!BroadcastSymbolic(ins, &shape)) return;
+  if (rule == "rows" && shape.empty()) return;
 
-  std::vector<int64_t> values;
-  std::vector<const char*> names;
-  for (const ShapeDim& d : shape) {
-    values.push_back(d.symbol.empty() ? d.value : -1);
-    names.push_back(d.symbol.c_str());
-  }
   for (size_t o = 0; o < dtypes.size(); ++o) {
+    std::vector<int64_t> values;
+    std::vector<const char*> names;
+    for (const ShapeDim& d : shape) {
+      values.push_back(d.symbol.empty() ? d.value : -1);
+      names.push_back(d.symbol.c_str());
+    }
+    if (out_kinds[o] == 1) {  // row-shaped output: keepdims
+      values.back() = 1;
+      names.back() = "";
+    }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&info)) {
       api->ReleaseStatus(st);

@@ -1,0 +1,110 @@
+"""Small models of every row operation onnxstitch stitches, each with an independent float64
+numpy reference, for the CPU (fallback, compile) and GPU (real kernels) tests."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+Reference = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: list | None = None, opset: int = 17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "rows", inputs, outputs, inits or [])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _np_reduce(op: str, x: np.ndarray) -> np.ndarray:
+    f = {"ReduceSum": lambda v: v.sum(-1, keepdims=True), "ReduceMean": lambda v: v.mean(-1, keepdims=True),
+         "ReduceMax": lambda v: v.max(-1, keepdims=True), "ReduceMin": lambda v: v.min(-1, keepdims=True),
+         "ReduceProd": lambda v: v.prod(-1, keepdims=True), "ReduceSumSquare": lambda v: (v * v).sum(-1, keepdims=True),
+         "ReduceL1": lambda v: np.abs(v).sum(-1, keepdims=True), "ReduceL2": lambda v: np.sqrt((v * v).sum(-1, keepdims=True))}
+    return f[op](x)
+
+
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2"]
+
+
+def row_models(rows: int, cols: int, dtype: int = TP.FLOAT, opset: int = 18) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for each row op, stitched with elementwise work around it."""
+    x = helper.make_tensor_value_info("x", dtype, ["batch", cols])
+    g = helper.make_tensor_value_info("g", dtype, [cols])
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    for op in REDUCE_OPS:
+        # pre-op, reduction, post-op, plus a full-shaped output that uses the reduced value
+        as_input = opset >= 18 or (op == "ReduceSum" and opset >= 13)  # axes moved from attribute to input
+        axes_in = [numpy_helper.from_array(np.array([-1], np.int64), "axes")] if as_input else []
+        red = (helper.make_node(op, ["t", "axes"], ["r"], keepdims=1) if as_input
+               else helper.make_node(op, ["t"], ["r"], axes=[-1], keepdims=1))
+        scale = 0.999 if op == "ReduceProd" else 0.5  # products of many values stay in range
+        nodes = [helper.make_node("Mul", ["x", "s"], ["t0"]), helper.make_node("Tanh" if op == "ReduceProd" else "Identity", ["t0"], ["t1"]),
+                 helper.make_node("Add", ["t1", "c1"], ["t"]) if op == "ReduceProd" else helper.make_node("Identity", ["t1"], ["t"]),
+                 red, helper.make_node("Sub", ["t", "r"], ["y"])]
+        inits = axes_in + [numpy_helper.from_array(np.array(scale, npd), "s"), numpy_helper.from_array(np.array(1.0, npd), "c1")]
+        model = _model(nodes, [x], [helper.make_tensor_value_info("r", dtype, ["batch", 1]),
+                                    helper.make_tensor_value_info("y", dtype, ["batch", cols])], inits, opset)
+
+        def ref(f, op=op, scale=scale):
+            t = f["x"].astype(np.float64) * scale
+            if op == "ReduceProd":
+                t = np.tanh(t) + 1.0
+            r = _np_reduce(op, t)
+            return [r, t - r]
+
+        yield f"{op}", model, ref
+    # Softmax over an attention-like [batch, heads, s, s] with a mask broadcast over heads and rows
+    s_in = helper.make_tensor_value_info("s", dtype, ["batch", 2, 3, cols])
+    m_in = helper.make_tensor_value_info("m", dtype, ["batch", 1, 1, cols])
+    for op in ("Softmax", "LogSoftmax"):
+        nodes = [helper.make_node("Mul", ["s", "k"], ["a"]), helper.make_node("Add", ["a", "m"], ["b"]),
+                 helper.make_node(op, ["b"], ["p"], axis=-1)]
+        model = _model(nodes, [s_in, m_in], [helper.make_tensor_value_info("p", dtype, ["batch", 2, 3, cols])],
+                       [numpy_helper.from_array(np.array(0.125, npd), "k")], opset)
+
+        def ref(f, op=op):
+            b = f["s"].astype(np.float64) * 0.125 + f["m"].astype(np.float64)
+            z = b - b.max(-1, keepdims=True)
+            e = np.exp(z)
+            return [e / e.sum(-1, keepdims=True) if op == "Softmax" else z - np.log(e.sum(-1, keepdims=True))]
+
+        yield op, model, ref
+    # LayerNormalization (opset 17 op) with residual add before and GELU-ish after
+    if opset >= 17:
+        for with_bias in (True, False):
+            ins = ["h", "g"] + (["bb"] if with_bias else [])
+            nodes = [helper.make_node("Add", ["x", "x2"], ["h"]),
+                     helper.make_node("LayerNormalization", ins, ["ln"], axis=-1, epsilon=1e-5),
+                     helper.make_node("Relu", ["ln"], ["y"])]
+            x2 = helper.make_tensor_value_info("x2", dtype, ["batch", cols])
+            bb = helper.make_tensor_value_info("bb", dtype, [cols])
+            model = _model(nodes, [x, x2, g] + ([bb] if with_bias else []),
+                           [helper.make_tensor_value_info("y", dtype, ["batch", cols])], None, opset)
+
+            def ref(f, with_bias=with_bias):
+                h = f["x"].astype(np.float64) + f["x2"].astype(np.float64)
+                mu = h.mean(-1, keepdims=True)
+                var = ((h - mu) ** 2).mean(-1, keepdims=True)
+                y = (h - mu) / np.sqrt(var + 1e-5) * f["g"].astype(np.float64)
+                if with_bias:
+                    y = y + f["bb"].astype(np.float64)
+                return [np.maximum(y, 0)]
+
+            yield f"LayerNormalization{'-bias' if with_bias else ''}", model, ref
+    # RMSNorm as exporters write it: Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul
+    axes_in = [numpy_helper.from_array(np.array([-1], np.int64), "axes")] if opset >= 18 else []
+    mean = (helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1) if opset >= 18
+            else helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1))
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]), mean, helper.make_node("Add", ["ms", "eps"], ["v"]),
+             helper.make_node("Sqrt", ["v"], ["sd"]), helper.make_node("Reciprocal", ["sd"], ["inv"]),
+             helper.make_node("Mul", ["x", "inv"], ["nx"]), helper.make_node("Mul", ["nx", "g"], ["y"])]
+    inits = axes_in + [numpy_helper.from_array(np.array(2.0, npd), "two"), numpy_helper.from_array(np.array(1e-6, npd), "eps")]
+    model = _model(nodes, [x, g], [helper.make_tensor_value_info("y", dtype, ["batch", cols])], inits, opset)
+
+    def rms(f):
+        v = f["x"].astype(np.float64)
+        return [v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-6) * f["g"].astype(np.float64)]
+
+    yield "RMSNorm", model, rms

@@ -1,0 +1,56 @@
+"""Row reductions stitched with their elementwise neighbours (the rows scheme): each op plans
+into one kernel that compiles for sm_80 and sm_90, keeps the original's outputs through the
+fallback on CPU, and what is not stitched says why."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import parser
+
+import onnxstitch
+from onnxstitch.inputs import random_feeds
+
+from .row_models import row_models
+from .stitching import assert_close, prepared
+
+CASES = [pytest.param(m, id=f"{name}-c{cols}-opset{opset}")
+         for cols in (1, 7, 1000) for opset in (17, 18) for name, m, _ in row_models(3, cols, opset=opset)]
+
+
+def _cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("model", CASES)
+def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> None:
+    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_80", "sm_90"))
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    assert len(fused) == 1 and len(res.model.graph.node) == 1, [n.op_type for n in res.model.graph.node]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in fused[0].attribute}
+    assert attrs["shape_rule"] == b"rows"
+    declared = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+    # Row-shaped outputs (last dim 1 where the row is longer) are marked 1, the rest 0.
+    for name, kind in zip(fused[0].output, attrs["output_kinds"]):
+        cols = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
+        assert kind == (1 if declared[name][-1] == 1 and cols != 1 else 0) or cols == 1
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 4})
+    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+        assert_close(a, b)
+
+
+def test_non_last_axis_and_keepdims_0_are_refused_with_reasons() -> None:
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 8] x) => (float[1, 8] y, float[4] z) <int64[1] ax0 = {0}> {
+      a = Exp(x)
+      b = ReduceSum<keepdims = 1>(a, ax0)
+      y = Neg(b)
+      c = Tanh(x)
+      d = ReduceMax<axes = [-1], keepdims = 0>(c)
+      z = Neg(d)
+    }""")
+    res = onnxstitch.optimize(model)
+    assert not any(n.op_type == "FusedKernel" and {"b", "d"} & set(n.output) for n in res.model.graph.node)
+    reasons = " ".join(n.reason or "" for n in prepared(model)[1].nodes)
+    assert "only the last axis" in reasons and "keepdims=0" in reasons
