@@ -20,6 +20,7 @@ python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore $(python3 -c "im
   --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee -a "$log" | tail -40
 status=${PIPESTATUS[0]}
 python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | tee -a "$log"
+python3 scripts/bench_rows.py --out "$OUT/bench_rows.json" 2>&1 | tee -a "$log"
 # The CLI end to end, as a user runs it.
 python3 -c "from models.elementwise import chain; import onnx; onnx.save(chain(20), '/tmp/chain.onnx')"
 python3 -m onnxstitch.cli optimize /tmp/chain.onnx -o /tmp/chain.stitched.onnx --shape batch=8192 2>&1 | tee -a "$log"

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Benchmark: stitched row kernels — LayerNorm over [B·S, 768] and attention Softmax over
+[B, 12, S, S] (B=8, S=512), float32 and float16 — against the device-to-device copy bandwidth,
+plus stock ORT vs stitched end to end. Kernels are launched from their embedded cubins and
+timed with CUDA events; bytes = every input read once + every output written once.
+
+    python scripts/bench_rows.py --out rows.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxstitch  # noqa: E402
+from onnxstitch import bench  # noqa: E402
+from onnxstitch.inputs import random_feeds  # noqa: E402
+from scripts.bench_elementwise import _Args, copy_bandwidth, node_image  # noqa: E402
+
+B, S, HIDDEN, HEADS = 8, 512, 768, 12
+
+
+def layernorm(dtype: int, decomposed: bool) -> onnx.ModelProto:
+    """Residual add + LayerNorm over [B·S, 768], as an op or as exporters decompose it."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(npd), "g"),
+             numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(npd), "b")]
+    if decomposed:
+        inits += [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+                  numpy_helper.from_array(np.array(2.0, npd), "two"), numpy_helper.from_array(np.array(1e-5, npd), "eps")]
+        nodes = [helper.make_node("Add", ["x", "r"], ["h"]), helper.make_node("ReduceMean", ["h", "axes"], ["mu"]),
+                 helper.make_node("Sub", ["h", "mu"], ["d"]), helper.make_node("Pow", ["d", "two"], ["d2"]),
+                 helper.make_node("ReduceMean", ["d2", "axes"], ["var"]), helper.make_node("Add", ["var", "eps"], ["ve"]),
+                 helper.make_node("Sqrt", ["ve"], ["sd"]), helper.make_node("Div", ["d", "sd"], ["n"]),
+                 helper.make_node("Mul", ["n", "g"], ["ng"]), helper.make_node("Add", ["ng", "b"], ["y"])]
+    else:
+        nodes = [helper.make_node("Add", ["x", "r"], ["h"]),
+                 helper.make_node("LayerNormalization", ["h", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    ins = [helper.make_tensor_value_info(n, dtype, ["rows", HIDDEN]) for n in ("x", "r")]
+    g = helper.make_graph(nodes, "ln", ins, [helper.make_tensor_value_info("y", dtype, ["rows", HIDDEN])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def softmax(dtype: int) -> onnx.ModelProto:
+    """Attention scores: scale, add the [B, 1, 1, S] mask, Softmax over the last axis."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    nodes = [helper.make_node("Mul", ["s", "k"], ["a"]), helper.make_node("Add", ["a", "m"], ["b"]),
+             helper.make_node("Softmax", ["b"], ["p"], axis=-1)]
+    ins = [helper.make_tensor_value_info("s", dtype, ["batch", HEADS, S, S]),
+           helper.make_tensor_value_info("m", dtype, ["batch", 1, 1, S])]
+    g = helper.make_graph(nodes, "sm", ins, [helper.make_tensor_value_info("p", dtype, ["batch", HEADS, S, S])],
+                          [numpy_helper.from_array(np.array(0.125, npd), "k")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
+    """docs/abi.md strides of a contiguous input against the iteration shape."""
+    out, own = [0] * len(full), 1
+    for j in range(len(shape) - 1, -1, -1):
+        d = len(full) - len(shape) + j
+        out[d] = 0 if shape[j] == 1 and full[d] != 1 else own
+        own *= shape[j]
+    return out
+
+
+def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 50) -> float:
+    """Milliseconds per launch of a rows kernel, launched as the runtime would."""
+    import cupy as cp
+
+    image, name, _ = node_image(node)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, (name + "_rows").encode()) == 0
+    full = tuple(int(d) for d in np.broadcast_shapes(*[a.shape for a in arrays]))
+    args = _Args()
+    for k, a in enumerate(arrays):
+        args.inp[k] = a.data.ptr
+        for d, st in enumerate(strides(a.shape, full)):
+            args.strides[k][d] = st
+    for k, o in enumerate(outs):
+        args.out[k] = o.data.ptr
+    args.n, args.rank = int(np.prod(full)), len(full)
+    for d, v in enumerate(full):
+        args.dims[d] = v
+    rows = int(np.prod(full[:-1]))
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    grid = max(1, min(rows, 64 * sms))
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
+    for _ in range(5):
+        assert cuda.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, None, params, None) == 0
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        cuda.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, None, params, None)
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / reps
+
+
+def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
+    import cupy as cp
+
+    res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()})
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    row = {"case": label, "kernels_stitched": len(fused), "nodes_before": len(model.graph.node)}
+    feeds = random_feeds(model, 0, dims)
+    inputs = [cp.asarray(feeds[t]) if t in feeds else cp.asarray(numpy_helper.to_array(
+        next(i for i in model.graph.initializer if i.name == t))) for t in fused[0].input]
+    full = np.broadcast_shapes(*[a.shape for a in inputs])
+    outs = [cp.empty(full, dtype=inputs[0].dtype) for _ in fused[0].output]
+    ms = rows_kernel_ms(fused[0], inputs, outs)
+    moved = sum(a.nbytes for a in inputs) + sum(o.nbytes for o in outs)
+    row.update(kernel_ms=ms, kernel_gbs=moved / (ms * 1e-3) / 1e9, fraction_of_copy=moved / (ms * 1e-3) / 1e9 / copy_gbs)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "m.onnx", Path(tmp) / "m.stitched.onnx"
+        onnx.save(model, src)
+        onnx.save(res.model, dst)
+        b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=iters, cuda_graph=True), dim_values=dims)
+    row.update(stock_ms=b.stock.median_ms, stitched_ms=b.stitched.median_ms, speedup=b.speedup,
+               max_abs_err=b.max_abs_err, launches_stock=b.stock.launches_per_run)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("bench_rows.json"))
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args()
+    copy_gbs = copy_bandwidth(B * HEADS * S * S * 4)
+    rows = []
+    for dt in (TP.FLOAT, TP.FLOAT16):
+        name = TP.DataType.Name(dt).lower()
+        rows.append(measure(f"LayerNorm op {name}", layernorm(dt, False), {"rows": B * S}, copy_gbs, args.iters))
+        rows.append(measure(f"LayerNorm decomposed {name}", layernorm(dt, True), {"rows": B * S}, copy_gbs, args.iters))
+        rows.append(measure(f"Softmax {name}", softmax(dt), {"batch": B}, copy_gbs, args.iters))
+    args.out.write_text(json.dumps({"gpu": bench.gpu_name(), "copy_gbs": copy_gbs, "cases": rows}, indent=2))
+    print(f"GPU {bench.gpu_name()}: device-to-device copy {copy_gbs:.0f} GB/s (CUDA graphs for end to end)")
+    print(f"{'case':28} {'kernel ms':>9} {'GB/s':>6} {'of copy':>8} {'stock ms':>9} {'stitched ms':>11} {'speedup':>8} {'nodes':>5}")
+    for r in rows:
+        print(f"{r['case']:28} {r['kernel_ms']:9.4f} {r['kernel_gbs']:6.0f} {r['fraction_of_copy']:8.1%} "
+              f"{r['stock_ms']:9.4f} {r['stitched_ms']:11.4f} {r['speedup']:8.2f} {r['nodes_before']:5d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
