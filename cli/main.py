@@ -73,9 +73,12 @@ def _summary(report, out: Path) -> Table:
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
 @click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
+@click.option("--reductions", is_flag=True,
+              help="Also stitch last-axis reductions, Softmax and LayerNormalization (experimental).")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
-             archs: tuple[str, ...], time_limit: float, no_verify: bool, verbose: bool, quiet: bool) -> None:
+             archs: tuple[str, ...], time_limit: float, no_verify: bool, reductions: bool, verbose: bool,
+             quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -91,7 +94,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
-                              verify=not no_verify)
+                              verify=not no_verify, reductions=reductions)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)

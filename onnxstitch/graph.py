@@ -223,10 +223,15 @@ def opset_refusal(model: onnx.ModelProto) -> str | None:
     return None
 
 
+# Row reductions stay with ONNX Runtime unless asked for: their kernels are correct but not yet
+# faster than ORT's own LayerNorm/Softmax kernels (docs/perf-notes.md).
+REDUCTIONS_OFF = "row reductions are off by default (--reductions stitches them; not yet faster than ORT's kernels)"
+
+
 def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
-          dim_values: Mapping[str, int] | None = None) -> FusionGraph:
+          dim_values: Mapping[str, int] | None = None, reductions: bool = False) -> FusionGraph:
     """The FusionGraph of an (inferred) model's main graph. Every node is refused fusion when
-    the model's opset is outside the supported range."""
+    the model's opset is outside the supported range; REDUCE-kind nodes unless `reductions`."""
     g = model.graph
     refusal = opset_refusal(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
@@ -236,8 +241,10 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     for idx, n in enumerate(g.node):
         attrs = _attrs(n)
         implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
+        kind = ops.spec(n.op_type, n.domain).kind
+        off = REDUCTIONS_OFF if kind == ops.OpKind.REDUCE and not reductions else None
         nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input) + implicit, tuple(n.output), attrs,
-                          ops.spec(n.op_type, n.domain).kind, refusal or _node_reason(n, tensors, attrs, constants, opset)))
+                          kind, refusal or off or _node_reason(n, tensors, attrs, constants, opset)))
     return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset)
 

@@ -65,13 +65,14 @@ class OptimizeResult:
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0) -> OptimizeResult:
+             seed: int = 0, reductions: bool = False) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
     against the original on seeded random inputs (on the GPU when there is one) and a
     mismatch raises VerifyError naming the group. Raises BadInputError for unusable input
-    and CompileError when NVRTC rejects a kernel."""
+    and CompileError when NVRTC rejects a kernel. `reductions` also stitches last-axis
+    reductions, Softmax and LayerNormalization with their neighbours (off by default)."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 
@@ -89,7 +90,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
-    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values))
+    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
     plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
     sources = stage("codegen", lambda: [_generate(g, grp) for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))

@@ -112,7 +112,7 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
 def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
     import cupy as cp
 
-    res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()})
+    res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True)
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
     row = {"case": label, "kernels_stitched": len(fused), "nodes_before": len(model.graph.node)}
     feeds = random_feeds(model, 0, dims)

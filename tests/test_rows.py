@@ -10,6 +10,7 @@ import pytest
 from onnx import parser
 
 import onnxstitch
+from onnxstitch import graph, shapes
 from onnxstitch.inputs import random_feeds
 
 from .row_models import row_models
@@ -25,7 +26,7 @@ def _cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("model", CASES)
 def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> None:
-    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_80", "sm_90"))
+    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_80", "sm_90"), reductions=True)
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
     assert len(fused) == 1 and len(res.model.graph.node) == 1, [n.op_type for n in res.model.graph.node]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in fused[0].attribute}
@@ -50,7 +51,16 @@ def test_non_last_axis_and_keepdims_0_are_refused_with_reasons() -> None:
       d = ReduceMax<axes = [-1], keepdims = 0>(c)
       z = Neg(d)
     }""")
-    res = onnxstitch.optimize(model)
+    res = onnxstitch.optimize(model, reductions=True)
     assert not any(n.op_type == "FusedKernel" and {"b", "d"} & set(n.output) for n in res.model.graph.node)
-    reasons = " ".join(n.reason or "" for n in prepared(model)[1].nodes)
+    m, _ = prepared(model)
+    g = graph.build(m, shapes.infer(m)[1], reductions=True)
+    reasons = " ".join(n.reason or "" for n in g.nodes)
     assert "only the last axis" in reasons and "keepdims=0" in reasons
+
+
+def test_reductions_are_off_by_default_and_say_why() -> None:
+    (name, model, _), *_ = row_models(3, 7)
+    res = onnxstitch.optimize(model)
+    assert not any(n.op_type == "FusedKernel" and "r" in n.output for n in res.model.graph.node)
+    assert "off by default" in " ".join(n.reason or "" for n in prepared(model)[1].nodes)

@@ -24,7 +24,7 @@ CASES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Nam
 
 @pytest.mark.parametrize("name,model,ref,dtype", CASES)
 def test_row_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
-    res = onnxstitch.optimize(model, shapes={"batch": [5]}, verify=False)
+    res = onnxstitch.optimize(model, shapes={"batch": [5]}, verify=False, reductions=True)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
     feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 5})
     expected = ref(feeds)

@@ -39,7 +39,7 @@ def _poison(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "f":
         return np.full(arr.shape, np.nan, arr.dtype)
     if arr.dtype == np.bool_:
-        return ~arr  # wrong everywhere: an element left unwritten shows up
+        return np.asarray(~arr)  # wrong everywhere: an element left unwritten shows up (an array at rank 0 too)
     return np.full(arr.shape, 77, arr.dtype)
 
 

@@ -544,14 +544,16 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     OrtValue* v = nullptr;
     int64_t out_dims[STITCH_MAX_RANK];
     for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
-    if (rows_ && output_kinds_[o] == 1) out_dims[rank - 1] = 1;
+    // ONNX Runtime's own reductions give an empty result for an empty row (not the spec's
+    // identity value); the stitched node does what the nodes it replaces do.
+    if (rows_ && output_kinds_[o] == 1 && dims[rank - 1] != 0) out_dims[rank - 1] = 1;
     STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, rank, &v), "KernelContext_GetOutput");
     if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
     void* data = nullptr;
     STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
     args.out[o] = data;
   }
-  if (rows_ ? n_rows == 0 : n == 0) return {};  // empty outputs allocated; nothing to launch
+  if (n == 0) return {};  // empty outputs allocated (an empty row reduces to nothing); nothing to launch
 
   void* stream_handle = nullptr;
   STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
@@ -745,7 +747,7 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
     }
-    if (out_kinds[o] == 1) {  // row-shaped output: keepdims
+    if (out_kinds[o] == 1 && values.back() != 0) {  // row-shaped output: keepdims (empty rows stay empty)
       values.back() = 1;
       names.back() = "";
     }
