@@ -32,9 +32,37 @@ def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = 
     return out
 
 
-def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+# Ops that pass integer values through unchanged in meaning (so an index stays an index).
+_PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Transpose"}
+_INDEX_USERS = {"Gather", "GatherElements", "GatherND"}
+
+
+def index_inputs(model: onnx.ModelProto) -> set[str]:
+    """Integer graph inputs used as Gather indices (token ids, token types): they must be valid
+    rows of whatever table they index, so feeds draw them from {0, 1}."""
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            users.setdefault(t, []).append(n)
+    found = set()
+    for vi in model.graph.input:
+        stack, seen = [vi.name], set()
+        while stack:
+            t = stack.pop()
+            for n in users.get(t, []):
+                if n.op_type in _INDEX_USERS and len(n.input) > 1 and n.input[1] == t:
+                    found.add(vi.name)
+                elif n.op_type in _PASS_THROUGH and n.input and n.input[0] == t:
+                    stack += [o for o in n.output if o not in seen]
+                    seen.update(n.output)
+    return found
+
+
+def random_array(dtype: int, shape: tuple[int, ...], rng: np.random.Generator, index: bool = False) -> np.ndarray:
     """Fresh random data of an onnx dtype: normal floats, small integers, random bools. Always
     an ndarray, rank 0 included (numpy hands back scalars there, which ORT refuses)."""
+    if index:
+        return rng.integers(0, 2, size=shape).astype(helper.tensor_dtype_to_np_dtype(dtype))
     return np.asarray(_draw(dtype, shape, rng))
 
 
@@ -54,8 +82,9 @@ def _draw(dtype: int, shape: tuple[int, ...], rng: np.random.Generator):
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str, int] | None = None,
                  overrides: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
-    """Seeded random feeds for every runtime input of `model`."""
+    """Seeded random feeds for every runtime input of `model` (Gather indices drawn from {0, 1})."""
     rng = np.random.default_rng(seed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
-    return {name: random_array(types[name], shape, rng)
+    indices = index_inputs(model)
+    return {name: random_array(types[name], shape, rng, name in indices)
             for name, shape in input_shapes(model, dim_values, overrides).items()}

@@ -23,7 +23,7 @@ import onnxstitch  # noqa: E402
 from onnxstitch import bench, load  # noqa: E402
 
 # ORT's transformers optimizer knows these architectures (its model_type argument).
-ORT_MODEL_TYPES = {"bert": "bert", "gpt2": "gpt2", "t5-encoder": "t5", "vit": "vit"}
+ORT_MODEL_TYPES = {"bert-base": "bert", "gpt2": "gpt2", "t5-small-encoder": "t5", "vit-b16": "vit"}
 
 
 def _slug(name: str) -> str:
@@ -66,7 +66,7 @@ def measure(item: dict, iters: int, tmp: Path) -> dict:
     for graphs in (False, True):
         label = "cuda graphs" if graphs else "plain"
         try:
-            cfg = bench.BenchConfig(warmup=10, iters=iters, cuda_graph=graphs)
+            cfg = bench.BenchConfig(warmup=5, iters=iters, cuda_graph=graphs, profile_runs=2)
             r = bench.run(item["path"], stitched, config=cfg, dim_values=item["shapes"], peers=peers)
             row["runs"].append(_entry(label, r))
         except Exception as e:
@@ -140,23 +140,36 @@ def main() -> int:
     ap.add_argument("--build", action="store_true", help="build the zoo first (needs torch, transformers)")
     ap.add_argument("--models", default="", help="comma-separated subset")
     ap.add_argument("--dtypes", default="float32,float16")
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--deadline", type=float, default=0, help="stop starting new models after this many seconds")
+    ap.add_argument("--append", action="store_true", help="add to an existing zoo.json instead of starting over")
     args = ap.parse_args()
+    started = time.monotonic()
     bench.require_gpu("the zoo report")
     if args.build:
-        from scripts.build_zoo import build  # noqa: E402  (the zoo builder, torch needed)
+        from scripts.build_zoo import main as build_zoo  # the zoo builder (torch, transformers)
 
-        build(args.zoo, models=[m for m in args.models.split(",") if m], dtypes=args.dtypes.split(","))
+        build_args = ["--out", str(args.zoo), "--dtypes", args.dtypes] + (["--models", args.models] if args.models else [])
+        build_zoo(build_args)
     manifest = json.loads((args.zoo / "manifest.json").read_text())
     wanted = {m for m in args.models.split(",") if m}
-    items = [m for m in manifest["models"] if (not wanted or m["name"] in wanted) and m["dtype"] in args.dtypes.split(",")]
+    items = []
+    for m in manifest["models"]:
+        if (wanted and m["name"] not in wanted) or m["dtype"] not in args.dtypes.split(","):
+            continue
+        # The manifest's default benchmark shape, as values of the symbolic dims.
+        shapes = {d: v for i in m["inputs"] for d, v in zip(i["dims"], i["shape"]) if isinstance(d, str)}
+        items.append({"name": m["name"], "dtype": m["dtype"], "path": str(args.zoo / m["path"]), "shapes": shapes})
     gpu = bench.gpu_name()
     out = args.out / _slug(gpu)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = json.loads((out / "zoo.json").read_text()) if args.append and (out / "zoo.json").exists() else []
     with tempfile.TemporaryDirectory() as tmp:
         for item in items:
+            if args.deadline and time.monotonic() - started > args.deadline:
+                print(f"deadline reached: {item['name']} {item['dtype']} and later models not measured", flush=True)
+                break
             print(f"… {item['name']} {item['dtype']}", flush=True)
             try:
                 rows.append(measure(item, args.iters, Path(tmp)))

@@ -22,3 +22,17 @@ def test_feeds_are_arrays_that_ort_accepts(dtype: int, shape: list) -> None:
     assert isinstance(arr, np.ndarray) and arr.shape == tuple(5 if d == "batch" else d for d in shape)
     out = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(out, arr)
+
+
+def test_gather_indices_are_drawn_in_range() -> None:
+    from onnx import numpy_helper
+
+    table = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "table")
+    ids = helper.make_tensor_value_info("ids", TP.INT64, ["batch", 7])
+    out = helper.make_tensor_value_info("e", TP.FLOAT, ["batch", 7, 3])
+    nodes = [helper.make_node("Cast", ["ids"], ["i32"], to=TP.INT32), helper.make_node("Gather", ["table", "i32"], ["e"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [ids], [out], [table]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = random_feeds(model, seed=3, dim_values={"batch": 50})
+    assert feeds["ids"].min() >= 0 and feeds["ids"].max() <= 1 and len(np.unique(feeds["ids"])) == 2
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
