@@ -184,7 +184,17 @@ def _cast(a, at, t):
         return f"stitch_round_bf16({_c(x, 'float')})"
     if x.ctype in ("float", "double") and to in INTS:
         return f"stitch_f2i<{t}>({x.expr})"
+    if x.dtype in (TP.FLOAT16, TP.BFLOAT16) and to in (TP.FLOAT, TP.DOUBLE):
+        # The input is a half-precision tensor: widen the value it holds, not the float32
+        # intermediate the kernel kept (ORT would have rounded it when it was written).
+        return _c(ops_round(x), t)
     return _c(x, t)
+
+
+def ops_round(x: Arg) -> Arg:
+    """The half-precision value of a float32-computed half tensor."""
+    fn = "stitch_round_f16" if x.dtype == TP.FLOAT16 else "stitch_round_bf16"
+    return Arg(f"{fn}({x.expr})", "float", x.dtype)
 
 
 def _isinf(a, at, t):

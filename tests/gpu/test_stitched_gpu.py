@@ -148,3 +148,18 @@ def test_tensor_over_2_31_elements() -> None:
     expected = np.logical_xor(~x, k)
     got = run_gpu(stitch_nodes(model, [(0, 1)]), {"x": x, "k": k}, [expected])[0]
     assert got.shape == (n,) and np.array_equal(got, expected)
+
+
+def test_cast_of_a_half_intermediate_widens_the_half_value() -> None:
+    """Add in float16 then Cast to float32 inside one kernel: the cast sees the float16 sum
+    (as ONNX Runtime computes it), not the float32 intermediate."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Cast", ["s"], ["z"], to=TP.FLOAT)]
+    ins = [helper.make_tensor_value_info(n, TP.FLOAT16, [5, 33]) for n in ("x", "y")]
+    model = helper.make_model(helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("z", TP.FLOAT, [5, 33])]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31))
+    expected = (feeds["x"] + feeds["y"]).astype(np.float32)  # numpy adds in float16
+    got = run_gpu(stitch_nodes(model, [(0, 1)]), feeds, [expected])[0]
+    np.testing.assert_array_equal(got, expected)
