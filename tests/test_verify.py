@@ -41,6 +41,8 @@ def test_compare_rules() -> None:
     j[7] += 1
     assert not compare(j, i)[0] and compare(i, i.copy())[0]
     assert not compare(x.astype(np.float64), x)[0]  # dtype must match
+    near = x * (1 + 1e-3 * np.sign(rng.standard_normal(100))).astype(np.float32)
+    assert not compare(near, x)[0] and compare(near, x, half_inputs=True)[0]  # float32 from half data
 
 
 def _broken_function(monkeypatch: pytest.MonkeyPatch, group: str) -> None:
