@@ -264,12 +264,13 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
                        configs)
 
 
-def ort_transformers_optimized(model_path: str | os.PathLike, model_type: str, out_path: str | os.PathLike) -> Path:
+def ort_transformers_optimized(model_path: str | os.PathLike, model_type: str, out_path: str | os.PathLike,
+                               num_heads: int = 0, hidden_size: int = 0) -> Path:
     """The model after ONNX Runtime's transformers optimizer (its hand-written fused kernels:
     Attention, SkipLayerNormalization, BiasGelu…), the peer automatic fusion is measured against."""
     from onnxruntime.transformers import optimizer
 
-    opt = optimizer.optimize_model(str(model_path), model_type=model_type, num_heads=0, hidden_size=0,
+    opt = optimizer.optimize_model(str(model_path), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
                                    use_gpu=True, only_onnxruntime=False)
     opt.save_model_to_file(str(out_path))
     return Path(out_path)

@@ -22,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch import bench, load  # noqa: E402
 
-# ORT's transformers optimizer knows these architectures (its model_type argument).
-ORT_MODEL_TYPES = {"bert-base": "bert", "gpt2": "gpt2", "t5-small-encoder": "t5", "vit-b16": "vit"}
+# ORT's transformers optimizer knows these architectures: (model_type, heads, hidden); gpt2
+# and vit need the sizes given (it cannot read them off the graph).
+ORT_MODEL_TYPES = {"bert-base": ("bert", 0, 0), "gpt2": ("gpt2", 12, 768), "t5-small-encoder": ("t5", 0, 0),
+                   "vit-b16": ("vit", 12, 768)}
 
 
 def _slug(name: str) -> str:
@@ -59,7 +61,7 @@ def measure(item: dict, iters: int, tmp: Path) -> dict:
     if model_type:
         try:
             peers["ORT transformers optimizer"] = str(bench.ort_transformers_optimized(
-                item["path"], model_type, tmp / f"{item['name']}-{item['dtype']}.ort.onnx"))
+                item["path"], model_type[0], tmp / f"{item['name']}-{item['dtype']}.ort.onnx", *model_type[1:]))
         except Exception as e:
             row["peer_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     row["runs"] = []
