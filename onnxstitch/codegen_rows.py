@@ -203,22 +203,19 @@ class _RowPrinter:
             lines, scope = self.element_pass(elem_outs, ind + "  ")
             self.lines.append(f"{ind}for (I c = threadIdx.x; c < C; c += blockDim.x) {{")
             self.lines += lines
-            for t in elem_outs:
-                k = self.outputs.index(t)
-                st = ops.CTYPES[self.dtype[t]][0]
-                self.lines.append(f"{ind}  static_cast<{st}*>(a.out[{k}])[base + c] = "
-                                  f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};")
+            self.lines += [self.store(t, "base + c", self.arg(t, scope, self.ctype(t)).expr, ind + "  ") for t in elem_outs]
             self.lines.append(f"{ind}}}")
         row_outs = [t for t in self.outputs if self.level[t] == "row"]
         if row_outs:
             self.lines.append(f"{ind}if (threadIdx.x == 0) {{")
-            for t in row_outs:
-                k = self.outputs.index(t)
-                st = ops.CTYPES[self.dtype[t]][0]
-                self.lines.append(f"{ind}  static_cast<{st}*>(a.out[{k}])[row] = "
-                                  f"{_store_expr(self.dtype[t], self.row_vars[t].expr)};")
+            self.lines += [self.store(t, "row", self.row_vars[t].expr, ind + "  ") for t in row_outs]
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
+
+    def store(self, t: str, index: str, value: str, ind: str) -> str:
+        """The store of output `t` at `index` (per element, or per row)."""
+        st = ops.CTYPES[self.dtype[t]][0]
+        return f"{ind}static_cast<{st}*>(a.out[{self.outputs.index(t)}])[{index}] = {_store_expr(self.dtype[t], value)};"
 
 
 ROWS_PRELUDE = r"""
