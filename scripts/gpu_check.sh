@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: install onnxstitch, run every `gpu` test, run the
 # benchmarks. Full logs and JSON go to $OUT. Expects the staged packages in /tmp/site
-# (../shared/gpu/stage.sh) and the custom-op library built on the CPU machine in .carry/.
-#   bash scripts/gpu_check.sh [pytest -k expression]
+# (../shared/gpu/stage.sh) and the custom-op library built on the CPU machine in .carry/
+# (the GPU machine has no network to fetch ORT's headers):
+#   here:  echo /.carry/ >> .git/info/exclude; mkdir -p .carry
+#          cp "$(python3 -m onnxstitch.runtime.build)" .carry/libonnxstitch_ops.so
+#   there: bash scripts/gpu_check.sh [pytest -k expression]      (carry .carry)
+# The zoo report is a separate call (about 4 minutes per dtype on an H200):
+#   python3 scripts/build_zoo.py --out /tmp/zoo && python3 scripts/zoo_report.py --zoo /tmp/zoo
 set -uo pipefail
 OUT=${OUT:-/tmp/onnxstitch-out}
 mkdir -p "$OUT"
