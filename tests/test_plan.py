@@ -13,6 +13,17 @@ from tests._graphs import from_text, node, nodes
 F = 8 * 16 * 4  # bytes of one float[8,16]
 
 
+# A chain with a MatMul in the middle: two fusible pairs around an opaque node.
+MATMUL_SPLIT = """
+    g (float[8,16] x, float[16,16] w) => (float[8,16] y) {
+      a = Relu(x)
+      b = Sigmoid(a)
+      m = MatMul(b, w)
+      c = Neg(m)
+      y = Exp(c)
+    }"""
+
+
 def chosen(plan) -> set[tuple[int, ...]]:
     return {g.nodes for g in plan.groups}
 
@@ -42,14 +53,7 @@ def test_chain_becomes_one_group_with_its_bytes():
 
 
 def test_matmul_in_the_middle_splits_the_chain():
-    g = from_text("""
-    g (float[8,16] x, float[16,16] w) => (float[8,16] y) {
-      a = Relu(x)
-      b = Sigmoid(a)
-      m = MatMul(b, w)
-      c = Neg(m)
-      y = Exp(c)
-    }""")
+    g = from_text(MATMUL_SPLIT)
     plan = make_plan(g)
     assert [gr.nodes for gr in plan.groups] == [nodes(g, "a", "b"), nodes(g, "c", "y")]
     assert [gr.name for gr in plan.groups] == ["g0", "g1"]
@@ -184,14 +188,7 @@ def test_nothing_to_fuse_skips_the_solver():
 
 
 def test_topological_group_order_follows_dependencies():
-    g = from_text("""
-    g (float[8,16] x, float[16,16] w) => (float[8,16] y) {
-      a = Relu(x)
-      b = Sigmoid(a)
-      m = MatMul(b, w)
-      c = Neg(m)
-      y = Exp(c)
-    }""")
+    g = from_text(MATMUL_SPLIT)
     late, early = nodes(g, "c", "y"), nodes(g, "a", "b")
     assert topological_groups(g, [late, early]) == [1, 0]
 
