@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import click
 
-from onnxstitch.errors import BadInputError, StitchError
+from onnxstitch.errors import BadInputError, StitchError, first_line
 
 
 def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
@@ -51,8 +51,7 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:  # an unexpected failure is still one line unless -v
             if verbose:
                 traceback.print_exc()
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            click.echo(f"onnxstitch: internal error: {type(e).__name__}: {first} (run with -v for details)", err=True)
+            click.echo(f"onnxstitch: internal error: {type(e).__name__}: {first_line(e)} (run with -v for details)", err=True)
             sys.exit(1)
 
     return wrapper

@@ -18,7 +18,7 @@ from . import __version__
 from .errors import BadInputError
 from .inputs import random_feeds
 from .pipeline import optimize
-from .verify import OutputCheck, compare_elementwise
+from .verify import OutputCheck, compare_elementwise, gpu_usable, runtime_session
 
 BASELINE_SCHEMA = 1
 BYTES_SLACK = 0.01  # predicted bytes may grow by 1% (symbolic-dim defaults, rounding) before it counts
@@ -57,29 +57,11 @@ def _plan_summary(report) -> dict[str, Any]:
             "groups": [list(g.labels) for g in p.groups]}
 
 
-def _gpu() -> bool:
-    try:
-        import onnxruntime as ort
-
-        return "CUDAExecutionProvider" in ort.get_available_providers()
-    except Exception:
-        return False
-
-
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,
               dims: Mapping[str, int], atol: float | None, rtol: float | None) -> tuple[OutputCheck, ...]:
-    import onnxruntime as ort
-
     feeds = random_feeds(original, seed, dims)
-    if gpu:
-        from .runtime import session
-
-        cuda = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
-        ref = ort.InferenceSession(model_path, providers=cuda).run(None, feeds)
-        got = session(stitched.SerializeToString(), providers=cuda).run(None, feeds)
-    else:
-        ref = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"]).run(None, feeds)
-        got = ort.InferenceSession(stitched.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = runtime_session(model_path, gpu, stitched=False).run(None, feeds)
+    got = runtime_session(stitched.SerializeToString(), gpu, stitched=True).run(None, feeds)
     return tuple(compare_elementwise(o.name, g, r, atol, rtol) for o, g, r in zip(original.graph.output, got, ref))
 
 
@@ -117,9 +99,10 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
     res = optimize(original, shapes=shapes, verify=False, seed=seed)
     dims = {k: int(v[0]) for k, v in (shapes or {}).items() if len(v) == 1}
-    gpu = _gpu()
+    gpu = gpu_usable()
     outputs = _numerics(str(model_path), res.model, original, gpu, seed, dims, atol, rtol)
-    notes = [] if gpu else ["no GPU here: numerics ran on CPU through the fallback functions, and speed was not measured"]
+    notes = [] if gpu else ["no GPU here (or no built custom-op library): numerics ran on CPU through the fallback "
+                               "functions, and speed was not measured"]
     speedup = None
     if gpu:
         from .bench import BenchConfig, run as bench_run

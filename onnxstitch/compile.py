@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .codegen import KernelSource
-from .errors import CompileError
+from .errors import CompileError, first_line
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _BASE_OPTIONS = ("-std=c++17",)  # no fast-math: NaN/Inf and rounding stay as ONNX Runtime's
@@ -56,7 +56,7 @@ def _compile_one(src: KernelSource, target: str, want_ptx: bool) -> bytes:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(src.source)
             raise CompileError(
-                f"kernel {src.name} failed to compile for {target}: {str(e).splitlines()[0]}; "
+                f"kernel {src.name} failed to compile for {target}: {first_line(e)}; "
                 f"reproduce with: nvcc -std=c++17 --cubin -arch={target.replace('compute', 'sm')} {path}",
                 log=log, source=src.source) from e
         return nvrtc.getPTX(prog) if want_ptx else nvrtc.getCUBIN(prog)

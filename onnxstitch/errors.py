@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error report shows of a lower layer's failure."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
 class StitchError(Exception):
     """Base class: a one-line message naming the file or node it concerns."""
 

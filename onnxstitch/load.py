@@ -8,11 +8,12 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from .errors import BadInputError
+from .errors import BadInputError, first_line
 
 
 # Protobuf cannot serialize a message over 2 GiB; past this size models travel as files with
@@ -47,11 +48,6 @@ def check(model: onnx.ModelProto, *, full_check: bool = False) -> None:
         onnx.checker.check_model(str(path), full_check=full_check)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
 def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     """Read and check a model. Raises BadInputError for a missing, empty, truncated or
     non-ONNX file and for a graph that onnx.checker rejects."""
@@ -69,9 +65,9 @@ def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         try:
             model = onnx.load(str(path), load_external_data=True)
         except (DecodeError, RuntimeError, ValueError) as e:
-            raise BadInputError(f"{where}: not a readable ONNX model ({_first_line(e)})") from e
+            raise BadInputError(f"{where}: not a readable ONNX model ({first_line(e)})") from e
         except OSError as e:
-            raise BadInputError(f"{where}: cannot read ({_first_line(e)})") from e
+            raise BadInputError(f"{where}: cannot read ({first_line(e)})") from e
     if not model.graph.node and not model.graph.output:
         raise BadInputError(f"{where}: not an ONNX model (no graph)")
     try:
@@ -80,7 +76,7 @@ def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         else:  # from the path: works for models with external data of any size
             onnx.checker.check_model(str(source))
     except (onnx.checker.ValidationError, ValueError) as e:
-        raise BadInputError(f"{where}: invalid graph: {_first_line(e)}") from e
+        raise BadInputError(f"{where}: invalid graph: {first_line(e)}") from e
     return model
 
 
@@ -104,8 +100,6 @@ def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
                 tensor = onnx.TensorProto()
                 tensor.CopyFrom(value)
             else:
-                import numpy as np
-
                 dtype = np.float32 if name.startswith("value_float") else np.int64
                 tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
             tensor.name = node.output[0]

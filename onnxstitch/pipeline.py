@@ -14,7 +14,7 @@ from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mo
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
-from .errors import StitchError
+from .errors import StitchError, first_line
 from .plan import Group, Plan, make_plan
 
 Progress = Callable[[str], None]
@@ -135,5 +135,5 @@ def _check(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
         except Exception as e:
             error = e
     # A stitched model that fails where the original passes is our bug, not the user's.
-    raise StitchError(f"internal error: the stitched model fails onnx.checker: {str(error).splitlines()[0]}") from error
+    raise StitchError(f"internal error: the stitched model fails onnx.checker: {first_line(error)}") from error
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .errors import StitchError
+from .errors import StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
 from .load import is_large, save
@@ -145,7 +145,8 @@ def _expose(model: onnx.ModelProto, graph: FusionGraph, names: Sequence[str]) ->
     return out
 
 
-def _gpu_usable() -> bool:
+def gpu_usable() -> bool:
+    """True when stitched models can run their kernels here: CUDA EP and a built library."""
     try:
         import onnxruntime as ort
 
@@ -168,7 +169,9 @@ def _source(model: onnx.ModelProto, folder: str, name: str) -> bytes | str:
     return path
 
 
-def _session(source: bytes | str, gpu: bool, stitched: bool):
+def runtime_session(source: bytes | str, gpu: bool, stitched: bool):
+    """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
+    (the stitched one with the onnxstitch library)."""
     import onnxruntime as ort
 
     if not gpu:
@@ -182,10 +185,6 @@ def _session(source: bytes | str, gpu: bool, stitched: bool):
     return ort.InferenceSession(source, providers=cuda)
 
 
-def _first(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
            groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
            device: str = "auto") -> Verification:
@@ -193,7 +192,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     group's outputs. Raises VerifyError naming the first group whose outputs differ."""
     if not groups:
         return Verification("none", 0, 0.0, skipped="nothing was fused")
-    gpu = _gpu_usable() if device == "auto" else device == "gpu"
+    gpu = gpu_usable() if device == "auto" else device == "gpu"
     exposed = [t for grp in groups for t in grp.outputs]
     ref_model = _expose(original, graph, exposed)
     new_model = _expose(stitched, graph, exposed)
@@ -211,16 +210,16 @@ def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.
                      groups: Sequence[Group], feeds: dict, gpu: bool, exposed: list[str]) -> Verification:
     where = "gpu" if gpu else "cpu"
     try:
-        ref_sess = _session(ref_src, gpu, stitched=False)
+        ref_sess = runtime_session(ref_src, gpu, stitched=False)
         names = [o.name for o in ref_sess.get_outputs()]
         expected = dict(zip(names, ref_sess.run(names, feeds)))
     except Exception as e:  # the original itself cannot run here: nothing to compare against
-        log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), _first(e))
-        return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {_first(e)}")
+        log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), first_line(e))
+        return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {first_line(e)}")
     try:
-        actual = dict(zip(names, _session(new_src, gpu, stitched=True).run(names, feeds)))
+        actual = dict(zip(names, runtime_session(new_src, gpu, stitched=True).run(names, feeds)))
     except Exception as e:
-        raise VerifyError(f"verification failed on {where}: the stitched model does not run: {_first(e)}") from e
+        raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     worst = 0.0
     for grp in groups:
         half = any(graph.tensors[t].dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) for t in grp.inputs)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch import bench, load  # noqa: E402
+from onnxstitch.errors import first_line  # noqa: E402
 
 # ORT's transformers optimizer knows these architectures: (model_type, heads, hidden); gpt2
 # and vit need the sizes given (it cannot read them off the graph).
@@ -54,7 +55,7 @@ def measure(item: dict, iters: int, tmp: Path) -> dict:
         stitched = tmp / f"{item['name']}-{item['dtype']}.stitched.onnx"
         load.save(res.model, stitched)
     except Exception as e:
-        row["error"] = f"optimize: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        row["error"] = f"optimize: {type(e).__name__}: {first_line(e)}"
         return row
     peers = {}
     model_type = ORT_MODEL_TYPES.get(item["name"])
@@ -63,7 +64,7 @@ def measure(item: dict, iters: int, tmp: Path) -> dict:
             peers["ORT transformers optimizer"] = str(bench.ort_transformers_optimized(
                 item["path"], model_type[0], tmp / f"{item['name']}-{item['dtype']}.ort.onnx", *model_type[1:]))
         except Exception as e:
-            row["peer_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            row["peer_error"] = f"{type(e).__name__}: {first_line(e)}"
     row["runs"] = []
     for graphs in (False, True):
         label = "cuda graphs" if graphs else "plain"
@@ -72,7 +73,7 @@ def measure(item: dict, iters: int, tmp: Path) -> dict:
             r = bench.run(item["path"], stitched, config=cfg, dim_values=item["shapes"], peers=peers)
             row["runs"].append(_entry(label, r))
         except Exception as e:
-            row["runs"].append(_entry(label, None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            row["runs"].append(_entry(label, None, f"{type(e).__name__}: {first_line(e)}"))
     return row
 
 
