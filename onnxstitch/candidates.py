@@ -31,9 +31,9 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
+from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_span
 from .ops import OpKind
-from .shapes import Shape, broadcast_shapes
+from .shapes import Shape, TensorInfo, broadcast_shapes
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,6 @@ def _shape(graph: FusionGraph, tensor: str) -> Shape | None:
     return info.shape if info is not None else None
 
 
-def _output_shapes(graph: FusionGraph, node: int) -> list[Shape | None]:
-    return [_shape(graph, t) for t in graph.nodes[node].outputs if t]
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ class _State:
             mask |= 1 << i
             desc |= reach.desc[i]
             anc |= reach.anc[i]
-            shapes += _output_shapes(graph, i)
+            shapes += graph.node_space(i)
         ins, outs = graph.boundary(frozenset(members))
         return _State(mask, tuple(sorted(members)), desc, anc, broadcast_shapes(shapes), ins, outs)
 
@@ -158,7 +156,7 @@ class _State:
         # An output `v` reads may now be needed only inside.
         outs = [t for t in self.outs if t not in consumed or _escapes(graph, t, mask)]
         outs += [t for t in node.outputs if t and _escapes(graph, t, mask)]
-        shape = None if self.shape is None else broadcast_shapes([self.shape] + _output_shapes(graph, v))
+        shape = None if self.shape is None else broadcast_shapes([self.shape] + graph.node_space(v))
         members = tuple(sorted(self.members + (v,)))
         return _State(mask, members, self.desc | reach.desc[v], self.anc | reach.anc[v], shape,
                       tuple(ins), tuple(outs))
@@ -174,6 +172,39 @@ def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
     return text + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
 
 
+# Rows longer than this with fewer rows than FEW_ROWS need a split reduction (not implemented):
+# one block per row would leave most of the GPU idle.
+LONG_ROW, FEW_ROWS = 65536, 1024
+
+
+def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | None:
+    """Rules of a group with reductions: one row (the same trailing axes) for every reduction,
+    each over the whole iteration space; reduced-away outputs leave the group."""
+    assert st.shape is not None
+    if not st.shape:
+        return "a group with reductions needs an iteration shape of rank 1 or more"
+    spans = {row_span(graph, i) for i in reducers}
+    if len(spans) > 1:
+        return (f"its reductions reduce different numbers of trailing axes ({', '.join(map(str, sorted(spans)))}); "
+                f"a row kernel has one row")
+    for i in reducers:
+        n = graph.nodes[i]
+        data = _shape(graph, n.inputs[0])
+        if data != st.shape:
+            return (f"{n.label} reduces a tensor of shape {_fmt(data)}, not the group's iteration shape "
+                    f"{_fmt(st.shape)}; a row kernel reduces trailing axes of its iteration space")
+        if n.attrs.get("keepdims", 1) == 0 and any((st.mask >> c) & 1 for c in graph.consumers.get(n.outputs[0], ())):
+            return (f"{n.label} drops the reduced dims (keepdims=0) and is read inside the group; "
+                    f"broadcasting its output there would not follow rows")
+    k = spans.pop()
+    cols = TensorInfo("row", 1, st.shape[-k:]).numel(graph.dim_values) or 0
+    rows = TensorInfo("rows", 1, st.shape[:-k]).numel(graph.dim_values) or 0
+    if cols > LONG_ROW and rows < FEW_ROWS:
+        return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
+                f"(split reductions are not implemented)")
+    return None
+
+
 def _verdict(graph: FusionGraph, st: _State) -> str | None:
     """Rules 3–5 of the design note on a connected set of fusible nodes."""
     between = st.desc & st.anc & ~st.mask
@@ -181,24 +212,27 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         return (f"not convex: a path leaves the group through {_labels(graph, iter_bits(between))} "
                 f"and comes back, so fusing would create a cycle")
     if st.shape is None:
-        shapes = sorted({_fmt(s) for i in st.members for s in _output_shapes(graph, i)})
+        shapes = sorted({_fmt(s) for i in st.members for s in graph.node_space(i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
     reducers = [i for i in st.members if graph.nodes[i].kind == OpKind.REDUCE]
-    row_shape = st.shape[:-1] + (1,) if reducers and st.shape else None
-    if reducers and not st.shape:
-        return "a group with reductions needs an iteration shape of rank 1 or more"
-    for i in reducers:
-        data = _shape(graph, graph.nodes[i].inputs[0])
-        if data != st.shape:
-            return (f"{graph.nodes[i].label} reduces a tensor of shape {_fmt(data)}, not the group's "
-                    f"iteration shape {_fmt(st.shape)}; a row kernel reduces the last axis of its iteration space")
+    row_shapes: tuple[Shape, ...] = ()
+    if reducers:
+        reason = _row_verdict(graph, st, reducers)
+        if reason:
+            return reason
+        k = row_span(graph, reducers[0])
+        row_shapes = (st.shape[:-k] + (1,) * k, st.shape[:-k])
     for t in st.outs:
         s = _shape(graph, t)
-        if s != st.shape and (row_shape is None or s != row_shape):
-            rows = f" or its row shape {_fmt(row_shape)}" if row_shape else ""
+        if s != st.shape and s not in row_shapes:
+            rows = f" or its row shapes {' / '.join(_fmt(r) for r in row_shapes)}" if row_shapes else ""
             return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
                     f"not the iteration shape {_fmt(st.shape)}{rows}; a kernel writes every output "
                     f"over the whole iteration space")
+        if row_shapes and s == row_shapes[1] and s != row_shapes[0] \
+                and graph.nodes[graph.producer[t]].kind != OpKind.REDUCE:
+            return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has the reduced shape "
+                    f"{_fmt(s)} but is not a reduction's output")
     if not st.ins:
         return ("the group reads no runtime tensor (only baked constants): a constant subgraph, "
                 "left to ONNX Runtime's constant folding")

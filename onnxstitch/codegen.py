@@ -41,7 +41,10 @@ class KernelSource:
     input_kinds: tuple[int, ...]
     output_dtypes: tuple[int, ...]
     shape_rule: str = "broadcast"  # or "rows" (codegen_rows)
-    output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims)
+    output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims), 2 without
+    row_axes: int = 1  # rows only: trailing axes that form a row
+    row_threads: int = 256  # rows only: threads per row
+    block_threads: int = 256  # rows only: threads per block (a multiple of row_threads)
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -142,7 +145,7 @@ def vec_width(graph: FusionGraph, full_tensors: list[str]) -> int:
     return max(1, 16 // widest)
 
 
-def _half_only(graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...]) -> bool:
+def half_only(graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...]) -> bool:
     tensors = set(inputs) | {t for i in nodes for t in graph.nodes[i].outputs if t}
     floats = {graph.tensors[t].dtype for t in tensors} & ops.FLOATS
     return bool(floats) and floats <= {TP.FLOAT16, TP.BFLOAT16}
@@ -177,7 +180,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
         first, rotate = "", ""
         loads = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
                           for k, t in full_in)
-    fast = "  STITCH_FAST_HALF\n" if options.fast_half and _half_only(graph, nodes, inputs) else ""
+    fast = "  STITCH_FAST_HALF\n" if options.fast_half and half_only(graph, nodes, inputs) else ""
     decls = "\n".join(f"    {vtype(t)} out{k};" for k, t in enumerate(outputs))
     stores = "\n".join(f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};" for k, t in enumerate(outputs))
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]

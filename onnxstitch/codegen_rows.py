@@ -1,28 +1,35 @@
-"""Stage 6, stitched form: one kernel for a group that reduces the last axis of its iteration
-space (ReduceSum/Mean/Max/…, Softmax, LogSoftmax, LayerNormalization) together with the
-elementwise work before and after the reductions (FusionStitching's block composition).
+"""Stage 6, stitched form: one kernel for a group that reduces a trailing run of axes of its
+iteration space (Reduce*, Softmax, LogSoftmax, LayerNormalization, global pools) together with
+the elementwise work before and after the reductions (FusionStitching's warp and block
+composition).
 
-A block walks a row at a time. Every tensor of the group is either per-element (varies along
-the row) or per-row (constant along it). Each reduction is one pass over the row: the block
-recomputes the reduction's per-element input from its loads, accumulates in registers, then
-combines through warp shuffles and shared memory; every thread gets the row's value. Per-row
-steps run as soon as their inputs exist; a last pass computes and stores per-element outputs,
-and thread 0 stores per-row outputs. Passes re-read the row, which L1/L2 hold for rows of a
-few thousand elements, so device memory sees about one read (docs/next-reductions.md).
+The row is the product of the trailing axes the group's reductions reduce. Every tensor of the
+group is either per-element (varies along the row) or per-row (constant along it). A row
+belongs to `T` threads: a few lanes or a warp for short rows (reductions by shuffles only), a
+whole block for long ones (shuffles, then shared memory). When the row fits, each thread
+loads its share once into registers with 16-byte accesses and every pass — one per reduction,
+then the per-element outputs — runs from registers: one read and one write of the row. Longer
+rows than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row
+steps run as soon as their inputs exist; lane 0 stores per-row outputs.
 
 Kernel ABI: docs/abi.md, shape_rule "rows", one entry `<name>_rows`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Callable, Mapping, Union
+
+from onnx import TensorProto as TP
 
 from . import ops
-from .codegen import ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr
-from .graph import FusionGraph, constant_value
+from .codegen import ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, half_only
+from .graph import FusionGraph, constant_value, row_span
+from .shapes import TensorInfo, dtype_size
 
-ROW_OUTPUT, FULL_OUTPUT = 1, 0
+FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
+MAX_CHUNKS = 8  # register chunks per thread and per-element input (16 bytes each)
 
 
 @dataclass(frozen=True)
@@ -40,24 +47,56 @@ class Step:
         return self.op in ops.REDUCERS
 
 
+@dataclass(frozen=True)
+class RowGeometry:
+    """How a row maps onto threads: `threads` per row, `block` per block (a multiple), and
+    `chunks` register chunks of `vec` elements per thread (0: the row never fits; loop only)."""
+
+    span: int
+    threads: int
+    block: int
+    chunks: int
+    vec: int
+
+    @property
+    def capacity(self) -> int:
+        return self.threads * self.chunks * self.vec
+
+
+def choose_geometry(cols: int, vec: int, span: int) -> RowGeometry:
+    """Threads per row for rows of about `cols` elements: up to a warp while a lane holds at
+    most MAX_CHUNKS chunks (shuffles only, no barrier), else a block of up to 1024 threads with
+    about 4 chunks each; rows beyond 1024 × MAX_CHUNKS chunks take the loop path only."""
+    units = max(1, math.ceil(cols / vec))
+    if units <= 32 * MAX_CHUNKS:
+        t = min(32, 1 << (units - 1).bit_length())
+        return RowGeometry(span, t, 128, math.ceil(units / t), vec)
+    t = min(1024, 1 << (math.ceil(units / 4) - 1).bit_length())
+    chunks = math.ceil(units / t)
+    return RowGeometry(span, t, t, chunks if chunks <= MAX_CHUNKS else 0, vec)
+
+
 def _expand(graph: FusionGraph, i: int) -> list[Step]:
-    """A node as steps; Softmax, LogSoftmax and LayerNormalization become reductions plus
-    elementwise steps (synthetic tensors are named after the node's output)."""
+    """A node as steps; Softmax, LogSoftmax, LayerNormalization and ReduceLogSumExp become
+    reductions plus elementwise steps (synthetic tensors are named after the node's output)."""
     n = graph.nodes[i]
     out = n.outputs[0]
-    if n.op_type in ops.REDUCERS:
-        return [Step(out, graph.tensors[out].dtype, n.op_type, (n.inputs[0],))]
-    if n.op_type in ("Softmax", "LogSoftmax"):
-        x, d = n.inputs[0], graph.tensors[out].dtype
+    d = graph.tensors[out].dtype
+    if n.op_type in ops.REDUCERS or n.op_type in ops.GLOBAL_POOLS:
+        return [Step(out, d, ops.GLOBAL_POOLS.get(n.op_type, n.op_type), (n.inputs[0],))]
+    if n.op_type in ("Softmax", "LogSoftmax", "ReduceLogSumExp"):
+        x = n.inputs[0]
         steps = [Step(f"{out}~max", d, "ReduceMax", (x,)), Step(f"{out}~shift", d, "Sub", (x, f"{out}~max")),
                  Step(f"{out}~exp", d, "Exp", (f"{out}~shift",)), Step(f"{out}~sum", d, "ReduceSum", (f"{out}~exp",))]
         if n.op_type == "Softmax":
             return steps + [Step(out, d, "Div", (f"{out}~exp", f"{out}~sum"))]
-        return steps + [Step(f"{out}~log", d, "Log", (f"{out}~sum",)), Step(out, d, "Sub", (f"{out}~shift", f"{out}~log"))]
+        log = Step(f"{out}~log", d, "Log", (f"{out}~sum",))
+        if n.op_type == "LogSoftmax":
+            return steps + [log, Step(out, d, "Sub", (f"{out}~shift", f"{out}~log"))]
+        return steps + [log, Step(out, d, "Add", (f"{out}~log", f"{out}~max"))]
     if n.op_type == "LayerNormalization":
         x, scale = n.inputs[0], n.inputs[1]
         bias = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
-        d = graph.tensors[out].dtype
         eps = float(n.attrs.get("epsilon", 1e-5))  # type: ignore[arg-type]
         steps = [Step(f"{out}~mean", d, "ReduceMean", (x,)), Step(f"{out}~dev", d, "Sub", (x, f"{out}~mean")),
                  Step(f"{out}~sq", d, "Mul", (f"{out}~dev", f"{out}~dev")),
@@ -69,22 +108,70 @@ def _expand(graph: FusionGraph, i: int) -> list[Step]:
     return [Step(t, graph.tensors[t].dtype, n.op_type, tuple(n.inputs), n.attrs) for t in n.outputs if t]
 
 
+def _levels(steps: list[Step], inputs: Mapping[str, str]) -> dict[str, str]:
+    """'elem' or 'row' for every tensor: reductions and steps over per-row values are per row."""
+    level = dict(inputs)
+    for s in steps:
+        elem = any(isinstance(x, str) and level.get(x) == "elem" for x in s.inputs)
+        level[s.out] = "row" if s.reduces or not elem else "elem"
+    return level
+
+
+def _reciprocals(steps: list[Step], level: dict[str, str]) -> list[Step]:
+    """Division of a per-element float by a per-row value becomes one reciprocal per row and a
+    multiply per element (LayerNorm's and Softmax's divisions; within 1.5 ulp of the quotient)."""
+    out: list[Step] = []
+    for s in steps:
+        if s.op == "Div" and s.dtype in ops.FLOATS and isinstance(s.inputs[1], str) and level.get(s.inputs[1]) == "row" \
+                and level.get(s.out) == "elem":
+            rcp = f"{s.out}~rcp"
+            level[rcp] = "row"
+            out += [Step(rcp, s.dtype, "Reciprocal", (s.inputs[1],)), Step(s.out, s.dtype, "Mul", (s.inputs[0], rcp))]
+        else:
+            out.append(s)
+    return out
+
+
+@dataclass(frozen=True)
+class _Input:
+    """How the kernel reads one group input: its row-local offset rule."""
+
+    index: int
+    name: str
+    dtype: int
+    level: str  # "elem" or "row"
+    access: str  # "full" (base + c), "contig" (ro + c), "mixed" (ro + decomposed c), "row"
+
+    @property
+    def vectorizable(self) -> bool:
+        return self.access in ("full", "contig")
+
+
 class _RowPrinter:
-    """Prints the body of one rows kernel; tracks levels and variable names as it goes."""
+    """Prints the body of one rows kernel; tracks per-row variables as it goes."""
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
-                 outputs: tuple[str, ...], kinds: tuple[int, ...], rank: int, last_dim: object) -> None:
-        self.g, self.inputs, self.outputs, self.kinds, self.rank = graph, inputs, outputs, kinds, rank
-        self.steps = [s for i in nodes for s in _expand(graph, i)]
+                 outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
+                 geo: RowGeometry) -> None:
+        self.g, self.outputs, self.rank, self.geo = graph, outputs, len(shape), geo
+        self._kinds, self._out_kinds = kinds, out_kinds
+        k = geo.span
+        trailing = tuple(shape[-k:])
+        self.ins: list[_Input] = []
+        for idx, t in enumerate(inputs):
+            s = tuple(graph.tensors[t].shape or ())
+            tail = ((1,) * k + s)[-k:]  # right-aligned, missing dims are 1
+            if all(d == 1 for d in tail):
+                access, level = "row", "row"
+            else:
+                level = "elem"
+                access = "full" if kinds[idx] == FULL else ("contig" if tail == trailing else "mixed")
+            self.ins.append(_Input(idx, t, graph.tensors[t].dtype, level, access))
+        raw = [s for i in nodes for s in _expand(graph, i)]
+        self.level = _levels(raw, {x.name: x.level for x in self.ins})
+        self.steps = _reciprocals(raw, self.level)
         self.by_out = {s.out: s for s in self.steps}
-        self.dtype = {s.out: s.dtype for s in self.steps} | {t: graph.tensors[t].dtype for t in inputs}
-        # An input varies along the row when its (right-aligned) last dim is the row's extent.
-        self.elem_inputs = {t for t in inputs if (graph.tensors[t].shape or (1,))[-1] == last_dim
-                            and len(graph.tensors[t].shape or ()) > 0}
-        self.level: dict[str, str] = {t: ("elem" if t in self.elem_inputs else "row") for t in inputs}
-        for s in self.steps:
-            elem = any(isinstance(x, str) and x and self.level.get(x) == "elem" for x in s.inputs)
-            self.level[s.out] = "row" if s.reduces or not elem else "elem"
+        self.dtype = {s.out: s.dtype for s in self.steps} | {x.name: x.dtype for x in self.ins}
         self.row_vars: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
 
@@ -92,12 +179,12 @@ class _RowPrinter:
     def ctype(self, t: str) -> str:
         return ops.CTYPES[self.dtype[t]][1]
 
-    def literal(self, value: object, ctype: str) -> ops.Arg:
-        return ops.Arg(ops.literal(value, ctype), ctype, 0)  # type: ignore[arg-type]
+    def stype(self, t: str) -> str:
+        return ops.CTYPES[self.dtype[t]][0]
 
     def arg(self, x: Operand, scope: Mapping[str, ops.Arg], ctype: str) -> ops.Arg:
         if not isinstance(x, str):
-            return self.literal(x, ctype)
+            return ops.Arg(ops.literal(x, ctype), ctype, 0)
         if not x:
             return ops.Arg("", "", 0)
         if x in scope:
@@ -111,16 +198,23 @@ class _RowPrinter:
         ct = self.ctype(s.out)
         spec = ops.spec(s.op, "")
         assert spec.printer is not None, s.op
-        args = [self.arg(x, scope, ct) for x in s.inputs]
-        return spec.printer(args, s.attrs, ct)
+        return spec.printer([self.arg(x, scope, ct) for x in s.inputs], s.attrs, ct)
 
-    def load(self, t: str, elem: bool) -> str:
-        k = self.inputs.index(t)
-        st = ops.CTYPES[self.dtype[t]][0]
-        index = "base + c" if self.kinds[k] == FULL else (f"ro{k} + c * (I)a.strides[{k}][{self.rank - 1}]" if elem else f"ro{k}")
-        return _load_expr(self.dtype[t], f"static_cast<const {st}*>(a.in[{k}])[{index}]")
+    def offset(self, x: _Input, c: str) -> str:
+        """Element offset of input `x` at row position `c`."""
+        if x.access == "full":
+            return f"base + {c}"
+        if x.access == "contig":
+            return f"ro{x.index} + {c}"
+        if x.access == "mixed":
+            return f"ro{x.index} + stitch_trail<{self.rank}, {self.geo.span}, I>(a, {x.index}, {c})"
+        # Per-row: a FULL input is per-row only when rows have one element, at `base`.
+        return "base" if self._kinds[x.index] == FULL else f"ro{x.index}"
 
-    # -- passes -------------------------------------------------------------------------
+    def ptr(self, x: _Input) -> str:
+        return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
+
+    # -- per-element passes -------------------------------------------------------------
     def cone(self, targets: list[str]) -> list[Step]:
         """Per-element steps needed for `targets`, in order (per-row values are variables)."""
         need: set[str] = set()
@@ -133,18 +227,19 @@ class _RowPrinter:
             stack += [x for x in self.by_out[t].inputs if isinstance(x, str) and self.level.get(x) == "elem"]
         return [s for s in self.steps if s.out in need]
 
-    def element_pass(self, targets: list[str], ind: str) -> tuple[list[str], dict[str, ops.Arg]]:
-        """Loads and steps of one pass over the row computing `targets` per element."""
+    def cone_inputs(self, targets: list[str]) -> list[_Input]:
+        used = {x for s in self.cone(targets) for x in s.inputs if isinstance(x, str)} | set(targets)
+        return [x for x in self.ins if x.level == "elem" and x.name in used]
+
+    def element_lines(self, targets: list[str], raw: Callable[[_Input], str], ind: str) -> tuple[list[str], dict[str, ops.Arg]]:
+        """Loads (through `raw`, the storage-typed expression of an input at this element) and
+        steps computing `targets` for one element."""
         scope: dict[str, ops.Arg] = {}
         lines = []
-        steps = self.cone(targets)
-        used = {x for s in steps for x in s.inputs if isinstance(x, str)} | set(targets)
-        for t in self.inputs:
-            if t in used and self.level[t] == "elem":
-                k = self.inputs.index(t)
-                lines.append(f"{ind}const {self.ctype(t)} x{k} = {self.load(t, True)};")
-                scope[t] = ops.Arg(f"x{k}", self.ctype(t), self.dtype[t])
-        for j, s in enumerate(steps):
+        for x in self.cone_inputs(targets):
+            lines.append(f"{ind}const {self.ctype(x.name)} x{x.index} = {_load_expr(x.dtype, raw(x))};")
+            scope[x.name] = ops.Arg(f"x{x.index}", self.ctype(x.name), x.dtype)
+        for j, s in enumerate(self.cone(targets)):
             lines.append(f"{ind}const {self.ctype(s.out)} e{j} = {self.expr(s, scope)};  // {s.op} -> {s.out}")
             scope[s.out] = ops.Arg(f"e{j}", self.ctype(s.out), s.dtype)
         return lines, scope
@@ -160,73 +255,193 @@ class _RowPrinter:
                 self.row_vars[s.out] = ops.Arg(name, self.ctype(s.out), s.dtype)
                 done.add(s.out)
 
-    def body(self) -> str:
-        ind = "    "
-        bcast = [k for k, t in enumerate(self.inputs) if self.kinds[k] == BROADCAST]
-        if bcast:
-            zero = ", ".join(f"ro{k} = 0" for k in bcast)
-            acc = " ".join(f"ro{k} += c * (I)a.strides[{k}][d];" for k in bcast)
-            self.lines.append(f"{ind}I rr = row, {zero};")
+    # -- the two paths ------------------------------------------------------------------
+    def reg_loads(self, xs: list[_Input], ind: str) -> None:
+        """Registers of each per-element input: chunk i of lane l holds elements
+        (i·T + l)·V … +V-1, read as one 16-byte access when `vec` holds."""
+        for x in xs:
+            st = ops.CTYPES[x.dtype][0]
+            self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[NCH];")
+        self.lines.append("#pragma unroll")
+        self.lines.append(f"{ind}for (int i = 0; i < NCH; ++i) {{")
+        self.lines.append(f"{ind}  const I c0 = ((I)i * T + lane) * V;")
+        for x in xs:
+            st = ops.CTYPES[x.dtype][0]
+            scalar = (f"{ind}    for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < Cr ? "
+                      f"{self.ptr(x)}[{self.offset(x, 'c0 + j')}] : ({st})0;")
+            if x.vectorizable:
+                self.lines.append(f"{ind}  if (vec) {{ if (c0 < Cr) xr{x.index}[i] = "
+                                  f"*reinterpret_cast<const StitchVec<V, {st}>*>({self.ptr(x)} + {self.offset(x, 'c0')}); }}")
+                self.lines.append(f"{ind}  else {{")
+            else:
+                self.lines.append(f"{ind}  {{")
             self.lines.append("#pragma unroll")
-            self.lines.append(f"{ind}for (int d = {self.rank - 2}; d >= 0; --d) "
-                              f"{{ const I c = rr % (I)a.dims[d]; rr /= (I)a.dims[d]; {acc} }}")
-        for k, t in enumerate(self.inputs):
-            if self.level[t] == "row":
-                self.lines.append(f"{ind}const {self.ctype(t)} x{k} = {self.load(t, False)};")
-                self.row_vars[t] = ops.Arg(f"x{k}", self.ctype(t), self.dtype[t])
-        done: set[str] = set()
-        self.row_steps(ind, done)
-        for j, s in enumerate(x for x in self.steps if x.reduces):
+            self.lines.append(scalar)
+            self.lines.append(f"{ind}  }}")
+        self.lines.append(f"{ind}}}")
+
+    def reduce_pass(self, j: int, s: Step, regs: bool, ind: str) -> None:
+        red = ops.REDUCERS[s.op]
+        ct = self.ctype(s.out)
+        (src,) = s.inputs
+        raw = (lambda x: f"xr{x.index}[i].v[jj]") if regs else (lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]")
+        inner = ind + ("    " if regs else "  ")
+        lines, scope = self.element_lines([src], raw, inner)
+        value = ops.REDUCE_ELEMENT.get(s.op, "{x}").format(x=f"(({ct})({self.arg(src, scope, ct).expr}))")
+        ident = red.identity.replace("T", ct)
+        self.lines.append(f"{ind}{ct} acc{j} = {ident};")
+        if regs:
+            self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{", "#pragma unroll",
+                           f"{ind}  for (int jj = 0; jj < V; ++jj) {{",
+                           f"{ind}    const I c = ((I)i * T + lane) * V + jj;", f"{ind}    if (c < Cr) {{"]
+            self.lines += lines
+            self.lines += [f"{inner}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}",
+                           f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
+        else:
+            self.lines.append(f"{ind}for (I c = lane; c < Cr; c += T) {{")
+            self.lines += lines
+            self.lines += [f"{inner}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}", f"{ind}}}"]
+        combine = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
+        self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {combine}, {ident}, "
+                          f"reinterpret_cast<{ct}*>(stitch_smem));")
+
+    def output_pass(self, elem_outs: list[str], regs: bool, ind: str) -> None:
+        if regs:
+            raw = lambda x: f"xr{x.index}[i].v[jj]"  # noqa: E731
+            lines, scope = self.element_lines(elem_outs, raw, ind + "    ")
+            self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
+                           f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+            for t in elem_outs:
+                self.lines.append(f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};")
+            self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
+            self.lines += lines
+            for t in elem_outs:
+                m = self.outputs.index(t)
+                self.lines.append(f"{ind}    o{m}.v[jj] = {_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};")
+            self.lines.append(f"{ind}  }}")
+            for t in elem_outs:
+                m, st = self.outputs.index(t), self.stype(t)
+                ptr = f"static_cast<{st}*>(a.out[{m}])"
+                self.lines.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
+                self.lines.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
+            self.lines.append(f"{ind}}}")
+        else:
+            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
+            lines, scope = self.element_lines(elem_outs, raw, ind + "  ")
+            self.lines.append(f"{ind}for (I c = lane; c < Cr; c += T) {{")
+            self.lines += lines
+            for t in elem_outs:
+                st = self.stype(t)
+                value = _store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)
+                self.lines.append(f"{ind}  static_cast<{st}*>(a.out[{self.outputs.index(t)}])[base + c] = {value};")
+            self.lines.append(f"{ind}}}")
+
+    def path(self, regs: bool, ind: str) -> None:
+        """Every reduction, then the per-element outputs; from registers or re-reading the row."""
+        saved = dict(self.row_vars)
+        done = set(self.row_vars)
+        reducers = [s for s in self.steps if s.reduces]
+        elem_outs = [t for t in self.outputs if self.level[t] == "elem"]
+        early = self.cone_inputs([s.inputs[0] for s in reducers if isinstance(s.inputs[0], str)])  # type: ignore[misc]
+        late = [x for x in self.cone_inputs(elem_outs) if x not in early]
+        if regs and early:
+            self.reg_loads(early, ind)
+        for j, s in enumerate(reducers):
+            self.reduce_pass(j, s, regs, ind)
             red = ops.REDUCERS[s.op]
             ct = self.ctype(s.out)
-            (src,) = s.inputs
-            lines, scope = self.element_pass([src], ind + "  ")
-            value = self.arg(src, scope, ct).expr
-            value = ops.REDUCE_ELEMENT.get(s.op, "{x}").format(x=f"(({ct})({value}))")
-            ident = red.identity.replace("T", ct)
-            self.lines.append(f"{ind}{ct} acc{j} = {ident};")
-            self.lines.append(f"{ind}for (I c = threadIdx.x; c < C; c += blockDim.x) {{")
-            self.lines += lines
-            self.lines.append(f"{ind}  {{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}")
-            self.lines.append(f"{ind}}}")
-            combine = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
-            self.lines.append(f"{ind}acc{j} = stitch_block_reduce<{ct}>(acc{j}, {combine}, {ident}, "
-                              f"reinterpret_cast<{ct}*>(stitch_smem));")
             name = f"r{len(self.row_vars)}"
             final = red.finalize.replace("T(", f"({ct})(").replace("acc", f"acc{j}")
             self.lines.append(f"{ind}const {ct} {name} = {final};  // {s.op} -> {s.out}")
             self.row_vars[s.out] = ops.Arg(name, ct, s.dtype)
             done.add(s.out)
             self.row_steps(ind, done)
-        elem_outs = [t for t in self.outputs if self.level[t] == "elem"]
         if elem_outs:
-            lines, scope = self.element_pass(elem_outs, ind + "  ")
-            self.lines.append(f"{ind}for (I c = threadIdx.x; c < C; c += blockDim.x) {{")
-            self.lines += lines
-            self.lines += [self.store(t, "base + c", self.arg(t, scope, self.ctype(t)).expr, ind + "  ") for t in elem_outs]
-            self.lines.append(f"{ind}}}")
+            if regs and late:
+                self.reg_loads(late, ind)
+            self.output_pass(elem_outs, regs, ind)
+        self.row_outputs(ind)
+        self.row_vars = saved
+
+    def row_outputs(self, ind: str) -> None:
         row_outs = [t for t in self.outputs if self.level[t] == "row"]
-        if row_outs:
-            self.lines.append(f"{ind}if (threadIdx.x == 0) {{")
-            self.lines += [self.store(t, "row", self.row_vars[t].expr, ind + "  ") for t in row_outs]
+        if not row_outs:
+            return
+        self.lines.append(f"{ind}if (lane == 0 && active) {{")
+        for t in row_outs:
+            st = self.stype(t)
+            store = (f"static_cast<{st}*>(a.out[{self.outputs.index(t)}])[row] = "
+                     f"{_store_expr(self.dtype[t], self.row_vars[t].expr)};")
+            # Row-shaped outputs that keep the dims stay empty with empty rows (as in ORT).
+            guard = "" if self._out_kinds[self.outputs.index(t)] == ROW_DROPPED_OUTPUT else "if (C > 0) "
+            self.lines.append(f"{ind}  {guard}{store}")
+        self.lines.append(f"{ind}}}")
+
+    def body(self) -> str:
+        kinds = self._kinds
+        ind = "    "
+        lead = self.rank - self.geo.span
+        bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
+        if bcast:
+            zero = ", ".join(f"ro{k} = 0" for k in bcast)
+            acc = " ".join(f"ro{k} += q * (I)a.strides[{k}][d];" for k in bcast)
+            self.lines.append(f"{ind}I rr = active ? row : 0, {zero};")
+            self.lines.append("#pragma unroll")
+            self.lines.append(f"{ind}for (int d = {lead - 1}; d >= 0; --d) "
+                              f"{{ const I q = rr % (I)a.dims[d]; rr /= (I)a.dims[d]; {acc} }}")
+        for x in self.ins:
+            if x.level == "row":
+                load = _load_expr(x.dtype, f"{self.ptr(x)}[{self.offset(x, '0')}]")
+                self.lines.append(f"{ind}const {self.ctype(x.name)} x{x.index} = active ? {load} : "
+                                  f"({self.ctype(x.name)})0;")
+                self.row_vars[x.name] = ops.Arg(f"x{x.index}", self.ctype(x.name), x.dtype)
+        self.row_steps(ind, set())
+        if self.geo.chunks:
+            self.lines.append(f"{ind}if (C <= (I)(NCH * T * V)) {{  // uniform: every row of the launch takes one path")
+            self.path(True, ind + "  ")
+            self.lines.append(f"{ind}}} else {{")
+            self.path(False, ind + "  ")
             self.lines.append(f"{ind}}}")
+        else:
+            self.path(False, ind)
         return "\n".join(self.lines)
 
-    def store(self, t: str, index: str, value: str, ind: str) -> str:
-        """The store of output `t` at `index` (per element, or per row)."""
-        st = ops.CTYPES[self.dtype[t]][0]
-        return f"{ind}static_cast<{st}*>(a.out[{self.outputs.index(t)}])[{index}] = {_store_expr(self.dtype[t], value)};"
+    def vec_condition(self) -> str:
+        """Whether 16-byte accesses are legal this launch: whole chunks and aligned pointers."""
+        terms = ["C % V == 0"]
+        for x in self.ins:
+            if x.level == "elem" and x.vectorizable:
+                terms.append(f"stitch_aligned(a.in[{x.index}], V * sizeof({ops.CTYPES[x.dtype][0]}))")
+        for m, t in enumerate(self.outputs):
+            if self.level[t] == "elem":
+                terms.append(f"stitch_aligned(a.out[{m}], V * sizeof({self.stype(t)}))")
+        return " && ".join(terms)
 
 
 ROWS_PRELUDE = r"""
-// Every thread of the block gets the block's total; smem holds one partial per warp.
-template <typename T, typename F>
-__device__ __forceinline__ T stitch_block_reduce(T v, F f, T ident, T* smem) {
-  for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+__device__ __forceinline__ bool stitch_aligned(const void* p, unsigned long long n) {
+  return reinterpret_cast<unsigned long long>(p) % n == 0;
+}
+// Offset of row position c over the K trailing dims (inputs broadcast inside the row).
+template <int RANK, int K, typename I>
+__device__ __forceinline__ I stitch_trail(const StitchArgs& a, int k, I c) {
+  I o = 0;
+#pragma unroll
+  for (int d = RANK - 1; d >= RANK - K; --d) { const I q = c % (I)a.dims[d]; c /= (I)a.dims[d]; o += q * (I)a.strides[k][d]; }
+  return o;
+}
+// The row's total for each of its T threads: shuffles within an aligned group of T <= 32
+// lanes, or (T == blockDim.x > 32) shuffles then one partial per warp in smem.
+template <int T, typename V, typename F>
+__device__ __forceinline__ V stitch_row_reduce(V v, F f, V ident, V* smem) {
+#pragma unroll
+  for (int o = (T < 32 ? T : 32) / 2; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o, T < 32 ? T : 32));
+  if (T <= 32) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) smem[warp] = v;
   __syncthreads();
-  v = lane < nw ? smem[lane] : ident;
+  v = lane < T / 32 ? smem[lane] : ident;
+#pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();  // the next reduction may overwrite smem
   return v;
@@ -239,33 +454,53 @@ def has_rows(graph: FusionGraph, nodes: tuple[int, ...]) -> bool:
     return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in nodes)
 
 
-def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...]) -> KernelSource:
-    """CUDA source of a legal group with reductions over the last axis (see candidates)."""
+def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_half: bool = True) -> KernelSource:
+    """CUDA source of a legal group with reductions over trailing axes (see candidates)."""
     inputs, outputs = graph.boundary(frozenset(nodes))
     shape = graph.iteration_shape(frozenset(nodes))
     assert shape, f"group {name}: a rows kernel needs an iteration shape of rank >= 1"
+    span = row_span(graph, next(i for i in nodes if graph.nodes[i].kind == ops.OpKind.REDUCE))
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
-    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, len(shape), shape[-1])
+    cols = TensorInfo("row", TP.FLOAT, tuple(shape[-span:])).numel(graph.dim_values) or 1
+    lead = tuple(shape[:-span])
+    out_kinds = tuple(FULL_OUTPUT if graph.tensors[t].shape == shape else
+                      ROW_DROPPED_OUTPUT if tuple(graph.tensors[t].shape or ()) == lead else ROW_OUTPUT
+                      for t in outputs)
+    # 16-byte chunks of the widest per-element tensor.
+    widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
+                  if graph.tensors[t].shape == shape] or [4])
+    geo = choose_geometry(cols, max(1, 16 // widest), span)
+    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo)
     body = p.body()
-    out_kinds = tuple(ROW_OUTPUT if p.level[t] == "row" else FULL_OUTPUT for t in outputs)
-    src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes, rows scheme
+    fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
+    rank, lead_n = len(shape), len(shape) - span
+    smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
+    src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes, rows scheme ({geo.threads} threads per row)
 {ops.PRELUDE}
 {ARGS_STRUCT}
 {ROWS_PRELUDE}
 template <typename I>
 __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
-  __shared__ double stitch_smem[32];  // one partial per warp; double-sized for every accumulator
-  const I C = (I)a.dims[{len(shape) - 1}];
-  I rows = 1;
-  for (int d = 0; d < {len(shape) - 1}; ++d) rows *= (I)a.dims[d];
-  for (I row = blockIdx.x; row < rows; row += gridDim.x) {{
-    const I base = row * C;
+{fast}  constexpr int T = {geo.threads}, NCH = {max(geo.chunks, 1)}, V = {geo.vec};
+  (void)NCH;
+{smem}  const int lane = threadIdx.x % T;
+  const I sub = threadIdx.x / T, per_block = blockDim.x / T;
+  I C = 1, rows = 1;
+  for (int d = {lead_n}; d < {rank}; ++d) C *= (I)a.dims[d];
+  for (int d = 0; d < {lead_n}; ++d) rows *= (I)a.dims[d];
+  const bool vec = {p.vec_condition()};
+  (void)vec;
+  // Every group of T threads takes the same number of trips, so shuffles and barriers see
+  // all their threads; a trip past the last row runs with an empty row.
+  for (I row0 = (I)blockIdx.x * per_block; row0 < rows; row0 += (I)gridDim.x * per_block) {{
+    const I row = row0 + sub;
+    const bool active = row < rows;
+    const I Cr = active ? C : 0, base = row * C;
     (void)base;
 {body}
   }}
 }}
-extern "C" __global__ void __launch_bounds__(256) {name}_rows(const StitchArgs a) {{ {name}_body<long long>(a); }}
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<long long>(a); }}
 """
-    return KernelSource(name, src, 1, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
-                        "rows", out_kinds)
-
+    return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
+                        "rows", out_kinds, span, geo.threads, geo.block)

@@ -77,11 +77,24 @@ class FusionGraph:
     def preds(self) -> tuple[frozenset[int], ...]:
         return tuple(frozenset(self.producer[t] for t in n.inputs if t in self.producer) for n in self.nodes)
 
+    @cached_property
+    def axes_constants(self) -> frozenset[str]:
+        """Constants read only as reductions' axes: compiled into the kernel, never loaded."""
+        def reduces(n: Node) -> bool:
+            return n.kind == ops.OpKind.REDUCE and n.op_type.startswith("Reduce")
+
+        as_axes = {t for n in self.nodes if reduces(n) for t in n.inputs[1:2] if t in self.constants}
+        as_data = {t for n in self.nodes for k, t in enumerate(n.inputs) if not (reduces(n) and k == 1)}
+        return frozenset(as_axes - as_data)
+
     def is_baked(self, tensor: str) -> bool:
-        """A fixed scalar the kernel carries as a literal instead of reading it."""
+        """A fixed value the kernel carries instead of reading it: a scalar (as a literal) or a
+        reduction's axes (as the row's shape)."""
         c = self.constants.get(tensor)
         if c is None:
             return False
+        if tensor in self.axes_constants:
+            return True
         n = 1
         for d in c.dims:
             n *= d
@@ -102,11 +115,16 @@ class FusionGraph:
                     outs[t] = None
         return tuple(ins), tuple(outs)
 
+    def node_space(self, i: int) -> list[Shape | None]:
+        """The shapes node `i` iterates over: its outputs', or for a reduction its data input's
+        (its output is row-shaped, with or without the reduced dims)."""
+        n = self.nodes[i]
+        names = n.inputs[:1] if n.kind == ops.OpKind.REDUCE else n.outputs
+        return [self.tensors[t].shape if t in self.tensors else None for t in names if t]
+
     def iteration_shape(self, group: frozenset[int] | set[int]) -> Shape | None:
-        """Broadcast of every output shape of the group's nodes (None if not provable)."""
-        shapes = [self.tensors[t].shape if t in self.tensors else None
-                  for i in group for t in self.nodes[i].outputs if t]
-        return broadcast_shapes(shapes)
+        """Broadcast of every node's space in the group (None if not provable)."""
+        return broadcast_shapes([s for i in group for s in self.node_space(i)])
 
     def tensor_bytes(self, tensor: str) -> int:
         """Bytes of a tensor for the cost model (symbolic dims at their planning values)."""
@@ -146,38 +164,54 @@ def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
 
 
 def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: Mapping[str, onnx.TensorProto],
-             opset: int) -> list[int] | None:
-    """The axes a row op (REDUCE kind) works on, as written (may be negative); None when they
-    are not constant."""
+             opset: int, rank: int) -> list[int] | None:
+    """The axes a row op (REDUCE kind) works on, normalized to 0..rank-1 and sorted; None when
+    they are not constant. Empty Reduce* axes mean every axis (noop_with_empty_axes aside)."""
+    inputs = n.inputs if isinstance(n, Node) else n.input
     if n.op_type in ("Softmax", "LogSoftmax"):
-        return [int(attrs.get("axis", -1 if opset >= 13 else 1))]  # type: ignore[arg-type]
+        axis = int(attrs.get("axis", -1 if opset >= 13 else 1)) % rank  # type: ignore[arg-type]
+        # Before opset 13 the input is coerced to 2-D at `axis`: every axis from there on.
+        return [axis] if opset >= 13 else list(range(axis, rank))
     if n.op_type == "LayerNormalization":
-        return [int(attrs.get("axis", -1))]  # type: ignore[arg-type]
+        return list(range(int(attrs.get("axis", -1)) % rank, rank))  # type: ignore[arg-type]
+    if n.op_type in ops.GLOBAL_POOLS:
+        return list(range(2, rank))
     if "axes" in attrs:
-        return [int(a) for a in attrs["axes"]]  # type: ignore[union-attr]
-    if len(n.inputs if isinstance(n, Node) else n.input) > 1:
-        t = (n.inputs if isinstance(n, Node) else n.input)[1]
-        if not t:
-            return []
-        if t not in constants:
+        axes = [int(a) for a in attrs["axes"]]  # type: ignore[union-attr]
+    elif len(inputs) > 1 and inputs[1]:
+        if inputs[1] not in constants:
             return None
-        return [int(a) for a in numpy_helper.to_array(constants[t]).reshape(-1)]
-    return []
+        axes = [int(a) for a in numpy_helper.to_array(constants[inputs[1]]).reshape(-1)]
+    else:
+        axes = []
+    return sorted({a % rank for a in axes}) if axes else list(range(rank))
+
+
+def row_span(graph: "FusionGraph", i: int) -> int:
+    """How many trailing axes REDUCE-kind node `i` reduces (its row is their product); only
+    meaningful for nodes `_row_reason` accepted."""
+    n = graph.nodes[i]
+    rank = len(graph.tensors[n.inputs[0]].shape or ())
+    axes = row_axes(n, n.attrs, graph.constants, graph.opset, rank)
+    return len(axes or ())
 
 
 def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object],
                 constants: Mapping[str, onnx.TensorProto], opset: int) -> str | None:
-    """Why a REDUCE-kind node cannot be stitched: only the last axis, keepdims=1, no extras."""
+    """Why a REDUCE-kind node cannot be stitched: its axes must be a trailing run of the input's
+    axes (the row); keepdims either way; no extra outputs."""
     shape = tensors[n.input[0]].shape or ()
     if not shape:
         return f"{n.op_type} of a scalar"
-    axes = row_axes(n, attrs, constants, opset)
+    if n.op_type in ops.REDUCERS and attrs.get("noop_with_empty_axes", 0) and len(n.input) < 2 \
+            and "axes" not in attrs:
+        return f"{n.op_type} with noop_with_empty_axes=1 and no axes is an identity"
+    axes = row_axes(n, attrs, constants, opset, len(shape))
     if axes is None:
         return f"{n.op_type}'s axes are not constant"
-    if [a % len(shape) for a in axes] != [len(shape) - 1]:
-        return f"{n.op_type} over axes {axes}: only the last axis is stitched"
-    if n.op_type in ops.REDUCERS and attrs.get("keepdims", 1) != 1:
-        return f"{n.op_type} with keepdims=0 is not stitched"
+    if not axes or axes != list(range(len(shape) - len(axes), len(shape))):
+        return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only a trailing run of axes "
+                f"is stitched (column reductions are not implemented)")
     if n.op_type == "LayerNormalization" and any(t for t in n.output[1:]):
         return "LayerNormalization's Mean/InvStdDev outputs are not stitched"
     return None

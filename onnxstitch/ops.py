@@ -2,9 +2,10 @@
 
 Kinds form an ordered lattice (TVM's FuseOps): ELEMENTWISE < BROADCAST < INJECTIVE < REDUCE <
 OPAQUE. ELEMENTWISE/BROADCAST ops map to a C expression printer over already-loaded operand
-values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce the last
-axis of a row (keepdims=1) and are stitched with the elementwise work around them
-(codegen_rows); each names its reducer in REDUCERS or its expansion there. INJECTIVE and
+values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce a
+trailing run of their input's axes (the row; keepdims either way) and are stitched with the
+elementwise work around them (codegen_rows); each names its reducer in REDUCERS or its
+expansion there. INJECTIVE and
 OPAQUE ops stay as ONNX Runtime runs them.
 """
 from __future__ import annotations
@@ -300,14 +301,17 @@ REDUCERS: dict[str, Reducer] = {
 }
 # Element-side transform before accumulating, for the reducers that need one.
 REDUCE_ELEMENT = {"ReduceSumSquare": "({x} * {x})", "ReduceL1": "stitch_abs({x})", "ReduceL2": "({x} * {x})"}
+# Pools over every spatial axis, as the reduction they are (keepdims, axes 2..rank-1).
+GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 # Ops made of reductions and elementwise steps (codegen_rows expands them).
-ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization")
+ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumExp")
 
-for _op in list(REDUCERS) + list(ROW_COMPOSITES):
+for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS):
     TABLE[_op] = OpSpec(OpKind.REDUCE, FLOATS, None)
 
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
-_DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0), **{r: slice(0, 1) for r in REDUCERS}}
+_DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0),
+                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"]}}
 
 OPAQUE = OpSpec(OpKind.OPAQUE, frozenset(), None)
 

@@ -92,7 +92,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
     plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
-    sources = stage("codegen", lambda: [_generate(g, grp) for grp in plan.groups])
+    sources = stage("codegen", lambda: [generate_kernel(g, f"stitch_{grp.name}", grp.nodes) for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
     # Nothing fused: the model goes out exactly as it came in.
@@ -110,12 +110,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     return OptimizeResult(out, report)
 
 
-def _generate(g: graph_mod.FusionGraph, grp: Group) -> codegen.KernelSource:
+def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:
     """The elementwise scheme, or the rows scheme for a group with reductions."""
-    name = f"stitch_{grp.name}"
-    if codegen_rows.has_rows(g, grp.nodes):
-        return codegen_rows.generate_rows(g, name, grp.nodes)
-    return codegen.generate(g, name, grp.nodes)
+    if codegen_rows.has_rows(g, nodes):
+        return codegen_rows.generate_rows(g, name, nodes)
+    return codegen.generate(g, name, nodes)
 
 
 def _check(model: onnx.ModelProto, original: onnx.ModelProto) -> None:

@@ -18,7 +18,7 @@ DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
-                "input_kinds", "output_dtypes", "shape_rule", "output_kinds")
+                "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry")
 
 
 def arch_number(arch: str) -> int:
@@ -51,6 +51,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     if k.source.shape_rule == "rows":
         node.attribute.append(helper.make_attribute("output_kinds", list(k.source.output_kinds),
                                                     attr_type=onnx.AttributeProto.INTS))
+        node.attribute.append(helper.make_attribute(
+            "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]))
     node.overload = group.name
     return node
 

@@ -94,16 +94,19 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     args.n, args.rank = int(np.prod(full)), len(full)
     for d, v in enumerate(full):
         args.dims[d] = v
-    rows = int(np.prod(full[:-1]))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    span, threads, block = attrs.get("row_geometry", [1, 256, 256])
+    rows = int(np.prod(full[:len(full) - span]))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    grid = max(1, min(rows, 64 * sms))
+    per_block = block // threads  # as the runtime launches (docs/abi.md)
+    grid = max(1, min(-(-rows // per_block), 64 * sms * 256 // block))
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
     for _ in range(5):
-        assert cuda.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, None, params, None) == 0
+        assert cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None) == 0
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     start.record()
     for _ in range(reps):
-        cuda.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, None, params, None)
+        cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None)
     stop.record()
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) / reps

@@ -108,3 +108,83 @@ def row_models(rows: int, cols: int, dtype: int = TP.FLOAT, opset: int = 18) -> 
         return [v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-6) * f["g"].astype(np.float64)]
 
     yield "RMSNorm", model, rms
+
+
+def trailing_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for rows made of several trailing axes, keepdims=0, the global
+    pools, ReduceLogSumExp, LayerNorm over two axes, opset-11 Softmax and an input that
+    broadcasts inside the row."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    x3 = helper.make_tensor_value_info("x", dtype, ["batch", 6, cols])
+    axes2 = numpy_helper.from_array(np.array([-2, -1], np.int64), "axes")
+    s = numpy_helper.from_array(np.array(0.5, npd), "s")
+
+    def f64(f, k="x"):
+        return f[k].astype(np.float64)
+
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("ReduceSum", ["t", "axes"], ["r"], keepdims=0),
+             helper.make_node("Relu", ["t"], ["y"])]
+    yield "ReduceSum-2axes-keepdims0", _model(nodes, [x3], [helper.make_tensor_value_info("r", dtype, ["batch"]),
+                                                            helper.make_tensor_value_info("y", dtype, ["batch", 6, cols])],
+                                              [axes2, s], 18), \
+        lambda f: [(f64(f) * 0.5).sum((-2, -1)), np.maximum(f64(f) * 0.5, 0)]
+    w = helper.make_tensor_value_info("w", dtype, [6, 1])
+    nodes = [helper.make_node("Mul", ["x", "w"], ["t"]), helper.make_node("ReduceMean", ["t", "axes"], ["m"], keepdims=1),
+             helper.make_node("Sub", ["t", "m"], ["y"])]
+    yield "ReduceMean-2axes-broadcast-in-row", _model(nodes, [x3, w], [helper.make_tensor_value_info("y", dtype, ["batch", 6, cols])],
+                                                      [axes2], 18), \
+        lambda f: [(f64(f) * f64(f, "w")) - (f64(f) * f64(f, "w")).mean((-2, -1), keepdims=True)]
+    ax1 = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    x2 = helper.make_tensor_value_info("x", dtype, ["batch", cols])
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("ReduceLogSumExp", ["t", "axes"], ["l"], keepdims=1),
+             helper.make_node("Sub", ["t", "l"], ["y"])]
+
+    def lse(f):
+        t = f64(f) * 0.5
+        m = t.max(-1, keepdims=True)
+        return [t - (np.log(np.exp(t - m).sum(-1, keepdims=True)) + m)]
+
+    yield "ReduceLogSumExp", _model(nodes, [x2], [helper.make_tensor_value_info("y", dtype, ["batch", cols])], [ax1, s], 18), lse
+    x4 = helper.make_tensor_value_info("x", dtype, ["batch", 4, 5, cols])
+    for pool, fn in (("GlobalAveragePool", np.mean), ("GlobalMaxPool", np.max)):
+        nodes = [helper.make_node("Abs", ["x"], ["t"]), helper.make_node(pool, ["t"], ["p"]),
+                 helper.make_node("Sigmoid", ["p"], ["y"])]
+        yield pool, _model(nodes, [x4], [helper.make_tensor_value_info("y", dtype, ["batch", 4, 1, 1])], None, 18), \
+            (lambda f, fn=fn: [1 / (1 + np.exp(-fn(np.abs(f64(f)), axis=(2, 3), keepdims=True)))])
+    g2 = helper.make_tensor_value_info("g", dtype, [6, cols])
+    b2 = helper.make_tensor_value_info("bb", dtype, [6, cols])
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]),
+             helper.make_node("LayerNormalization", ["t", "g", "bb"], ["y"], axis=-2, epsilon=1e-5)]
+
+    def ln2(f):
+        h = f64(f) * 0.5
+        mu = h.mean((-2, -1), keepdims=True)
+        var = ((h - mu) ** 2).mean((-2, -1), keepdims=True)
+        return [(h - mu) / np.sqrt(var + 1e-5) * f64(f, "g") + f64(f, "bb")]
+
+    yield "LayerNormalization-2axes", _model(nodes, [x3, g2, b2], [helper.make_tensor_value_info("y", dtype, ["batch", 6, cols])],
+                                             [s], 18), ln2
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Softmax", ["t"], ["y"], axis=1)]
+
+    def sm2(f):
+        t = f64(f) * 0.5
+        e = np.exp(t - t.max((1, 2), keepdims=True))
+        return [e / e.sum((1, 2), keepdims=True)]
+
+    yield "Softmax-opset11-axis1", _model(nodes, [x3], [helper.make_tensor_value_info("y", dtype, ["batch", 6, cols])], [s], 11), sm2
+
+
+def dynamic_row_model(dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
+    """Softmax over a symbolic row length: planned at the default length, run at any (rows
+    longer than the plan's registers take the loop path)."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    x = helper.make_tensor_value_info("x", dtype, ["batch", "cols"])
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Softmax", ["t"], ["y"], axis=-1)]
+
+    def ref(f):
+        t = f["x"].astype(np.float64) * 0.5
+        e = np.exp(t - t.max(-1, keepdims=True))
+        return [e / e.sum(-1, keepdims=True)]
+
+    return _model(nodes, [x], [helper.make_tensor_value_info("y", dtype, ["batch", "cols"])],
+                  [numpy_helper.from_array(np.array(0.5, npd), "s")], 18), ref

@@ -6,22 +6,23 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from onnxstitch import codegen, compile as nvrtc, graph as graph_mod, load, rewrite, shapes
+from onnxstitch import compile as nvrtc, graph as graph_mod, load, rewrite, shapes
+from onnxstitch.pipeline import generate_kernel
 
 
-def prepared(model: onnx.ModelProto) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
+def prepared(model: onnx.ModelProto, reductions: bool = False) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
     """The normalized model and its FusionGraph, as the pipeline builds them."""
     m = load.constants_to_initializers(load.load(model))
     _, infos = shapes.infer(m)
-    return m, graph_mod.build(m, infos)
+    return m, graph_mod.build(m, infos, reductions=reductions)
 
 
 def stitch_nodes(model: onnx.ModelProto, groups: Sequence[Sequence[int]],
                  archs: Sequence[str] = nvrtc.DEFAULT_ARCHS) -> onnx.ModelProto:
     """Rewrite `model` with the given node groups fused (single nodes allowed), bypassing the
     planner, so every op's kernel can be exercised on its own."""
-    m, g = prepared(model)
-    srcs = [codegen.generate(g, f"stitch_t{i}", tuple(grp)) for i, grp in enumerate(groups)]
+    m, g = prepared(model, reductions=True)
+    srcs = [generate_kernel(g, f"stitch_t{i}", tuple(grp)) for i, grp in enumerate(groups)]
     kernels = nvrtc.compile_all(srcs, archs)
     return rewrite.rewrite(m, g, [rewrite.FusedGroup(f"t{i}", tuple(grp), k)
                                   for i, (grp, k) in enumerate(zip(groups, kernels))])

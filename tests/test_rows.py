@@ -13,7 +13,7 @@ import onnxstitch
 from onnxstitch import graph, shapes
 from onnxstitch.inputs import random_feeds
 
-from .row_models import row_models
+from .row_models import row_models, trailing_models
 from .stitching import assert_close, prepared
 
 CASES = [pytest.param(m, id=f"{name}-c{cols}-opset{opset}")
@@ -41,22 +41,35 @@ def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> No
         assert_close(a, b)
 
 
-def test_non_last_axis_and_keepdims_0_are_refused_with_reasons() -> None:
+@pytest.mark.parametrize("model", [pytest.param(m, id=f"{name}-c{cols}") for cols in (1, 7, 300)
+                                   for name, m, _ in trailing_models(cols)])
+def test_trailing_rows_plan_into_one_kernel_and_keep_outputs(model: onnx.ModelProto) -> None:
+    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), reductions=True)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], [n.op_type for n in res.model.graph.node]
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 4})
+    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+        assert_close(a, b)
+
+
+def test_column_reductions_and_inner_use_of_keepdims_0_are_refused_with_reasons() -> None:
     model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
-    g (float[4, 8] x) => (float[1, 8] y, float[4] z) <int64[1] ax0 = {0}> {
+    g (float[4, 8] x) => (float[1, 8] y, float[4, 8] z) <int64[1] ax0 = {0}> {
       a = Exp(x)
       b = ReduceSum<keepdims = 1>(a, ax0)
       y = Neg(b)
       c = Tanh(x)
       d = ReduceMax<axes = [-1], keepdims = 0>(c)
-      z = Neg(d)
+      z = Add(c, d)
     }""")
     res = onnxstitch.optimize(model, reductions=True)
-    assert not any(n.op_type == "FusedKernel" and {"b", "d"} & set(n.output) for n in res.model.graph.node)
+    assert not any(n.op_type == "FusedKernel" and "b" in n.output for n in res.model.graph.node)
+    assert not any(n.op_type == "FusedKernel" and {"d", "z"} <= set(n.output) | set(n.input) and "c" not in n.input
+                   for n in res.model.graph.node)
     m, _ = prepared(model)
     g = graph.build(m, shapes.infer(m)[1], reductions=True)
-    reasons = " ".join(n.reason or "" for n in g.nodes)
-    assert "only the last axis" in reasons and "keepdims=0" in reasons
+    assert "only a trailing run of axes" in " ".join(n.reason or "" for n in g.nodes)
+    refusals = " ".join(r.reason for r in res.report.plan.rejections)
+    assert "keepdims=0" in refusals, refusals
 
 
 def test_reductions_are_off_by_default_and_say_why() -> None:

@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 import onnxstitch
 from onnxstitch.inputs import random_feeds
 
-from ..row_models import row_models
+from ..row_models import dynamic_row_model, row_models, trailing_models
 from .test_stitched_gpu import run_gpu
 
 pytestmark = pytest.mark.gpu
@@ -36,3 +36,38 @@ def test_row_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
         assert np.isfinite(g64).all(), name
         err = np.linalg.norm(g64 - e) / max(np.linalg.norm(e), 1e-30)
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol}"
+
+
+def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
+    res = onnxstitch.optimize(model, shapes=plan, verify=False, reductions=True)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], name
+    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values=run)
+    expected = ref(feeds)
+    like = [e.astype(np.float16 if dtype == TP.FLOAT16 else np.float32) for e in expected]
+    got = run_gpu(res.model, feeds, like)
+    tol = 1e-2 if dtype == TP.FLOAT16 else 1e-5
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape, (name, g.shape, e.shape)
+        g64 = g.astype(np.float64)
+        assert np.isfinite(g64).all(), name
+        err = np.linalg.norm(g64 - e) / max(np.linalg.norm(e), 1e-30)
+        assert err <= tol, f"{name}: relative error {err:.2e} > {tol}"
+
+
+TRAILING = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
+            for dt in (TP.FLOAT, TP.FLOAT16) for cols in (1, 7, 300, 5000)
+            for name, model, ref in trailing_models(cols, dtype=dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", TRAILING)
+def test_trailing_row_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
+    _check_gpu(model, ref, dtype, {"batch": [5]}, {"batch": 5}, name)
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("cols", [3, 64, 1000, 40000])
+def test_rows_longer_or_shorter_than_planned(dtype, cols) -> None:
+    """Planned at 64 elements per row (the default symbolic dim), run at other lengths: the
+    register path's capacity is exceeded and the loop path runs."""
+    model, ref = dynamic_row_model(dtype)
+    _check_gpu(model, ref, dtype, {"batch": [5]}, {"batch": 9, "cols": cols}, f"dynamic-{cols}")

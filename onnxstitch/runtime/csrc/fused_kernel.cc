@@ -186,7 +186,8 @@ class Kernel {
   std::vector<int64_t> output_dtypes_;
   std::string shape_rule_;
   bool rows_ = false;                  // shape_rule "rows"
-  std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims)
+  std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims), 2 row (dims dropped)
+  int64_t row_axes_ = 1, row_threads_ = 256, block_threads_ = 256;  // rows only: "row_geometry"
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -232,9 +233,19 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     if (Error e = r.Ints("output_kinds", &output_kinds_, &present)) return e;
     if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_kinds' (shape_rule \"rows\")");
     for (int64_t k : output_kinds_) {
-      if (k != 0 && k != 1) {
-        return Fail(ORT_INVALID_ARGUMENT, "output_kinds values must be 0 or 1, got " + std::to_string(k));
+      if (k < 0 || k > 2) {
+        return Fail(ORT_INVALID_ARGUMENT, "output_kinds values must be 0, 1 or 2, got " + std::to_string(k));
       }
+    }
+    std::vector<int64_t> geo;
+    if (Error e = r.Ints("row_geometry", &geo, &present)) return e;
+    if (present) {
+      // [row axes, threads per row, threads per block] (docs/abi.md)
+      const bool ok = geo.size() == 3 && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[1] >= 1 && geo[1] <= 1024 &&
+                      (geo[1] & (geo[1] - 1)) == 0 && geo[2] >= geo[1] && geo[2] <= 1024 && geo[2] % geo[1] == 0;
+      if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two), "
+                                                 "threads per block (a multiple, <= 1024)]");
+      row_axes_ = geo[0], row_threads_ = geo[1], block_threads_ = geo[2];
     }
   }
 
@@ -536,24 +547,36 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   args.rank = static_cast<int>(rank);
   for (size_t d = 0; d < rank; ++d) args.dims[d] = dims[d];
 
-  if (rows_ && rank == 0) return Fail(ORT_INVALID_ARGUMENT, "a rows kernel needs inputs of rank 1 or more");
-  // Rows: the last iteration dim is the row; R rows (which may exist even when C is 0).
-  long long n_rows = 1;
-  for (size_t d = 0; rows_ && d + 1 < rank; ++d) n_rows *= dims[d];
+  if (rows_ && rank < static_cast<size_t>(row_axes_)) {
+    return Fail(ORT_INVALID_ARGUMENT, "a rows kernel over " + std::to_string(row_axes_) +
+                                          " trailing axes got inputs of rank " + std::to_string(rank));
+  }
+  // Rows: the trailing row_axes dims are the row (C elements); R rows (which may exist even
+  // when C is 0).
+  const size_t lead = rows_ ? rank - static_cast<size_t>(row_axes_) : rank;
+  long long n_rows = 1, row_len = 1;
+  for (size_t d = 0; rows_ && d < rank; ++d) (d < lead ? n_rows : row_len) *= dims[d];
+  bool dropped_outputs = false;
   for (size_t o = 0; o < n_out; ++o) {
     OrtValue* v = nullptr;
     int64_t out_dims[STITCH_MAX_RANK];
+    size_t out_rank = rank;
     for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
-    // ONNX Runtime's own reductions give an empty result for an empty row (not the spec's
-    // identity value); the stitched node does what the nodes it replaces do.
-    if (rows_ && output_kinds_[o] == 1 && dims[rank - 1] != 0) out_dims[rank - 1] = 1;
-    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, rank, &v), "KernelContext_GetOutput");
+    // ONNX Runtime's own reductions give an empty result for an empty row when they keep the
+    // dims (not the spec's identity value); the stitched node does what the nodes it replaces do.
+    if (rows_ && output_kinds_[o] == 1 && row_len != 0) {
+      for (size_t d = lead; d < rank; ++d) out_dims[d] = 1;
+    }
+    if (rows_ && output_kinds_[o] == 2) out_rank = lead, dropped_outputs = true;
+    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, out_rank, &v), "KernelContext_GetOutput");
     if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
     void* data = nullptr;
     STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
     args.out[o] = data;
   }
-  if (n == 0) return {};  // empty outputs allocated (an empty row reduces to nothing); nothing to launch
+  // Empty outputs allocated (an empty row reduces to nothing), nothing to launch; except rows
+  // with dropped dims, which still get one value per row.
+  if (n == 0 && !(dropped_outputs && n_rows > 0)) return {};
 
   void* stream_handle = nullptr;
   STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
@@ -580,11 +603,13 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   if (Error e = ModuleFor(cuctx, &l)) return e;
 
   if (rows_) {
-    // One block per row, rows grid-strided (docs/abi.md).
-    const long long blocks = std::max<long long>(1, std::min<long long>(n_rows, 64LL * l->sm_count));
+    // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
+    const long long per_block = block_threads_ / row_threads_;
+    const long long cap = std::max<long long>(1, 64LL * l->sm_count * 256 / block_threads_);
+    const long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
     void* params[1] = {&args};
-    r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params,
-                             nullptr);
+    r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1,
+                             static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
     if (r != cu::kSuccess) {
       return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + "_rows, grid " + std::to_string(blocks) +
                                 ") failed: " + CuError(r));
@@ -703,6 +728,12 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   if (!ReadInts(api, ctx, "output_dtypes", &dtypes) || dtypes.empty()) return;
   std::vector<int64_t> out_kinds(dtypes.size(), 0);
   if (rule == "rows" && (!ReadInts(api, ctx, "output_kinds", &out_kinds) || out_kinds.size() != dtypes.size())) return;
+  std::vector<int64_t> geo;
+  size_t row_axes = 1;
+  if (rule == "rows" && ReadInts(api, ctx, "row_geometry", &geo)) {
+    if (geo.size() != 3 || geo[0] < 1) return;
+    row_axes = static_cast<size_t>(geo[0]);
+  }
 
   size_t n_in = 0;
   if (OrtStatus* st = api->ShapeInferContext_GetInputCount(ctx, &n_in)) {
@@ -738,7 +769,8 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   }
   std::vector<ShapeDim> shape;
   if (!BroadcastSymbolic(ins, &shape)) return;
-  if (rule == "rows" && shape.empty()) return;
+  if (rule == "rows" && shape.size() < row_axes) return;
+  const size_t lead = rule == "rows" ? shape.size() - row_axes : shape.size();
 
   for (size_t o = 0; o < dtypes.size(); ++o) {
     std::vector<int64_t> values;
@@ -747,10 +779,12 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
     }
-    if (out_kinds[o] == 1 && values.back() != 0) {  // row-shaped output: keepdims (empty rows stay empty)
-      values.back() = 1;
-      names.back() = "";
+    bool empty_row = false;
+    for (size_t d = lead; d < values.size(); ++d) empty_row = empty_row || values[d] == 0;
+    if (out_kinds[o] == 1 && !empty_row) {  // row-shaped output: keepdims (empty rows stay empty)
+      for (size_t d = lead; d < values.size(); ++d) values[d] = 1, names[d] = "";
     }
+    if (out_kinds[o] == 2) values.resize(lead), names.resize(lead);  // the row's dims dropped
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&info)) {
       api->ReleaseStatus(st);

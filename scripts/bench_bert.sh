@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine: BERT-base (batch 8, sequence 128; float32 and float16) stock ORT vs
+# onnxstitch (elementwise only, and with --reductions) vs ORT's transformers optimizer, plain
+# and with CUDA graphs; per-kernel GPU time under nsys where the machine has it. Everything
+# goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
+#   bash scripts/bench_bert.sh [float32,float16]
+set -uo pipefail
+OUT=${OUT:-/tmp/onnxstitch-out}/bert
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
+export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
+dtypes=${1:-float32,float16}
+zoo=/tmp/zoo
+shape=(--shape batch=8 --shape sequence=128)
+log="$OUT/bench_bert.log"
+[ -f "$zoo/bert-base-float32.onnx" ] || python3 scripts/build_zoo.py --out "$zoo" --models bert-base --dtypes "$dtypes" 2>&1 | tail -3 | tee -a "$log"
+for dt in ${dtypes//,/ }; do
+  m="$zoo/bert-base-$dt.onnx"
+  for variant in elementwise reductions; do
+    flag=(); [ "$variant" = reductions ] && flag=(--reductions)
+    python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
+      --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
+    for g in "" --cuda-graph; do
+      peer=(); [ "$variant" = reductions ] && peer=(--peer-ort-optimizer bert)
+      python3 -m onnxstitch.cli bench "$m" --stitched "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" $g "${peer[@]}" \
+        --iters 200 --json > "$OUT/bench-$dt-$variant${g:+-graphs}.json" 2>>"$log"
+      python3 - "$OUT/bench-$dt-$variant${g:+-graphs}.json" "$dt $variant ${g:-plain}" <<'PY' | tee -a "$log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = "  ".join(f"{k}: {v['median_ms']:.3f} ms ({v['launches_per_run']:.0f} launches)" for k, v in r["configs"].items())
+print(f"{sys.argv[2]:32} {row}  speedup {r['speedup']:.3f}")
+PY
+    done
+    if command -v nsys >/dev/null; then
+      for which in stock stitched; do
+        path="$m"; [ $which = stitched ] && path="/tmp/bert-$dt-$variant.onnx"
+        [ $which = stock ] && [ $variant = reductions ] && continue
+        nsys profile -t cuda -o "/tmp/prof-$dt-$variant-$which" --force-overwrite true \
+          python3 scripts/run_model.py "$path" "${shape[@]}" --iters 20 >/dev/null 2>&1
+        nsys stats -q -r cuda_gpu_kern_sum -f csv "/tmp/prof-$dt-$variant-$which.nsys-rep" \
+          > "$OUT/kernels-$dt-$variant-$which.csv" 2>>"$log"
+      done
+    fi
+  done
+done
