@@ -215,31 +215,35 @@ class _RowPrinter:
         return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
 
     # -- per-element passes -------------------------------------------------------------
-    def cone(self, targets: list[str]) -> list[Step]:
-        """Per-element steps needed for `targets`, in order (per-row values are variables)."""
+    def cone(self, targets: list[str], stop: str | None = None) -> list[Step]:
+        """Per-element steps needed for `targets`, in order (per-row values are variables;
+        `stop`, a tensor already held in registers, is not recomputed)."""
         need: set[str] = set()
-        stack = [t for t in targets if self.level.get(t) == "elem"]
+        stack = [t for t in targets if self.level.get(t) == "elem" and t != stop]
         while stack:
             t = stack.pop()
             if t in need or t not in self.by_out:
                 continue
             need.add(t)
-            stack += [x for x in self.by_out[t].inputs if isinstance(x, str) and self.level.get(x) == "elem"]
+            stack += [x for x in self.by_out[t].inputs if isinstance(x, str) and self.level.get(x) == "elem" and x != stop]
         return [s for s in self.steps if s.out in need]
 
-    def cone_inputs(self, targets: list[str]) -> list[_Input]:
-        used = {x for s in self.cone(targets) for x in s.inputs if isinstance(x, str)} | set(targets)
-        return [x for x in self.ins if x.level == "elem" and x.name in used]
+    def cone_inputs(self, targets: list[str], stop: str | None = None) -> list[_Input]:
+        used = {x for s in self.cone(targets, stop) for x in s.inputs if isinstance(x, str)} | set(targets)
+        return [x for x in self.ins if x.level == "elem" and x.name in used and x.name != stop]
 
-    def element_lines(self, targets: list[str], raw: Callable[[_Input], str], ind: str) -> tuple[list[str], dict[str, ops.Arg]]:
+    def element_lines(self, targets: list[str], raw: Callable[[_Input], str], ind: str,
+                      cached: str | None = None) -> tuple[list[str], dict[str, ops.Arg]]:
         """Loads (through `raw`, the storage-typed expression of an input at this element) and
-        steps computing `targets` for one element."""
+        steps computing `targets` for one element; `cached` is read from registers `hr`."""
         scope: dict[str, ops.Arg] = {}
+        if cached:
+            scope[cached] = ops.Arg("hr[i].v[jj]", self.ctype(cached), self.dtype[cached])
         lines = []
-        for x in self.cone_inputs(targets):
+        for x in self.cone_inputs(targets, cached):
             lines.append(f"{ind}const {self.ctype(x.name)} x{x.index} = {_load_expr(x.dtype, raw(x))};")
             scope[x.name] = ops.Arg(f"x{x.index}", self.ctype(x.name), x.dtype)
-        for j, s in enumerate(self.cone(targets)):
+        for j, s in enumerate(self.cone(targets, cached)):
             lines.append(f"{ind}const {self.ctype(s.out)} e{j} = {self.expr(s, scope)};  // {s.op} -> {s.out}")
             scope[s.out] = ops.Arg(f"e{j}", self.ctype(s.out), s.dtype)
         return lines, scope
@@ -256,84 +260,99 @@ class _RowPrinter:
                 done.add(s.out)
 
     # -- the two paths ------------------------------------------------------------------
-    def reg_loads(self, xs: list[_Input], ind: str) -> None:
-        """Registers of each per-element input: chunk i of lane l holds elements
-        (i·T + l)·V … +V-1, read as one 16-byte access when `vec` holds."""
+    # The register path walks the thread's chunks: chunk i of lane l holds row elements
+    # (i·T + l)·V … +V-1, read with one 16-byte access per input when `vec` holds. The first
+    # reduction's input is computed once into registers `hr` (one read of the row); later
+    # passes start from it, and inputs only they need are read chunk by chunk.
+    def chunk_loads(self, xs: list[_Input], ind: str) -> None:
+        """Chunk i of each input in `xs`, into xr<k>[i]."""
         for x in xs:
             st = ops.CTYPES[x.dtype][0]
             self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[NCH];")
-        self.lines.append("#pragma unroll")
-        self.lines.append(f"{ind}for (int i = 0; i < NCH; ++i) {{")
-        self.lines.append(f"{ind}  const I c0 = ((I)i * T + lane) * V;")
-        for x in xs:
-            st = ops.CTYPES[x.dtype][0]
-            scalar = (f"{ind}    for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < Cr ? "
+            scalar = (f"{ind}  for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < Cr ? "
                       f"{self.ptr(x)}[{self.offset(x, 'c0 + j')}] : ({st})0;")
             if x.vectorizable:
-                self.lines.append(f"{ind}  if (vec) {{ if (c0 < Cr) xr{x.index}[i] = "
+                self.lines.append(f"{ind}if (vec) {{ if (c0 < Cr) xr{x.index}[i] = "
                                   f"*reinterpret_cast<const StitchVec<V, {st}>*>({self.ptr(x)} + {self.offset(x, 'c0')}); }}")
-                self.lines.append(f"{ind}  else {{")
+                self.lines.append(f"{ind}else {{")
             else:
-                self.lines.append(f"{ind}  {{")
+                self.lines.append(f"{ind}{{")
             self.lines.append("#pragma unroll")
             self.lines.append(scalar)
-            self.lines.append(f"{ind}  }}")
+            self.lines.append(f"{ind}}}")
+
+    def chunks(self, targets: list[str], ind: str, cached: str | None,
+               body: Callable[[dict[str, ops.Arg]], list[str]], guard: bool, after: Callable[[], list[str]] | None = None) -> None:
+        """for each chunk i: its loads; for each element jj: the cone of `targets`, then `body`
+        (inside `c < Cr` when `guard`); then `after` once per chunk."""
+        raw = lambda x: f"xr{x.index}[i].v[jj]"  # noqa: E731
+        lines, scope = self.element_lines(targets, raw, ind + ("      " if guard else "    "), cached)
+        self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
+                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+        self.chunk_loads(self.cone_inputs(targets, cached), ind + "  ")
+        self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
+        if guard:
+            self.lines += [f"{ind}    if (c0 + jj < Cr) {{"] + lines + body(scope) + [f"{ind}    }}"]
+        else:
+            self.lines += lines + body(scope)
+        self.lines.append(f"{ind}  }}")
+        self.lines += after() if after else []
         self.lines.append(f"{ind}}}")
 
-    def reduce_pass(self, j: int, s: Step, regs: bool, ind: str) -> None:
+    def cache_pass(self, src: str, ind: str) -> None:
+        ct = self.ctype(src)
+        self.lines.append(f"{ind}StitchVec<V, {ct}> hr[NCH];")
+        self.chunks([src], ind, None, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False)
+
+    def reduce_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> None:
         red = ops.REDUCERS[s.op]
         ct = self.ctype(s.out)
         (src,) = s.inputs
-        raw = (lambda x: f"xr{x.index}[i].v[jj]") if regs else (lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]")
-        inner = ind + ("    " if regs else "  ")
-        lines, scope = self.element_lines([src], raw, inner)
-        value = ops.REDUCE_ELEMENT.get(s.op, "{x}").format(x=f"(({ct})({self.arg(src, scope, ct).expr}))")
         ident = red.identity.replace("T", ct)
         self.lines.append(f"{ind}{ct} acc{j} = {ident};")
-        if regs:
-            self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{", "#pragma unroll",
-                           f"{ind}  for (int jj = 0; jj < V; ++jj) {{",
-                           f"{ind}    const I c = ((I)i * T + lane) * V + jj;", f"{ind}    if (c < Cr) {{"]
-            self.lines += lines
-            self.lines += [f"{inner}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}",
-                           f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
-        else:
-            self.lines.append(f"{ind}for (I c = lane; c < Cr; c += T) {{")
-            self.lines += lines
-            self.lines += [f"{inner}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}", f"{ind}}}"]
-        combine = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
-        self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {combine}, {ident}, "
-                          f"reinterpret_cast<{ct}*>(stitch_smem));")
 
-    def output_pass(self, elem_outs: list[str], regs: bool, ind: str) -> None:
+        def combine(scope: Mapping[str, ops.Arg], pad: str) -> list[str]:
+            value = ops.REDUCE_ELEMENT.get(s.op, "{x}").format(x=f"(({ct})({self.arg(src, scope, ct).expr}))")
+            return [f"{pad}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}"]
+
         if regs:
-            raw = lambda x: f"xr{x.index}[i].v[jj]"  # noqa: E731
-            lines, scope = self.element_lines(elem_outs, raw, ind + "    ")
-            self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
-                           f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
-            for t in elem_outs:
-                self.lines.append(f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};")
-            self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
-            self.lines += lines
-            for t in elem_outs:
-                m = self.outputs.index(t)
-                self.lines.append(f"{ind}    o{m}.v[jj] = {_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};")
-            self.lines.append(f"{ind}  }}")
-            for t in elem_outs:
-                m, st = self.outputs.index(t), self.stype(t)
-                ptr = f"static_cast<{st}*>(a.out[{m}])"
-                self.lines.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
-                self.lines.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
-            self.lines.append(f"{ind}}}")
+            self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "), True)  # type: ignore[list-item]
+        else:
+            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
+            lines, scope = self.element_lines([src], raw, ind + "  ")  # type: ignore[list-item]
+            self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + combine(scope, ind + "  ") + [f"{ind}}}"]
+        fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
+        self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
+
+    def output_pass(self, elem_outs: list[str], regs: bool, ind: str, cached: str | None) -> None:
+        if regs:
+            decl = [f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};" for t in elem_outs]
+
+            def body(scope: Mapping[str, ops.Arg]) -> list[str]:
+                return [f"{ind}    o{self.outputs.index(t)}.v[jj] = "
+                        f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};" for t in elem_outs]
+
+            def stores() -> list[str]:
+                out = []
+                for t in elem_outs:
+                    m, st = self.outputs.index(t), self.stype(t)
+                    ptr = f"static_cast<{st}*>(a.out[{m}])"
+                    out.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
+                    out.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
+                return out
+
+            mark = len(self.lines)
+            self.chunks(elem_outs, ind, cached, body, False, stores)  # type: ignore[arg-type]
+            # the output vectors are declared at the top of the chunk loop
+            self.lines[mark + 3:mark + 3] = decl
         else:
             raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
             lines, scope = self.element_lines(elem_outs, raw, ind + "  ")
             self.lines.append(f"{ind}for (I c = lane; c < Cr; c += T) {{")
             self.lines += lines
             for t in elem_outs:
-                st = self.stype(t)
                 value = _store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)
-                self.lines.append(f"{ind}  static_cast<{st}*>(a.out[{self.outputs.index(t)}])[base + c] = {value};")
+                self.lines.append(f"{ind}  static_cast<{self.stype(t)}*>(a.out[{self.outputs.index(t)}])[base + c] = {value};")
             self.lines.append(f"{ind}}}")
 
     def path(self, regs: bool, ind: str) -> None:
@@ -342,12 +361,12 @@ class _RowPrinter:
         done = set(self.row_vars)
         reducers = [s for s in self.steps if s.reduces]
         elem_outs = [t for t in self.outputs if self.level[t] == "elem"]
-        early = self.cone_inputs([s.inputs[0] for s in reducers if isinstance(s.inputs[0], str)])  # type: ignore[misc]
-        late = [x for x in self.cone_inputs(elem_outs) if x not in early]
-        if regs and early:
-            self.reg_loads(early, ind)
+        first = reducers[0].inputs[0] if reducers else None
+        cached = first if regs and isinstance(first, str) and self.level.get(first) == "elem" else None
+        if cached:
+            self.cache_pass(cached, ind)
         for j, s in enumerate(reducers):
-            self.reduce_pass(j, s, regs, ind)
+            self.reduce_pass(j, s, regs, ind, cached)
             red = ops.REDUCERS[s.op]
             ct = self.ctype(s.out)
             name = f"r{len(self.row_vars)}"
@@ -357,9 +376,7 @@ class _RowPrinter:
             done.add(s.out)
             self.row_steps(ind, done)
         if elem_outs:
-            if regs and late:
-                self.reg_loads(late, ind)
-            self.output_pass(elem_outs, regs, ind)
+            self.output_pass(elem_outs, regs, ind, cached)
         self.row_outputs(ind)
         self.row_vars = saved
 
@@ -500,7 +517,11 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {body}
   }}
 }}
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<long long>(a); }}
+// 32-bit index arithmetic whenever the tensors allow it: the per-row offset divisions cost
+// several times more in 64 bits.
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{
+  if (a.n <= 0x7fffffffLL) {name}_body<int>(a); else {name}_body<long long>(a);
+}}
 """
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
                         "rows", out_kinds, span, geo.threads, geo.block)

@@ -203,15 +203,24 @@ def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Map
     shape = tensors[n.input[0]].shape or ()
     if not shape:
         return f"{n.op_type} of a scalar"
-    if n.op_type in ops.REDUCERS and attrs.get("noop_with_empty_axes", 0) and len(n.input) < 2 \
-            and "axes" not in attrs:
-        return f"{n.op_type} with noop_with_empty_axes=1 and no axes is an identity"
     axes = row_axes(n, attrs, constants, opset, len(shape))
     if axes is None:
         return f"{n.op_type}'s axes are not constant"
+    if n.op_type.startswith("Reduce") and attrs.get("noop_with_empty_axes", 0) and "axes" not in attrs and \
+            (len(n.input) < 2 or not n.input[1] or numpy_helper.to_array(constants[n.input[1]]).size == 0):
+        return f"{n.op_type} with noop_with_empty_axes=1 and no axes is an identity"
     if not axes or axes != list(range(len(shape) - len(axes), len(shape))):
         return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only a trailing run of axes "
                 f"is stitched (column reductions are not implemented)")
+    lead = tuple(shape[:len(shape) - len(axes)])
+    keep = attrs.get("keepdims", 1) if n.op_type.startswith("Reduce") else 1
+    expected = lead + (1,) * len(axes) if keep else lead
+    if n.op_type in ops.ROW_COMPOSITES and not n.op_type.startswith("Reduce"):
+        expected = tuple(shape)
+    got = tensors[n.output[0]].shape if n.output[0] in tensors else None
+    if got is not None and tuple(got) != expected and not (0 in shape and tuple(got) == tuple(shape)):
+        return (f"the inferred shape {list(got)} of '{n.output[0]}' is not the reduction's {list(expected)} "
+                f"(shape inference disagrees; left to ONNX Runtime)")
     if n.op_type == "LayerNormalization" and any(t for t in n.output[1:]):
         return "LayerNormalization's Mean/InvStdDev outputs are not stitched"
     return None

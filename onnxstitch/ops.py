@@ -230,12 +230,21 @@ def _bc(printer: Printer, dtypes: frozenset[int] = NUMERIC) -> OpSpec:
 
 _SIGNED = NUMERIC - {TP.UINT8, TP.UINT16, TP.UINT32, TP.UINT64}
 
+
+def _pow(a: list[Arg], at: Mapping[str, object], t: str) -> str:
+    # A baked exponent of 2 (exporters' square in LayerNorm/RMSNorm) is one multiply, exactly
+    # pow's correctly rounded square; anything else is pow's dozens of instructions.
+    if a[1].expr == literal(2.0, a[1].ctype) and a[1].ctype in ("float", "double"):
+        x = _c(a[0], t)
+        return f"({x} * {x})"
+    return f"pow({_c(a[0], t)}, {_c(a[1], t)})"
+
 TABLE: dict[str, OpSpec] = {
     "Add": _bc(_bin("+")),
     "Sub": _bc(_bin("-")),
     "Mul": _bc(_bin("*")),
     "Div": _bc(_div),
-    "Pow": _bc(lambda a, at, t: f"pow({_c(a[0], t)}, {_c(a[1], t)})", FLOATS),
+    "Pow": _bc(_pow, FLOATS),
     "Min": _bc(_minmax("min")),
     "Max": _bc(_minmax("max")),
     "Mod": _bc(_mod),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: BERT-base (batch 8, sequence 128; float32 and float16) stock ORT vs
 # onnxstitch (elementwise only, and with --reductions) vs ORT's transformers optimizer, plain
-# and with CUDA graphs; per-kernel GPU time under nsys where the machine has it. Everything
+# and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 #   bash scripts/bench_bert.sh [float32,float16]
 set -uo pipefail
@@ -32,14 +32,14 @@ row = "  ".join(f"{k}: {v['median_ms']:.3f} ms ({v['launches_per_run']:.0f} laun
 print(f"{sys.argv[2]:32} {row}  speedup {r['speedup']:.3f}")
 PY
     done
-    if command -v nsys >/dev/null; then
+    if [ $variant = reductions ] && command -v ncu >/dev/null; then  # GPU time per kernel (ncu replays each once)
       for which in stock stitched; do
         path="$m"; [ $which = stitched ] && path="/tmp/bert-$dt-$variant.onnx"
-        [ $which = stock ] && [ $variant = reductions ] && continue
-        nsys profile -t cuda -o "/tmp/prof-$dt-$variant-$which" --force-overwrite true \
-          python3 scripts/run_model.py "$path" "${shape[@]}" --iters 20 >/dev/null 2>&1
-        nsys stats -q -r cuda_gpu_kern_sum -f csv "/tmp/prof-$dt-$variant-$which.nsys-rep" \
-          > "$OUT/kernels-$dt-$variant-$which.csv" 2>>"$log"
+        ncu --csv --clock-control none --metrics gpu__time_duration.sum \
+          python3 scripts/run_model.py "$path" "${shape[@]}" --iters 2 > "/tmp/ncu-$dt-$variant-$which.csv" 2>>"$log"
+        python3 scripts/kernel_profile.py "/tmp/ncu-$dt-$variant-$which.csv" --runs 2 --skip 1 \
+          --json "$OUT/kernels-$dt-$variant-$which.json" > "$OUT/kernels-$dt-$variant-$which.txt" 2>&1
+        head -8 "$OUT/kernels-$dt-$variant-$which.txt" | sed "s/^/$dt $variant $which: /" | tee -a "$log"
       done
     fi
   done

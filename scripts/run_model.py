@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run a model N times on ONNX Runtime's CUDA EP (stitched models with the custom-op library)
-with seeded random inputs: a workload for an external profiler (nsys) to watch.
+with seeded random inputs: a workload for an external profiler (ncu) to watch.
 
-    nsys profile -t cuda -o prof python3 scripts/run_model.py model.onnx --shape batch=8 --iters 20
+    ncu --csv --metrics gpu__time_duration.sum python3 scripts/run_model.py model.onnx --iters 3
 """
 from __future__ import annotations
 
