@@ -151,6 +151,71 @@ def half_only(graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...
     return bool(floats) and floats <= {TP.FLOAT16, TP.BFLOAT16}
 
 
+def _block_pattern(shape: tuple, full: tuple) -> tuple[int, int] | None:
+    """(p, q) when a broadcast input varies exactly over iteration axes p..q-1 (equal dims
+    there, 1 elsewhere): then its offset is (i / inner) % span, one division or two instead
+    of one per axis. Bias vectors ([C] over [..., C]) and per-channel tensors ([C, 1, 1])."""
+    aligned = (1,) * (len(full) - len(shape)) + tuple(shape)
+    varying = [d for d, v in enumerate(aligned) if v != 1]
+    if not varying or varying != list(range(varying[0], varying[-1] + 1)):
+        return None
+    if any(aligned[d] != full[d] for d in varying):
+        return None
+    return varying[0], varying[-1] + 1
+
+
+def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int],
+                     shape: tuple) -> tuple[str, str, str]:
+    """Index code for BROADCAST inputs: (per thread, per vector, per element).
+
+    A vector's V elements stay inside one run of the innermost axis when that axis is a
+    multiple of V (`runs`, uniform per launch): the vector's first element is decomposed once
+    and the rest step by the innermost stride. Inputs with a block pattern whose strides are
+    the contiguous ones (checked once per thread) skip the decomposition. Otherwise every
+    element is decomposed over all axes."""
+    if not bcast:
+        return "", "", ""
+    rank = len(shape)
+    pats = {k: _block_pattern(tuple(graph.tensors[inputs[k]].shape or ()), tuple(shape)) for k in bcast}
+    setup = [f"  const bool runs = (I)a.dims[{rank - 1}] % V == 0;"]
+    for k, pq in pats.items():
+        if pq is None:
+            continue
+        p, q = pq
+        # contiguous strides over p..q-1, zero (or a dim of 1) elsewhere
+        setup.append(f"  I inner{k} = 1, span{k} = 1; bool pat{k} = true;")
+        setup.append("#pragma unroll")
+        setup.append(f"  for (int d = {rank - 1}; d >= 0; --d) {{ const I n = (I)a.dims[d], st = (I)a.strides[{k}][d]; "
+                     f"if (d >= {q}) {{ inner{k} *= n; pat{k} = pat{k} && (st == 0 || n == 1); }} "
+                     f"else if (d >= {p}) {{ pat{k} = pat{k} && (st == span{k} || n == 1); span{k} *= n; }} "
+                     f"else pat{k} = pat{k} && (st == 0 || n == 1); }}")
+    general = [k for k in bcast if pats[k] is None]
+    need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None])
+    zero = ", ".join(f"ob{k} = 0" for k in bcast)
+    acc = " ".join(f"ob{k} += c * (I)a.strides[{k}][d];" for k in bcast)
+    vec = [f"    I {zero};",
+           f"    if (runs && ({need})) {{",
+           f"      I r = w * V;",
+           "#pragma unroll",
+           f"      for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc} }}",
+           "    }"]
+    for k, pq in pats.items():
+        if pq is not None:
+            vec.append(f"    if (runs && pat{k}) ob{k} = (w * V / inner{k}) % span{k};")
+    elem = [f"      I {', '.join(f'o{k}' for k in bcast)};", "      if (runs) {"]
+    for k, pq in pats.items():
+        step = f"(I)a.strides[{k}][{rank - 1}]"
+        if pq is not None:
+            step = f"(pat{k} ? (I){int(pq[1] == rank)} : {step})"
+        elem.append(f"        o{k} = ob{k} + (I)e * {step};")
+    zero_e = ", ".join(f"o{k} = 0" for k in bcast)
+    acc_e = " ".join(f"o{k} += c * (I)a.strides[{k}][d];" for k in bcast)
+    elem += ["      } else {", f"        I r = i; {zero_e.replace(', ', '; ')};", "#pragma unroll",
+             f"        for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc_e} }}",
+             "      }"]
+    return "\n".join(setup) + "\n", "\n".join(vec) + "\n", "\n".join(elem) + "\n"
+
+
 def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
              options: KernelOptions = KernelOptions()) -> KernelSource:
     """CUDA source for a legal group (see candidates.legality) with topologically sorted nodes."""
@@ -184,13 +249,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     decls = "\n".join(f"    {vtype(t)} out{k};" for k, t in enumerate(outputs))
     stores = "\n".join(f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};" for k, t in enumerate(outputs))
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
-    index = ""
-    if bcast:
-        zero = ", ".join(f"o{k} = 0" for k in bcast)
-        acc = " ".join(f"o{k} += c * (I)a.strides[{k}][d];" for k in bcast)
-        index = (f"      I r = i, {zero};\n"
-                 f"#pragma unroll\n"
-                 f"      for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc} }}\n")
+    setup, per_vector, index = _broadcast_index(graph, inputs, bcast, shape)
     src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes
 {ops.PRELUDE}
 {ARGS_STRUCT}
@@ -199,11 +258,11 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {fast}  const I work = (I)(a.n / V);
   const I step = (I)gridDim.x * (I)blockDim.x;
   const I w0 = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
-{first}
+{setup}{first}
   for (I w = w0; w < work; w += step) {{
 {loads}
 {decls}
-#pragma unroll
+{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
       (void)i;

@@ -63,17 +63,20 @@ class RowGeometry:
         return self.threads * self.chunks * self.vec
 
 
-def choose_geometry(cols: int, vec: int, span: int) -> RowGeometry:
+def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None) -> RowGeometry:
     """Threads per row for rows of about `cols` elements: up to a warp while a lane holds at
     most MAX_CHUNKS chunks (shuffles only, no barrier), else a block of up to 1024 threads with
-    about 4 chunks each; rows beyond 1024 × MAX_CHUNKS chunks take the loop path only."""
+    about 4 chunks each; rows beyond 1024 × MAX_CHUNKS chunks take the loop path only.
+    `threads` forces the threads per row (a power of two; benchmarks sweep it)."""
     units = max(1, math.ceil(cols / vec))
-    if units <= 32 * MAX_CHUNKS:
-        t = min(32, 1 << (units - 1).bit_length())
-        return RowGeometry(span, t, 128, math.ceil(units / t), vec)
-    t = min(1024, 1 << (math.ceil(units / 4) - 1).bit_length())
-    chunks = math.ceil(units / t)
-    return RowGeometry(span, t, t, chunks if chunks <= MAX_CHUNKS else 0, vec)
+    if threads is None:
+        if units <= 32 * MAX_CHUNKS:
+            threads = min(32, 1 << (units - 1).bit_length())
+        else:
+            threads = min(1024, 1 << (math.ceil(units / 4) - 1).bit_length())
+    chunks = math.ceil(units / threads)
+    # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
+    return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)
 
 
 def _expand(graph: FusionGraph, i: int) -> list[Step]:
@@ -471,8 +474,10 @@ def has_rows(graph: FusionGraph, nodes: tuple[int, ...]) -> bool:
     return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in nodes)
 
 
-def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_half: bool = True) -> KernelSource:
-    """CUDA source of a legal group with reductions over trailing axes (see candidates)."""
+def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_half: bool = True,
+                  threads: int | None = None) -> KernelSource:
+    """CUDA source of a legal group with reductions over trailing axes (see candidates);
+    `threads` overrides the threads per row (choose_geometry)."""
     inputs, outputs = graph.boundary(frozenset(nodes))
     shape = graph.iteration_shape(frozenset(nodes))
     assert shape, f"group {name}: a rows kernel needs an iteration shape of rank >= 1"
@@ -486,7 +491,7 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     # 16-byte chunks of the widest per-element tensor.
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
-    geo = choose_geometry(cols, max(1, 16 // widest), span)
+    geo = choose_geometry(cols, max(1, 16 // widest), span, threads)
     p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo)
     body = p.body()
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""

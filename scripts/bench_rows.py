@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
-from onnxstitch import bench  # noqa: E402
+from onnxstitch import bench, codegen_rows  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from scripts.bench_elementwise import _Args, copy_bandwidth, node_image  # noqa: E402
 
@@ -52,14 +52,14 @@ def layernorm(dtype: int, decomposed: bool) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
-def softmax(dtype: int) -> onnx.ModelProto:
+def softmax(dtype: int, s: int = S) -> onnx.ModelProto:
     """Attention scores: scale, add the [B, 1, 1, S] mask, Softmax over the last axis."""
     npd = helper.tensor_dtype_to_np_dtype(dtype)
     nodes = [helper.make_node("Mul", ["s", "k"], ["a"]), helper.make_node("Add", ["a", "m"], ["b"]),
              helper.make_node("Softmax", ["b"], ["p"], axis=-1)]
-    ins = [helper.make_tensor_value_info("s", dtype, ["batch", HEADS, S, S]),
-           helper.make_tensor_value_info("m", dtype, ["batch", 1, 1, S])]
-    g = helper.make_graph(nodes, "sm", ins, [helper.make_tensor_value_info("p", dtype, ["batch", HEADS, S, S])],
+    ins = [helper.make_tensor_value_info("s", dtype, ["batch", HEADS, s, s]),
+           helper.make_tensor_value_info("m", dtype, ["batch", 1, 1, s])]
+    g = helper.make_graph(nodes, "sm", ins, [helper.make_tensor_value_info("p", dtype, ["batch", HEADS, s, s])],
                           [numpy_helper.from_array(np.array(0.125, npd), "k")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
@@ -112,12 +112,22 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     return cp.cuda.get_elapsed_time(start, stop) / reps
 
 
-def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
+def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
+                 threads: int | None = None) -> tuple[onnx.ModelProto, dict]:
+    """The stitched model and its one rows kernel's time alone (threads per row forced when
+    given, as choose_geometry takes it)."""
     import cupy as cp
 
-    res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True)
+    if threads is None:
+        res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
+    else:  # a sweep: the planner's kernel regenerated with other threads per row
+        original = codegen_rows.choose_geometry
+        codegen_rows.choose_geometry = lambda cols, vec, span, _t=None: original(cols, vec, span, threads)
+        try:
+            res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
+        finally:
+            codegen_rows.choose_geometry = original
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
-    row = {"case": label, "kernels_stitched": len(fused), "nodes_before": len(model.graph.node)}
     feeds = random_feeds(model, 0, dims)
     inputs = [cp.asarray(feeds[t]) if t in feeds else cp.asarray(numpy_helper.to_array(
         next(i for i in model.graph.initializer if i.name == t))) for t in fused[0].input]
@@ -125,11 +135,19 @@ def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, ite
     outs = [cp.empty(full, dtype=inputs[0].dtype) for _ in fused[0].output]
     ms = rows_kernel_ms(fused[0], inputs, outs)
     moved = sum(a.nbytes for a in inputs) + sum(o.nbytes for o in outs)
-    row.update(kernel_ms=ms, kernel_gbs=moved / (ms * 1e-3) / 1e9, fraction_of_copy=moved / (ms * 1e-3) / 1e9 / copy_gbs)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in fused[0].attribute}
+    return res.model, {"kernels_stitched": len(fused), "row_geometry": list(attrs.get("row_geometry", [])),
+                       "kernel_ms": ms, "kernel_gbs": moved / (ms * 1e-3) / 1e9,
+                       "fraction_of_copy": moved / (ms * 1e-3) / 1e9 / copy_gbs}
+
+
+def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
+    stitched, alone = kernel_alone(model, dims, copy_gbs)
+    row = {"case": label, "nodes_before": len(model.graph.node), **alone}
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "m.onnx", Path(tmp) / "m.stitched.onnx"
         onnx.save(model, src)
-        onnx.save(res.model, dst)
+        onnx.save(stitched, dst)
         b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=iters, cuda_graph=True), dim_values=dims)
     row.update(stock_ms=b.stock.median_ms, stitched_ms=b.stitched.median_ms, speedup=b.speedup,
                max_abs_err=b.max_abs_err, launches_stock=b.stock.launches_per_run)
@@ -140,6 +158,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench_rows.json"))
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--sweep", action="store_true", help="also time every threads-per-row choice on BERT shapes")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth(B * HEADS * S * S * 4)
     rows = []
@@ -148,7 +167,27 @@ def main() -> int:
         rows.append(measure(f"LayerNorm op {name}", layernorm(dt, False), {"rows": B * S}, copy_gbs, args.iters))
         rows.append(measure(f"LayerNorm decomposed {name}", layernorm(dt, True), {"rows": B * S}, copy_gbs, args.iters))
         rows.append(measure(f"Softmax {name}", softmax(dt), {"batch": B}, copy_gbs, args.iters))
-    args.out.write_text(json.dumps({"gpu": bench.gpu_name(), "copy_gbs": copy_gbs, "cases": rows}, indent=2))
+        # BERT-base at sequence 128: far fewer rows, the sizes the model runs
+        rows.append(measure(f"LayerNorm op {name} S=128", layernorm(dt, False), {"rows": B * 128}, copy_gbs, args.iters))
+        rows.append(measure(f"Softmax {name} S=128", softmax(dt, 128), {"batch": B}, copy_gbs, args.iters))
+    sweep = []
+    if args.sweep:
+        for dt in (TP.FLOAT, TP.FLOAT16):
+            name = TP.DataType.Name(dt).lower()
+            for label, model, dims in ((f"LayerNorm {name} [{B * 128}, 768]", layernorm(dt, False), {"rows": B * 128}),
+                                       (f"LayerNorm {name} [{B * S}, 768]", layernorm(dt, False), {"rows": B * S}),
+                                       (f"Softmax {name} S=128", softmax(dt, 128), {"batch": B}),
+                                       (f"Softmax {name} S=512", softmax(dt), {"batch": B})):
+                for t in (4, 8, 16, 32, 64, 128, 256):
+                    try:
+                        _, alone = kernel_alone(model, dims, copy_gbs, threads=t)
+                    except Exception as e:  # a geometry the kernel cannot take is reported, not fatal
+                        sweep.append({"case": label, "threads": t, "error": str(e)[:200]})
+                        continue
+                    sweep.append({"case": label, "threads": t, **alone})
+                    print(f"sweep {label:32} T={t:4d} {alone['kernel_ms'] * 1e3:8.2f} µs {alone['fraction_of_copy']:7.1%}")
+    args.out.write_text(json.dumps({"gpu": bench.gpu_name(), "copy_gbs": copy_gbs, "cases": rows, "sweep": sweep},
+                                   indent=2))
     print(f"GPU {bench.gpu_name()}: device-to-device copy {copy_gbs:.0f} GB/s (CUDA graphs for end to end)")
     print(f"{'case':28} {'kernel ms':>9} {'GB/s':>6} {'of copy':>8} {'stock ms':>9} {'stitched ms':>11} {'speedup':>8} {'nodes':>5}")
     for r in rows:

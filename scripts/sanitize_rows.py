@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""A workload for compute-sanitizer (racecheck, memcheck): one stitched model per rows scheme —
+a few lanes per row, a warp per row, a block per row (shared-memory reduction), and the loop
+path (rows longer than planned) — each run once on small inputs through ONNX Runtime.
+
+    compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto as TP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnxstitch  # noqa: E402
+from onnxstitch.inputs import random_feeds  # noqa: E402
+from tests.row_models import dynamic_row_model, row_models, trailing_models  # noqa: E402
+
+
+def cases():
+    for cols in (7, 768, 5000):  # few lanes, a warp, a block per row
+        for name, model, _ in row_models(3, cols, dtype=TP.FLOAT):
+            if name in ("Softmax", "LayerNormalization-bias", "ReduceMax"):
+                yield f"{name}-c{cols}", model, {"batch": [5]}, {"batch": 5}
+    for name, model, _ in trailing_models(300, dtype=TP.FLOAT16):
+        if name.startswith("ReduceSum-2axes"):
+            yield name, model, {"batch": [5]}, {"batch": 5}
+    model, _ = dynamic_row_model(TP.FLOAT)
+    yield "dynamic-loop-path", model, {"batch": [5]}, {"batch": 3, "cols": 40000}
+
+
+def main() -> int:
+    for name, model, plan, run in cases():
+        res = onnxstitch.optimize(model, shapes=plan, verify=False, reductions=True)
+        sess = onnxstitch.session(res.model)
+        feeds = random_feeds(model, 0, run)
+        outs = sess.run(None, feeds)
+        print(f"{name}: ran, outputs finite: {all(np.isfinite(o.astype(np.float64)).all() for o in outs)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
