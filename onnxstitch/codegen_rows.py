@@ -203,16 +203,17 @@ class _RowPrinter:
         assert spec.printer is not None, s.op
         return spec.printer([self.arg(x, scope, ct) for x in s.inputs], s.attrs, ct)
 
-    def offset(self, x: _Input, c: str) -> str:
-        """Element offset of input `x` at row position `c`."""
+    def offset(self, x: _Input, c: str, p: str = "") -> str:
+        """Element offset of input `x` at row position `c` (of the row whose variables carry
+        prefix `p`: "" the current row, "n_" the next one)."""
         if x.access == "full":
-            return f"base + {c}"
+            return f"{p}base + {c}"
         if x.access == "contig":
-            return f"ro{x.index} + {c}"
+            return f"{p}ro{x.index} + {c}"
         if x.access == "mixed":
-            return f"ro{x.index} + stitch_trail<{self.rank}, {self.geo.span}, I>(a, {x.index}, {c})"
+            return f"{p}ro{x.index} + stitch_trail<{self.rank}, {self.geo.span}, I>(a, {x.index}, {c})"
         # Per-row: a FULL input is per-row only when rows have one element, at `base`.
-        return "base" if self._kinds[x.index] == FULL else f"ro{x.index}"
+        return f"{p}base" if self._kinds[x.index] == FULL else f"{p}ro{x.index}"
 
     def ptr(self, x: _Input) -> str:
         return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
@@ -267,16 +268,17 @@ class _RowPrinter:
     # (i·T + l)·V … +V-1, read with one 16-byte access per input when `vec` holds. The first
     # reduction's input is computed once into registers `hr` (one read of the row); later
     # passes start from it, and inputs only they need are read chunk by chunk.
-    def chunk_loads(self, xs: list[_Input], ind: str) -> None:
-        """Chunk i of each input in `xs`, into xr<k>[i]."""
+    def chunk_loads(self, xs: list[_Input], ind: str, p: str = "", declare: bool = True) -> None:
+        """Chunk i of each input in `xs`, into xr<k>[i] (row variables with prefix `p`)."""
         for x in xs:
             st = ops.CTYPES[x.dtype][0]
-            self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[NCH];")
-            scalar = (f"{ind}  for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < Cr ? "
-                      f"{self.ptr(x)}[{self.offset(x, 'c0 + j')}] : ({st})0;")
+            if declare:
+                self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[NCH];")
+            scalar = (f"{ind}  for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < {p}Cr ? "
+                      f"{self.ptr(x)}[{self.offset(x, 'c0 + j', p)}] : ({st})0;")
             if x.vectorizable:
-                self.lines.append(f"{ind}if (vec) {{ if (c0 < Cr) xr{x.index}[i] = "
-                                  f"*reinterpret_cast<const StitchVec<V, {st}>*>({self.ptr(x)} + {self.offset(x, 'c0')}); }}")
+                self.lines.append(f"{ind}if (vec) {{ if (c0 < {p}Cr) xr{x.index}[i] = "
+                                  f"*reinterpret_cast<const StitchVec<V, {st}>*>({self.ptr(x)} + {self.offset(x, 'c0', p)}); }}")
                 self.lines.append(f"{ind}else {{")
             else:
                 self.lines.append(f"{ind}{{")
@@ -285,14 +287,16 @@ class _RowPrinter:
             self.lines.append(f"{ind}}}")
 
     def chunks(self, targets: list[str], ind: str, cached: str | None,
-               body: Callable[[dict[str, ops.Arg]], list[str]], guard: bool, after: Callable[[], list[str]] | None = None) -> None:
-        """for each chunk i: its loads; for each element jj: the cone of `targets`, then `body`
-        (inside `c < Cr` when `guard`); then `after` once per chunk."""
+               body: Callable[[dict[str, ops.Arg]], list[str]], guard: bool, after: Callable[[], list[str]] | None = None,
+               held: frozenset[str] = frozenset()) -> None:
+        """for each chunk i: its loads (but not of `held` inputs, already in registers); for
+        each element jj: the cone of `targets`, then `body` (inside `c < Cr` when `guard`);
+        then `after` once per chunk."""
         raw = lambda x: f"xr{x.index}[i].v[jj]"  # noqa: E731
         lines, scope = self.element_lines(targets, raw, ind + ("      " if guard else "    "), cached)
         self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
                        f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
-        self.chunk_loads(self.cone_inputs(targets, cached), ind + "  ")
+        self.chunk_loads([x for x in self.cone_inputs(targets, cached) if x.name not in held], ind + "  ")
         self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
         if guard:
             self.lines += [f"{ind}    if (c0 + jj < Cr) {{"] + lines + body(scope) + [f"{ind}    }}"]
@@ -302,10 +306,19 @@ class _RowPrinter:
         self.lines += after() if after else []
         self.lines.append(f"{ind}}}")
 
-    def cache_pass(self, src: str, ind: str) -> None:
+    def cache_pass(self, src: str, ind: str, held: list[_Input]) -> None:
+        """hr = the first reduction's input, from the row's registers; then the next row's
+        loads are issued, to arrive while this row reduces (one row ahead per thread)."""
         ct = self.ctype(src)
         self.lines.append(f"{ind}StitchVec<V, {ct}> hr[NCH];")
-        self.chunks([src], ind, None, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False)
+        names = frozenset(x.name for x in held)
+        self.chunks([src], ind, None, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False,
+                    held=names)
+        self.row_setup("n_", "row0 + (I)gridDim.x * per_block", ind)
+        self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
+                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+        self.chunk_loads(held, ind + "  ", "n_", declare=False)
+        self.lines.append(f"{ind}}}")
 
     def reduce_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> None:
         red = ops.REDUCERS[s.op]
@@ -358,16 +371,21 @@ class _RowPrinter:
                 self.lines.append(f"{ind}  static_cast<{self.stype(t)}*>(a.out[{self.outputs.index(t)}])[base + c] = {value};")
             self.lines.append(f"{ind}}}")
 
+    def cached(self) -> str | None:
+        """The tensor the register path holds for the whole row: the first reduction's input."""
+        reducers = [s for s in self.steps if s.reduces]
+        first = reducers[0].inputs[0] if reducers else None
+        return first if isinstance(first, str) and self.level.get(first) == "elem" else None
+
     def path(self, regs: bool, ind: str) -> None:
         """Every reduction, then the per-element outputs; from registers or re-reading the row."""
         saved = dict(self.row_vars)
         done = set(self.row_vars)
         reducers = [s for s in self.steps if s.reduces]
         elem_outs = [t for t in self.outputs if self.level[t] == "elem"]
-        first = reducers[0].inputs[0] if reducers else None
-        cached = first if regs and isinstance(first, str) and self.level.get(first) == "elem" else None
+        cached = self.cached() if regs else None
         if cached:
-            self.cache_pass(cached, ind)
+            self.cache_pass(cached, ind, self.cone_inputs([cached]))
         for j, s in enumerate(reducers):
             self.reduce_pass(j, s, regs, ind, cached)
             red = ops.REDUCERS[s.op]
@@ -397,33 +415,63 @@ class _RowPrinter:
             self.lines.append(f"{ind}  {guard}{store}")
         self.lines.append(f"{ind}}}")
 
-    def body(self) -> str:
+    def row_setup(self, p: str, row0: str, ind: str) -> None:
+        """Variables of the row at group start `row0` (prefix `p`): the thread's row, whether it
+        exists, its length (0 past the end), its first element and broadcast inputs' offsets."""
         kinds = self._kinds
-        ind = "    "
         lead = self.rank - self.geo.span
+        self.lines += [f"{ind}const I {p}row = {row0} + sub;", f"{ind}const bool {p}active = {p}row < rows;",
+                       f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {p}row * C;",
+                       f"{ind}(void){p}base; (void){p}Cr;"]
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
         if bcast:
-            zero = ", ".join(f"ro{k} = 0" for k in bcast)
-            acc = " ".join(f"ro{k} += q * (I)a.strides[{k}][d];" for k in bcast)
-            self.lines.append(f"{ind}I rr = active ? row : 0, {zero};")
+            zero = ", ".join(f"{p}ro{k} = 0" for k in bcast)
+            acc = " ".join(f"{p}ro{k} += q * (I)a.strides[{k}][d];" for k in bcast)
+            self.lines.append(f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};")
             self.lines.append("#pragma unroll")
             self.lines.append(f"{ind}for (int d = {lead - 1}; d >= 0; --d) "
-                              f"{{ const I q = rr % (I)a.dims[d]; rr /= (I)a.dims[d]; {acc} }}")
+                              f"{{ const I q = {p}rr % (I)a.dims[d]; {p}rr /= (I)a.dims[d]; {acc} }}")
+
+    def row_loop(self, regs: bool, ind: str) -> None:
+        """Every group of T threads takes the same number of trips, so shuffles and barriers
+        see all their threads; a trip past the last row runs with an empty row. The register
+        path holds the next row's loads in xr (issued during this row)."""
+        held = self.cone_inputs([self.cached()]) if regs and self.cached() else []  # type: ignore[list-item]
+        start = "(I)blockIdx.x * per_block"
+        if held:
+            for x in held:
+                self.lines.append(f"{ind}StitchVec<V, {ops.CTYPES[x.dtype][0]}> xr{x.index}[NCH];")
+            self.lines.append(f"{ind}{{")
+            self.row_setup("", start, ind + "  ")
+            self.lines += ["#pragma unroll", f"{ind}  for (int i = 0; i < NCH; ++i) {{",
+                           f"{ind}    const I c0 = ((I)i * T + lane) * V;"]
+            self.chunk_loads(held, ind + "    ", declare=False)
+            self.lines += [f"{ind}  }}", f"{ind}}}"]
+        self.lines.append(f"{ind}for (I row0 = {start}; row0 < rows; row0 += (I)gridDim.x * per_block) {{")
+        inner = ind + "  "
+        self.row_setup("", "row0", inner)
+        saved = dict(self.row_vars)
         for x in self.ins:
             if x.level == "row":
                 load = _load_expr(x.dtype, f"{self.ptr(x)}[{self.offset(x, '0')}]")
-                self.lines.append(f"{ind}const {self.ctype(x.name)} x{x.index} = active ? {load} : "
+                self.lines.append(f"{inner}const {self.ctype(x.name)} x{x.index} = active ? {load} : "
                                   f"({self.ctype(x.name)})0;")
                 self.row_vars[x.name] = ops.Arg(f"x{x.index}", self.ctype(x.name), x.dtype)
-        self.row_steps(ind, set())
+        self.row_steps(inner, set())
+        self.path(regs, inner)
+        self.row_vars = saved
+        self.lines.append(f"{ind}}}")
+
+    def body(self) -> str:
+        ind = "  "
         if self.geo.chunks:
             self.lines.append(f"{ind}if (C <= (I)(NCH * T * V)) {{  // uniform: every row of the launch takes one path")
-            self.path(True, ind + "  ")
+            self.row_loop(True, ind + "  ")
             self.lines.append(f"{ind}}} else {{")
-            self.path(False, ind + "  ")
+            self.row_loop(False, ind + "  ")
             self.lines.append(f"{ind}}}")
         else:
-            self.path(False, ind)
+            self.row_loop(False, ind)
         return "\n".join(self.lines)
 
     def vec_condition(self) -> str:
@@ -512,15 +560,7 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
   for (int d = 0; d < {lead_n}; ++d) rows *= (I)a.dims[d];
   const bool vec = {p.vec_condition()};
   (void)vec;
-  // Every group of T threads takes the same number of trips, so shuffles and barriers see
-  // all their threads; a trip past the last row runs with an empty row.
-  for (I row0 = (I)blockIdx.x * per_block; row0 < rows; row0 += (I)gridDim.x * per_block) {{
-    const I row = row0 + sub;
-    const bool active = row < rows;
-    const I Cr = active ? C : 0, base = row * C;
-    (void)base;
 {body}
-  }}
 }}
 // 32-bit index arithmetic whenever the tensors allow it: the per-row offset divisions cost
 // several times more in 64 bits.

@@ -98,8 +98,11 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     span, threads, block = attrs.get("row_geometry", [1, 256, 256])
     rows = int(np.prod(full[:len(full) - span]))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    per_block = block // threads  # as the runtime launches (docs/abi.md)
-    grid = max(1, min(-(-rows // per_block), 64 * sms * 256 // block))
+    per_block = block // threads  # as the runtime launches (docs/abi.md): one wave of resident blocks
+    resident = ctypes.c_int(0)
+    if cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(resident), fn, block, ctypes.c_size_t(0)) != 0:
+        resident.value = 2048 // block
+    grid = max(1, min(-(-rows // per_block), resident.value * sms))
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
     for _ in range(5):
         assert cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None) == 0

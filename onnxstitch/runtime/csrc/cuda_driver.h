@@ -57,6 +57,7 @@ struct Driver {
   Result (*LaunchKernel)(Function, unsigned int, unsigned int, unsigned int, unsigned int,
                          unsigned int, unsigned int, unsigned int, Stream, void**,
                          void**) = nullptr;                                 // @4000
+  Result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, Function, int, size_t) = nullptr;  // @6050, optional
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -113,6 +114,8 @@ struct Driver {
         {"cuModuleUnload", 2000, reinterpret_cast<void**>(&ModuleUnload), true},
         {"cuModuleGetFunction", 2000, reinterpret_cast<void**>(&ModuleGetFunction), true},
         {"cuLaunchKernel", 4000, reinterpret_cast<void**>(&LaunchKernel), true},
+        {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
+         reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };
     for (const Want& w : wants) {
       if (!get(w.name, w.version, w.slot) && w.required) {

@@ -150,6 +150,7 @@ struct Loaded {
   cu::Module module = nullptr;
   cu::Function entry[kEntries] = {nullptr, nullptr};  // v32, s64
   int sm_count = 1;
+  int rows_blocks_per_sm = 0;  // rows kernels: resident blocks per multiprocessor (0: unknown)
 };
 
 class Kernel {
@@ -405,6 +406,13 @@ Error Kernel::LoadModule(Loaded* l) {
       return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + CuError(r));
     }
   }
+  if (rows_ && driver_.OccupancyMaxActiveBlocksPerMultiprocessor != nullptr) {
+    int n = 0;
+    if (driver_.OccupancyMaxActiveBlocksPerMultiprocessor(&n, l->entry[0], static_cast<int>(block_threads_), 0) ==
+        cu::kSuccess) {
+      l->rows_blocks_per_sm = n;
+    }
+  }
   return {};
 }
 
@@ -605,7 +613,10 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   if (rows_) {
     // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
     const long long per_block = block_threads_ / row_threads_;
-    const long long cap = std::max<long long>(1, 64LL * l->sm_count * 256 / block_threads_);
+    // One wave of resident blocks: each thread group then walks several rows, loading the
+    // next row while it reduces this one (docs/abi.md).
+    const long long resident = l->rows_blocks_per_sm > 0 ? l->rows_blocks_per_sm : 2048 / block_threads_;
+    const long long cap = std::max<long long>(1, resident * l->sm_count);
     const long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
     void* params[1] = {&args};
     r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1,
