@@ -18,6 +18,7 @@ from .shapes import dtype_size
 
 FULL, BROADCAST = 0, 1
 ENTRY_SUFFIXES = ("_v32", "_s64")
+ROWS_ENTRY_SUFFIXES = ("_rows", "_rows64")  # 32-bit and 64-bit indices
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class KernelSource:
 
     @property
     def entries(self) -> tuple[str, ...]:
-        return (self.name + "_rows",) if self.shape_rule == "rows" else tuple(self.name + s for s in ENTRY_SUFFIXES)
+        suffixes = ROWS_ENTRY_SUFFIXES if self.shape_rule == "rows" else ENTRY_SUFFIXES
+        return tuple(self.name + s for s in suffixes)
 
 
 ARGS_STRUCT = f"""

@@ -63,17 +63,20 @@ class RowGeometry:
         return self.threads * self.chunks * self.vec
 
 
+# Elements each thread of a row holds, by element width: measured on H200 over LayerNorm rows
+# of 768 and Softmax rows of 128 and 512 (scripts/bench_rows.py --sweep): 16 for 4-byte
+# elements, 8 for 2-byte ones (docs/perf-notes.md).
+ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8, 1: 16}
+
+
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None) -> RowGeometry:
-    """Threads per row for rows of about `cols` elements: up to a warp while a lane holds at
-    most MAX_CHUNKS chunks (shuffles only, no barrier), else a block of up to 1024 threads with
-    about 4 chunks each; rows beyond 1024 × MAX_CHUNKS chunks take the loop path only.
-    `threads` forces the threads per row (a power of two; benchmarks sweep it)."""
+    """Threads per row for rows of about `cols` elements: a power of two giving each thread
+    ELEMENTS_PER_THREAD elements, up to 1024; rows longer than 1024 × MAX_CHUNKS chunks take the
+    loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
     units = max(1, math.ceil(cols / vec))
     if threads is None:
-        if units <= 32 * MAX_CHUNKS:
-            threads = min(32, 1 << (units - 1).bit_length())
-        else:
-            threads = min(1024, 1 << (math.ceil(units / 4) - 1).bit_length())
+        per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
+        threads = min(1024, 1 << (max(1, math.ceil(cols / per_thread)) - 1).bit_length())
     chunks = math.ceil(units / threads)
     # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
     return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)
@@ -562,11 +565,11 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
   (void)vec;
 {body}
 }}
-// 32-bit index arithmetic whenever the tensors allow it: the per-row offset divisions cost
-// several times more in 64 bits.
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{
-  if (a.n <= 0x7fffffffLL) {name}_body<int>(a); else {name}_body<long long>(a);
-}}
+// Two entries (docs/abi.md): 32-bit index arithmetic whenever the tensors allow it (the
+// per-row divisions cost several times more in 64 bits, and a shared entry would carry the
+// 64-bit body's registers), 64-bit otherwise.
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<int>(a); }}
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long>(a); }}
 """
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
                         "rows", out_kinds, span, geo.threads, geo.block)

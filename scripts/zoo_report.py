@@ -41,13 +41,13 @@ def _entry(label: str, res: bench.BenchResult | None, err: str = "") -> dict:
             "speedup": res.speedup, "max_abs_err": res.max_abs_err, "result": res.to_json()}
 
 
-def measure(item: dict, iters: int, tmp: Path) -> dict:
+def measure(item: dict, iters: int, tmp: Path, reductions: bool = False) -> dict:
     """Optimize one zoo model and time it every way; errors are recorded, not raised."""
     row: dict = {"model": item["name"], "dtype": item["dtype"], "shapes": item["shapes"]}
     shapes = {k: [v] for k, v in item["shapes"].items()}
     try:
         t0 = time.perf_counter()
-        res = onnxstitch.optimize(item["path"], shapes=shapes)
+        res = onnxstitch.optimize(item["path"], shapes=shapes, reductions=reductions)
         row["optimize_s"] = time.perf_counter() - t0
         row["plan"] = {"kernels_before": res.report.plan.kernels_before, "kernels_after": res.report.plan.kernels_after,
                        "groups": len(res.report.plan.groups)}
@@ -147,6 +147,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--deadline", type=float, default=0, help="stop starting new models after this many seconds")
     ap.add_argument("--append", action="store_true", help="add to an existing zoo.json instead of starting over")
+    ap.add_argument("--reductions", action="store_true", help="stitch row reductions too (optimize --reductions)")
     args = ap.parse_args()
     started = time.monotonic()
     bench.require_gpu("the zoo report")
@@ -175,7 +176,7 @@ def main() -> int:
                 break
             print(f"… {item['name']} {item['dtype']}", flush=True)
             try:
-                rows.append(measure(item, args.iters, Path(tmp)))
+                rows.append(measure(item, args.iters, Path(tmp), args.reductions))
             except Exception:
                 traceback.print_exc()
                 rows.append({"model": item["name"], "dtype": item["dtype"], "error": "crashed (see log)"})

@@ -51,6 +51,7 @@ constexpr int kBlock = 256;
 constexpr long long kWideThreshold = 1LL << 30;  // the 32-bit vector entry stops short of this
 constexpr int kEntries = 2;
 constexpr const char* kEntrySuffix[kEntries] = {"_v32", "_s64"};
+constexpr const char* kRowsEntrySuffix[kEntries] = {"_rows", "_rows64"};  // 32-bit, 64-bit indices
 
 // Our OrtCustomOp plus the OrtApi it was registered with (InferOutputShapeFn gets no api).
 struct OpDef {
@@ -397,8 +398,8 @@ Error Kernel::LoadModule(Loaded* l) {
   }
   if (l->module == nullptr) return Fail(ORT_FAIL, "cannot load a kernel image for " + device_arch + ": " + why);
 
-  for (int v = 0; v < (rows_ ? 1 : kEntries); ++v) {
-    const std::string entry = kernel_name_ + (rows_ ? "_rows" : kEntrySuffix[v]);
+  for (int v = 0; v < kEntries; ++v) {
+    const std::string entry = kernel_name_ + (rows_ ? kRowsEntrySuffix[v] : kEntrySuffix[v]);
     r = driver_.ModuleGetFunction(&l->entry[v], l->module, entry.c_str());
     if (r != cu::kSuccess) {
       driver_.ModuleUnload(l->module);
@@ -619,7 +620,8 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     const long long cap = std::max<long long>(1, resident * l->sm_count);
     const long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
     void* params[1] = {&args};
-    r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1,
+    const int variant = n < kWideThreshold ? 0 : 1;
+    r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1,
                              static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
     if (r != cu::kSuccess) {
       return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + "_rows, grid " + std::to_string(blocks) +
