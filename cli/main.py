@@ -73,8 +73,8 @@ def _summary(report, out: Path) -> Table:
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
 @click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
-@click.option("--reductions", is_flag=True,
-              help="Also stitch last-axis reductions, Softmax and LayerNormalization (experimental).")
+@click.option("--reductions/--no-reductions", default=True, show_default=True,
+              help="Stitch reductions, Softmax, LayerNormalization and global pools with their neighbours.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, reductions: bool, verbose: bool,

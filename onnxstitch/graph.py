@@ -266,13 +266,12 @@ def opset_refusal(model: onnx.ModelProto) -> str | None:
     return None
 
 
-# Row reductions stay with ONNX Runtime unless asked for: their kernels are correct but not yet
-# faster than ORT's own LayerNorm/Softmax kernels (docs/perf-notes.md).
-REDUCTIONS_OFF = "row reductions are off by default (--reductions stitches them; not yet faster than ORT's kernels)"
+# Row reductions can be left to ONNX Runtime (optimize --no-reductions).
+REDUCTIONS_OFF = "row reductions are turned off (--no-reductions)"
 
 
 def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
-          dim_values: Mapping[str, int] | None = None, reductions: bool = False) -> FusionGraph:
+          dim_values: Mapping[str, int] | None = None, reductions: bool = True) -> FusionGraph:
     """The FusionGraph of an (inferred) model's main graph. Every node is refused fusion when
     the model's opset is outside the supported range; REDUCE-kind nodes unless `reductions`."""
     g = model.graph

@@ -65,14 +65,15 @@ class OptimizeResult:
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0, reductions: bool = False) -> OptimizeResult:
+             seed: int = 0, reductions: bool = True) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
     against the original on seeded random inputs (on the GPU when there is one) and a
     mismatch raises VerifyError naming the group. Raises BadInputError for unusable input
-    and CompileError when NVRTC rejects a kernel. `reductions` also stitches last-axis
-    reductions, Softmax and LayerNormalization with their neighbours (off by default)."""
+    and CompileError when NVRTC rejects a kernel. `reductions` (on by default) also
+    stitches reductions over trailing axes, Softmax, LogSoftmax, LayerNormalization and global
+    pools with their neighbours."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: BERT-base (batch 8, sequence 128; float32 and float16) stock ORT vs
-# onnxstitch (elementwise only, and with --reductions) vs ORT's transformers optimizer, plain
+# onnxstitch (elementwise only, --no-reductions, and by default with reductions) vs ORT's
+# transformers optimizer, plain
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 #   bash scripts/bench_bert.sh [float32,float16]
@@ -19,7 +20,7 @@ missing=""; for dt in ${dtypes//,/ }; do [ -f "$zoo/bert-base-$dt.onnx" ] || mis
 for dt in ${dtypes//,/ }; do
   m="$zoo/bert-base-$dt.onnx"
   for variant in elementwise reductions; do
-    flag=(); [ "$variant" = reductions ] && flag=(--reductions)
+    flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions)
     python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
       --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
     for g in "" --cuda-graph; do

@@ -10,7 +10,7 @@ from onnxstitch import compile as nvrtc, graph as graph_mod, load, rewrite, shap
 from onnxstitch.pipeline import generate_kernel
 
 
-def prepared(model: onnx.ModelProto, reductions: bool = False) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
+def prepared(model: onnx.ModelProto, reductions: bool = True) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
     """The normalized model and its FusionGraph, as the pipeline builds them."""
     m = load.constants_to_initializers(load.load(model))
     _, infos = shapes.infer(m)

@@ -72,8 +72,8 @@ def test_column_reductions_and_inner_use_of_keepdims_0_are_refused_with_reasons(
     assert "keepdims=0" in refusals, refusals
 
 
-def test_reductions_are_off_by_default_and_say_why() -> None:
+def test_no_reductions_leaves_them_to_ort_and_says_why() -> None:
     (name, model, _), *_ = row_models(3, 7)
-    res = onnxstitch.optimize(model)
+    res = onnxstitch.optimize(model, reductions=False)
     assert not any(n.op_type == "FusedKernel" and "r" in n.output for n in res.model.graph.node)
-    assert "off by default" in " ".join(n.reason or "" for n in prepared(model)[1].nodes)
+    assert "--no-reductions" in " ".join(n.reason or "" for n in prepared(model, reductions=False)[1].nodes)
