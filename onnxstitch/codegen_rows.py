@@ -7,10 +7,11 @@ The row is the product of the trailing axes the group's reductions reduce. Every
 group is either per-element (varies along the row) or per-row (constant along it). A row
 belongs to `T` threads: a few lanes or a warp for short rows (reductions by shuffles only), a
 whole block for long ones (shuffles, then shared memory). When the row fits, each thread
-loads its share once into registers with 16-byte accesses and every pass — one per reduction,
-then the per-element outputs — runs from registers: one read and one write of the row. Longer
-rows than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row
-steps run as soon as their inputs exist; lane 0 stores per-row outputs.
+loads its share once into registers with 16-byte accesses, computes the first reduction's
+input into registers, issues the next row's loads, and runs every pass — one per reduction,
+then the per-element outputs — from registers: one read and one write of the row. Longer rows
+than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row steps run
+as soon as their inputs exist; lane 0 stores per-row outputs.
 
 Kernel ABI: docs/abi.md, shape_rule "rows", one entry `<name>_rows`.
 """

@@ -102,13 +102,22 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         stage("check", lambda: _check(out, m))
     checked = stage("verify", lambda: verify_mod.verify(m, out, g, plan.groups, seed=seed, dim_values=dim_values)) \
         if verify else None
-    kinfo = tuple({"group": grp.name, "kernel": k.source.name, "vec_width": k.source.vec_width,
+    kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(k.source),
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in zip(plan.groups, kernels))
     report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
                     g.dim_values, times, kinfo, checked)
     return OptimizeResult(out, report)
+
+
+def _launch(src: codegen.KernelSource) -> dict:
+    """How a kernel is launched, for the report: its scheme and launch shape (docs/abi.md)."""
+    if src.shape_rule == "rows":
+        per_block = src.block_threads // src.row_threads
+        return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,
+                "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block}
+    return {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
 
 
 def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:

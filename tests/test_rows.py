@@ -77,3 +77,21 @@ def test_no_reductions_leaves_them_to_ort_and_says_why() -> None:
     res = onnxstitch.optimize(model, reductions=False)
     assert not any(n.op_type == "FusedKernel" and "r" in n.output for n in res.model.graph.node)
     assert "--no-reductions" in " ".join(n.reason or "" for n in prepared(model, reductions=False)[1].nodes)
+
+
+def test_report_names_each_groups_scheme_and_launch_shape() -> None:
+    """The plan report says, per kernel, whether it is a rows or an elementwise kernel and
+    how it is launched; the row geometry follows the row length (threads per row grow with it)."""
+    shapes_seen = {}
+    for cols in (7, 1000):
+        (name, model, _), *_ = row_models(3, cols)
+        res = onnxstitch.optimize(model, shapes={"batch": [64]}, archs=("sm_90",), verify=False)
+        (k,) = res.report.to_json()["kernels"]
+        assert k["scheme"] == "rows" and k["row_axes"] == 1
+        assert k["block"] % k["threads_per_row"] == 0 and k["rows_per_block"] * k["threads_per_row"] == k["block"]
+        shapes_seen[cols] = k["threads_per_row"]
+    assert shapes_seen[1000] > shapes_seen[7]
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[64, 32] x) => (float[64, 32] y) { a = Exp(x)  y = Neg(a) }""")
+    (k,) = onnxstitch.optimize(model, archs=("sm_90",), verify=False).report.to_json()["kernels"]
+    assert k["scheme"] == "elementwise" and "threads_per_row" not in k
