@@ -8,6 +8,9 @@ indexed through runtime strides over a compile-time rank.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import re
 from dataclasses import dataclass
 
 from onnx import TensorProto as TP
@@ -51,6 +54,23 @@ class KernelSource:
     def entries(self) -> tuple[str, ...]:
         suffixes = ROWS_ENTRY_SUFFIXES if self.shape_rule == "rows" else ENTRY_SUFFIXES
         return tuple(self.name + s for s in suffixes)
+
+
+# Kernels are generated under this name, then renamed after their code (named_by_code).
+PLACEHOLDER = "stitch_KERNEL"
+_COMMENT = re.compile(r"//[^\n]*")
+
+
+def code_of(source: str) -> str:
+    """The compiled content of a kernel source: comments (tensor names, group names) aside."""
+    return _COMMENT.sub("", source)
+
+
+def named_by_code(src: KernelSource) -> KernelSource:
+    """`src` (generated as PLACEHOLDER) renamed after a hash of its code, so groups with the same
+    code (the same layer repeated) share one name, one compilation and one cache entry."""
+    name = "stitch_" + hashlib.sha256(code_of(src.source).encode()).hexdigest()[:16]
+    return dataclasses.replace(src, name=name, source=src.source.replace(PLACEHOLDER, name))
 
 
 ARGS_STRUCT = f"""

@@ -6,6 +6,7 @@ unchanged model compiles nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .codegen import KernelSource
+from .codegen import KernelSource, code_of
 from .errors import CompileError, first_line
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -90,9 +91,12 @@ def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> C
 
 
 def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS) -> list[CompiledKernel]:
-    """Compile several kernels concurrently (NVRTC runs outside the GIL)."""
+    """Compile several kernels concurrently (NVRTC runs outside the GIL); sources whose code is
+    the same (comments aside, codegen.named_by_code) are compiled once and share the images."""
     sources = list(sources)
     if not sources:
         return []
-    with ThreadPoolExecutor(max_workers=min(len(sources), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda s: compile_kernel(s, archs), sources))
+    unique = list({code_of(s.source): s for s in reversed(sources)}.values())
+    with ThreadPoolExecutor(max_workers=min(len(unique), os.cpu_count() or 1)) as pool:
+        done = {code_of(s.source): k for s, k in zip(unique, pool.map(lambda s: compile_kernel(s, archs), unique))}
+    return [dataclasses.replace(done[code_of(s.source)], source=s) for s in sources]

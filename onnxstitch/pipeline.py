@@ -93,7 +93,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
     plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
-    sources = stage("codegen", lambda: [generate_kernel(g, f"stitch_{grp.name}", grp.nodes) for grp in plan.groups])
+    sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
+                                        for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
     # Nothing fused: the model goes out exactly as it came in.

@@ -117,3 +117,26 @@ def test_custom_domain_op_is_kept_and_fusion_happens_around_it() -> None:
     res = onnxstitch.optimize(model, verify=False)  # ORT cannot run com.example ops to compare
     ops = [(n.domain, n.op_type) for n in res.model.graph.node]
     assert ops.count(("com.onnxstitch", "FusedKernel")) == 2 and ("com.example", "Mystery") in ops
+
+
+def test_repeated_layers_share_one_kernel_compiled_once(tmp_path, monkeypatch) -> None:
+    """Groups with the same code (a layer repeated) get one kernel name, one compilation and one
+    cache entry per target, and each fused node still reads and writes its own tensors."""
+    monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path))
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[4, 4] x, float[4, 4] w) => (float[4, 4] y) {
+      a = Exp(x)
+      b = Neg(a)
+      c = MatMul(b, w)
+      d = Exp(c)
+      y = Neg(d)
+    }""")
+    res = onnxstitch.optimize(model, archs=("sm_90",), verify=False)
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    names = {onnx.helper.get_attribute_value(next(a for a in n.attribute if a.name == "kernel_name")) for n in fused}
+    assert len(fused) == 2 and len(names) == 1
+    assert len(list((tmp_path / "kernels").glob("*.cubin"))) == 1
+    rng = np.random.default_rng()
+    feeds = {"x": rng.standard_normal((4, 4)).astype(np.float32), "w": rng.standard_normal((4, 4)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    np.testing.assert_allclose(run(res.model)[0], run(model)[0], rtol=1e-5, atol=1e-6)
