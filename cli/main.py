@@ -54,7 +54,8 @@ def _summary(report, out: Path) -> Table:
     t.add_row("kernels", str(p.kernels_before), str(p.kernels_after))
     t.add_row("predicted bytes moved", f"{p.bytes_before / 1e6:,.1f} MB", f"{p.bytes_after / 1e6:,.1f} MB")
     t.add_row("predicted time", f"{p.predicted_us_before:,.1f} µs", f"{p.predicted_us_after:,.1f} µs")
-    t.add_row("fused groups", "", str(len(p.groups)))
+    left = f" ({len(report.dropped)} left to ONNX Runtime by verification)" if report.dropped else ""
+    t.add_row("fused groups", "", f"{len(p.groups) - len(report.dropped)}{left}")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
     v = report.verification
     if v is not None:
@@ -73,12 +74,14 @@ def _summary(report, out: Path) -> Table:
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
 @click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
+@click.option("--strict-verify", is_flag=True,
+              help="Write nothing if any fused group differs (default: leave such groups to ONNX Runtime).")
 @click.option("--reductions/--no-reductions", default=True, show_default=True,
               help="Stitch reductions, Softmax, LayerNormalization and global pools with their neighbours.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
-             archs: tuple[str, ...], time_limit: float, no_verify: bool, reductions: bool, verbose: bool,
-             quiet: bool) -> None:
+             archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
+             verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -94,7 +97,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
-                              verify=not no_verify, reductions=reductions)
+                              verify=not no_verify, reductions=reductions, strict=strict_verify)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,8 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
         console.print(_summary(result.report, out))
         if result.report.plan.message:
             console.print(f"[yellow]{result.report.plan.message}[/yellow]")
+        for d in result.report.dropped:
+            console.print(f"[yellow]left to ONNX Runtime: {d['reason']}[/yellow]")
 
 
 @main.command()

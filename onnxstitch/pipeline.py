@@ -33,6 +33,8 @@ class Report:
     stage_seconds: Mapping[str, float]
     kernels: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
     verification: verify_mod.Verification | None = None
+    # Groups verification refused and left to ONNX Runtime: {"group", "reason"} each.
+    dropped: tuple[Mapping[str, str], ...] = field(default_factory=tuple)
 
     @property
     def wall_seconds(self) -> float:
@@ -50,6 +52,7 @@ class Report:
             "wall_seconds": round(self.wall_seconds, 4),
             "kernels": list(self.kernels),
             "verification": self.verification.to_json() if self.verification else None,
+            "dropped_groups": list(self.dropped),
             "plan": self.plan.to_json(),
         }
 
@@ -65,13 +68,14 @@ class OptimizeResult:
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0, reductions: bool = True) -> OptimizeResult:
+             seed: int = 0, reductions: bool = True, strict: bool = False) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
-    against the original on seeded random inputs (on the GPU when there is one) and a
-    mismatch raises VerifyError naming the group. Raises BadInputError for unusable input
-    and CompileError when NVRTC rejects a kernel. `reductions` (on by default) also
+    against the original on seeded random inputs (on the GPU when there is one); a group
+    whose outputs differ is left to ONNX Runtime and the rest verified again (the report's
+    `dropped`), or with `strict` the first mismatch raises VerifyError naming the group.
+    Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel. `reductions` (on by default) also
     stitches reductions over trailing axes, Softmax, LogSoftmax, LayerNormalization and global
     pools with their neighbours."""
     say = progress or (lambda _msg: None)
@@ -81,7 +85,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         say(name)
         t0 = time.perf_counter()
         out = fn()
-        times[name] = time.perf_counter() - t0
+        times[name] = times.get(name, 0.0) + time.perf_counter() - t0  # verify may repeat stages
         return out
 
     loaded = stage("load", lambda: load.load(model))
@@ -96,19 +100,32 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
                                         for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
-    fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in zip(plan.groups, kernels)]
-    # Nothing fused: the model goes out exactly as it came in.
-    out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
-    if fused:
-        stage("check", lambda: _check(out, m))
-    checked = stage("verify", lambda: verify_mod.verify(m, out, g, plan.groups, seed=seed, dim_values=dim_values)) \
-        if verify else None
+    built = list(zip(plan.groups, kernels))
+    dropped: list[dict[str, str]] = []
+    while True:
+        fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in built]
+        # Nothing fused: the model goes out exactly as it came in.
+        out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
+        if fused:
+            stage("check", lambda: _check(out, m))
+        try:
+            checked = stage("verify", lambda: verify_mod.verify(m, out, g, [grp for grp, _ in built], seed=seed,
+                                                                 dim_values=dim_values)) if verify else None
+            break
+        except verify_mod.VerifyError as e:
+            # A group that differs is left to ONNX Runtime and the rest verified again; only the
+            # model that passes is written. Strict mode (or an error no group explains) stops.
+            if strict or e.group is None:
+                raise
+            log.info("%s; the group is left to ONNX Runtime", first_line(e))
+            dropped.append({"group": e.group, "reason": first_line(e)})
+            built = [(grp, k) for grp, k in built if grp.name != e.group]
     kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(k.source),
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
-                  for grp, k in zip(plan.groups, kernels))
+                  for grp, k in built)
     report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
-                    g.dim_values, times, kinfo, checked)
+                    g.dim_values, times, kinfo, checked, tuple(dropped))
     return OptimizeResult(out, report)
 
 

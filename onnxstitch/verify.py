@@ -32,7 +32,12 @@ VERIFY_DIM = 3
 
 
 class VerifyError(StitchError):
-    """The stitched model's outputs differ from the original's."""
+    """The stitched model's outputs differ from the original's; `group` names the fused group
+    whose outputs differ first (None when the difference cannot be pinned on one)."""
+
+    def __init__(self, message: str, group: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.
             if not ok:
                 raise VerifyError(f"verification failed on {where}: group {grp.name} "
                                   f"({', '.join(grp.labels[:4])}{', …' if len(grp.labels) > 4 else ''}) "
-                                  f"output '{t}': {why}")
+                                  f"output '{t}': {why}", grp.name)
     for o in original.graph.output:
         ok, rel, why = compare(actual[o.name], expected[o.name])
         worst = max(worst, rel)

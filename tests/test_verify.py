@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 from onnx import parser
@@ -13,6 +14,7 @@ from onnx import parser
 import onnxstitch
 from cli.main import main
 from onnxstitch import rewrite
+from onnxstitch.inputs import random_feeds
 from onnxstitch.verify import VerifyError, compare
 
 TWO_GROUPS = """<ir_version: 8, opset_import: ["" : 17]>
@@ -67,17 +69,34 @@ def test_verification_names_the_failing_group(monkeypatch: pytest.MonkeyPatch) -
     target = groups[1].name
     _broken_function(monkeypatch, target)
     with pytest.raises(VerifyError, match=rf"group {target} .*output 'z'"):
-        onnxstitch.optimize(model)
+        onnxstitch.optimize(model, strict=True)
 
 
-def test_cli_writes_nothing_when_verification_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_group_is_left_to_ort_and_the_rest_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = parser.parse_model(TWO_GROUPS)
+    target, kept = (g.name for g in onnxstitch.optimize(model, verify=False).report.plan.groups)
+    _broken_function(monkeypatch, target)
+    res = onnxstitch.optimize(model)
+    assert [d["group"] for d in res.report.dropped] == [target]
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    assert [n.overload for n in fused] == [kept]
+    feeds = random_feeds(model, int(np.random.SeedSequence().entropy % 2**31), {"B": 5})
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    for a, b in zip(run(res.model), run(model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_strict_writes_nothing_when_verification_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src, out = tmp_path / "m.onnx", tmp_path / "m.stitched.onnx"
     onnx.save(parser.parse_model(TWO_GROUPS), src)
     _broken_function(monkeypatch, "g0")
-    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out)], catch_exceptions=False)
+    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out), "--strict-verify"], catch_exceptions=False)
     assert res.exit_code == 1 and "verification failed" in res.output and "g0" in res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
     assert not out.exists()
+    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0 and out.exists() and "left to ONNX Runtime" in res.output and "g0" in res.output
+    out.unlink()
     res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out), "--no-verify", "-q"], catch_exceptions=False)
     assert res.exit_code == 0 and out.exists()
 
