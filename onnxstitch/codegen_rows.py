@@ -466,9 +466,14 @@ class _RowPrinter:
         self.row_vars = saved
         self.lines.append(f"{ind}}}")
 
-    def body(self) -> str:
+    def body(self, static_row: bool) -> str:
+        """The row loops; a row length fixed in the model that fits the registers needs no
+        loop path (smaller image, faster compile)."""
         ind = "  "
-        if self.geo.chunks:
+        if self.geo.chunks and static_row:
+            self.lines.append(f"{ind}// the row length is fixed in the model and fits the registers: no loop path")
+            self.row_loop(True, ind)
+        elif self.geo.chunks:
             self.lines.append(f"{ind}if (C <= (I)(NCH * T * V)) {{  // uniform: every row of the launch takes one path")
             self.row_loop(True, ind + "  ")
             self.lines.append(f"{ind}}} else {{")
@@ -545,7 +550,9 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
                   if graph.tensors[t].shape == shape] or [4])
     geo = choose_geometry(cols, max(1, 16 // widest), span, threads)
     p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo)
-    body = p.body()
+    trailing = tuple(shape[-span:])
+    static_row = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity
+    body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
     rank, lead_n = len(shape), len(shape) - span
     smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
