@@ -101,7 +101,8 @@ def _expand(graph: FusionGraph, i: int) -> list[Step]:
         if n.op_type == "LogSoftmax":
             return steps + [log, Step(out, d, "Sub", (f"{out}~shift", f"{out}~log"))]
         return steps + [log, Step(out, d, "Add", (f"{out}~log", f"{out}~max"))]
-    if n.op_type == "LayerNormalization":
+    if n.op_type in ("LayerNormalization", "InstanceNormalization"):
+        # InstanceNormalization's scale and bias arrive as [C, 1, …] constants (channel_params).
         x, scale = n.inputs[0], n.inputs[1]
         bias = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
         eps = float(n.attrs.get("epsilon", 1e-5))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Mapping
 import onnx
 from onnx import numpy_helper
 
-from . import ops
+from . import channel_params, ops
 from .shapes import Shape, TensorInfo, broadcast_shapes
 
 # Kernel ABI limits (docs/abi.md).
@@ -174,6 +174,8 @@ def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: M
         return [axis] if opset >= 13 else list(range(axis, rank))
     if n.op_type == "LayerNormalization":
         return list(range(int(attrs.get("axis", -1)) % rank, rank))  # type: ignore[arg-type]
+    if n.op_type == "InstanceNormalization":
+        return list(range(2, rank))
     if n.op_type in ops.GLOBAL_POOLS:
         return list(range(2, rank))
     if "axes" in attrs:
@@ -217,6 +219,8 @@ def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Map
     expected = lead + (1,) * len(axes) if keep else lead
     if n.op_type in ops.ROW_COMPOSITES and not n.op_type.startswith("Reduce"):
         expected = tuple(shape)
+    if n.op_type == "InstanceNormalization" and len(shape) < 3:
+        return "InstanceNormalization needs an input of rank >= 3"
     got = tensors[n.output[0]].shape if n.output[0] in tensors else None
     if got is not None and tuple(got) != expected and not (0 in shape and tuple(got) == tuple(shape)):
         return (f"the inferred shape {list(got)} of '{n.output[0]}' is not the reduction's {list(expected)} "
@@ -279,15 +283,24 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     input_names = frozenset(i.name for i in g.input)
     constants = {i.name: i for i in g.initializer if i.name not in input_names}
+    infos = dict(tensors)
     nodes = []
     for idx, n in enumerate(g.node):
         attrs = _attrs(n)
         implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
         kind = ops.spec(n.op_type, n.domain).kind
         off = REDUCTIONS_OFF if kind == ops.OpKind.REDUCE and not reductions else None
-        nodes.append(Node(idx, n.name, n.op_type, n.domain, tuple(n.input) + implicit, tuple(n.output), attrs,
-                          kind, refusal or off or _node_reason(n, tensors, attrs, constants, opset)))
-    return FusionGraph(tuple(nodes), dict(tensors), input_names, frozenset(o.name for o in g.output),
+        inputs, reason = tuple(n.input), refusal or off or _node_reason(n, tensors, attrs, constants, opset)
+        if n.op_type in channel_params.OPS and n.domain in ("", "ai.onnx") and reason is None:
+            folded = channel_params.fold(n, attrs, tensors, constants)
+            reason = folded.reason
+            if folded.constants:
+                inputs = folded.inputs
+                for name, c in folded.constants.items():
+                    constants[name] = c
+                    infos[name] = TensorInfo(name, c.data_type, tuple(c.dims))
+        nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
+    return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset)
 
 

@@ -267,6 +267,8 @@ TABLE: dict[str, OpSpec] = {
     "Gelu": _ew(_gelu, FLOATS),
     "Clip": _bc(_clip),
     "Where": _bc(_where, ALL),
+    # Inference BatchNormalization over inputs (x, s, b) folded by channel_params: x·s + b.
+    "BatchNormalization": _bc(lambda a, at, t: f"({_c(a[0], t)} * {_c(a[1], t)} + {_c(a[2], t)})", FLOATS),
     "Equal": _bc(_cmp("=="), ALL),
     "Less": _bc(_cmp("<")),
     "LessOrEqual": _bc(_cmp("<=")),
@@ -313,7 +315,7 @@ REDUCE_ELEMENT = {"ReduceSumSquare": "({x} * {x})", "ReduceL1": "stitch_abs({x})
 # Pools over every spatial axis, as the reduction they are (keepdims, axes 2..rank-1).
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 # Ops made of reductions and elementwise steps (codegen_rows expands them).
-ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumExp")
+ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumExp", "InstanceNormalization")
 
 for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS):
     TABLE[_op] = OpSpec(OpKind.REDUCE, FLOATS, None)

@@ -61,10 +61,14 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     src = group.kernel.source
     body: list[onnx.NodeProto] = []
     members = frozenset(group.nodes)
-    baked = {t for i in group.nodes for t in graph.nodes[i].inputs
-             if t and graph.producer.get(t) not in members and graph.is_baked(t)}
-    for t in sorted(baked):  # function bodies cannot see graph initializers
-        body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
+    # The original nodes' constants that are not the function's inputs: baked scalars, and the
+    # [C] parameters that channel_params replaced by [C, 1, …] inputs. Function bodies cannot
+    # see graph initializers.
+    inits = {i.name: i for i in model.graph.initializer}
+    local = {t for i in group.nodes for t in model.graph.node[i].input
+             if t and graph.producer.get(t) not in members and t not in src.inputs}
+    for t in sorted(local):
+        body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))
     body.extend(model.graph.node[i] for i in group.nodes)
     fn = helper.make_function(DOMAIN, OP_TYPE, list(src.inputs), list(src.outputs), body,
                               [o for o in model.opset_import if o.domain != DOMAIN],
@@ -129,6 +133,10 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
 
     used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
     live = used | {t for n in g.node for t in n.output}
+    # Constants the graph stage derived (channel_params) and fused nodes now read.
+    have = {t.name for t in g.initializer}
+    g.initializer.extend(graph.constants[t] for t in sorted(used)
+                         if t in graph.constants and t not in have and "~" in t)
     keep_init = [t for t in g.initializer if t.name in used or t.name in {x.name for x in g.input}]
     del g.initializer[:]
     g.initializer.extend(keep_init)

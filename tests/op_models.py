@@ -51,6 +51,12 @@ def op_models(shape: Sequence[int] = (7, 33)) -> Iterator[tuple[str, onnx.ModelP
         np_dt = helper.tensor_dtype_to_np_dtype(dt)
         yield f"Clip-{name}", _model("Clip", [("x", dt, shape), ("lo", dt, [])], dt, shape,
                                      inits=[numpy_helper.from_array(np.array(0.5, np_dt), "hi")])
+        rng = np.random.default_rng()
+        params = [numpy_helper.from_array(v.astype(np_dt), k) for k, v in (
+            ("scale", rng.standard_normal(shape[1])), ("bias", rng.standard_normal(shape[1])),
+            ("mean", rng.standard_normal(shape[1])), ("var", 0.5 + rng.random(shape[1])))]
+        yield f"BatchNormalization-{name}", _model("BatchNormalization", [("x", dt, shape)], dt, shape, inits=params,
+                                                   epsilon=1e-3)
         for to in (TP.FLOAT, TP.FLOAT16, TP.INT32, TP.BOOL, TP.DOUBLE):
             yield f"Cast-{name}-to-{TP.DataType.Name(to).lower()}", _model("Cast", [("x", dt, shape)], to, shape, to=to)
     for dt in (TP.INT32, TP.INT64):
@@ -67,6 +73,6 @@ def op_models(shape: Sequence[int] = (7, 33)) -> Iterator[tuple[str, onnx.ModelP
 
 def covered_ops() -> set[str]:
     """Ops that op_models exercises (a test checks this is the whole table)."""
-    return set(UNARY_FLOAT + UNARY_NUM + BINARY + VARIADIC + BOOL_OPS + ["Where", "Clip", "Cast"])
+    return set(UNARY_FLOAT + UNARY_NUM + BINARY + VARIADIC + BOOL_OPS + ["Where", "Clip", "Cast", "BatchNormalization"])
 
 

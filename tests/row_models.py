@@ -188,3 +188,39 @@ def dynamic_row_model(dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference
 
     return _model(nodes, [x], [helper.make_tensor_value_info("y", dtype, ["batch", "cols"])],
                   [numpy_helper.from_array(np.array(0.5, npd), "s")], 18), ref
+
+
+def channel_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for the per-channel normalizations over [batch, 4, 5, cols]:
+    InstanceNormalization (a row op over axes 2…) and inference BatchNormalization (elementwise),
+    each with constant parameters and a neighbour to stitch with."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng()
+    x = helper.make_tensor_value_info("x", dtype, ["batch", 4, 5, cols])
+    y = helper.make_tensor_value_info("y", dtype, ["batch", 4, 5, cols])
+    scale, bias = rng.standard_normal(4), rng.standard_normal(4)
+    inits = [numpy_helper.from_array(scale.astype(npd), "scale"), numpy_helper.from_array(bias.astype(npd), "bias"),
+             numpy_helper.from_array(np.array(0.5, npd), "s")]
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]),
+             helper.make_node("InstanceNormalization", ["t", "scale", "bias"], ["n"], epsilon=1e-5),
+             helper.make_node("Relu", ["n"], ["y"])]
+    sc, bc = scale.astype(npd).astype(np.float64).reshape(4, 1, 1), bias.astype(npd).astype(np.float64).reshape(4, 1, 1)
+
+    def inorm(f):
+        t = f["x"].astype(np.float64) * 0.5
+        mu = t.mean((2, 3), keepdims=True)
+        var = ((t - mu) ** 2).mean((2, 3), keepdims=True)
+        return [np.maximum((t - mu) / np.sqrt(var + 1e-5) * sc + bc, 0)]
+
+    yield "InstanceNormalization", _model(nodes, [x], [y], inits, 18), inorm
+    mean, var = rng.standard_normal(4), 0.5 + rng.random(4)
+    inits = [numpy_helper.from_array(v.astype(npd), k) for k, v in
+             (("scale", scale), ("bias", bias), ("mean", mean), ("var", var))]
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["n"], epsilon=1e-3),
+             helper.make_node("Relu", ["n"], ["y"])]
+    mc, vc = (v.astype(npd).astype(np.float64).reshape(4, 1, 1) for v in (mean, var))
+
+    def bnorm(f):
+        return [np.maximum((f["x"].astype(np.float64) - mc) / np.sqrt(vc + 1e-3) * sc + bc, 0)]
+
+    yield "BatchNormalization", _model(nodes, [x], [y], inits, 18), bnorm

@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 import onnxstitch
 from onnxstitch.inputs import random_feeds
 
-from ..row_models import dynamic_row_model, row_models, trailing_models
+from ..row_models import channel_models, dynamic_row_model, row_models, trailing_models
 from .test_stitched_gpu import run_gpu
 
 pytestmark = pytest.mark.gpu
@@ -56,7 +56,7 @@ def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
 
 TRAILING = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
             for dt in (TP.FLOAT, TP.FLOAT16) for cols in (1, 7, 300, 5000)
-            for name, model, ref in trailing_models(cols, dtype=dt)]
+            for name, model, ref in list(trailing_models(cols, dtype=dt)) + list(channel_models(cols, dtype=dt))]
 
 
 @pytest.mark.parametrize("name,model,ref,dtype", TRAILING)
