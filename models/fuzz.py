@@ -13,8 +13,9 @@ bool, Clip with optional scalar min/max, Mod's fmod, IsInf's flags, activation a
 leaves that are graph inputs, scalar constants (baked into kernels), tensor constants (stay
 kernel inputs), Constant nodes, and initializers that are also graph inputs (overridable);
 fan-out; several graph outputs, including consumed intermediate values and outputs declared
-with unknown dims; opaque ops in between that split groups (MatMul with a square weight,
-Softmax, ReduceSum keepdims=1, a Transpose round trip, Pow on integers).
+with unknown dims; other ops in between: MatMul with a square weight, a Transpose round trip
+and Pow on integers split groups, while Softmax and ReduceSum (keepdims=1, last axis) are row
+ops that onnxstitch stitches with their neighbours (codegen_rows).
 
 Values are kept safe by tracking a bound on every value's magnitude (inputs are standard
 normal floats and integers in [-20, 20), as `onnxstitch.inputs.random_array` draws them):
