@@ -6,8 +6,9 @@
 #   here:  echo /.carry/ >> .git/info/exclude; mkdir -p .carry
 #          cp "$(python3 -m onnxstitch.runtime.build)" .carry/libonnxstitch_ops.so
 #   there: bash scripts/gpu_check.sh [pytest -k expression]      (carry .carry)
-# The zoo report is a separate call (about 4 minutes per dtype on an H200):
+# The zoo report and BERT are separate calls (about 4 minutes per dtype each on an H200):
 #   python3 scripts/build_zoo.py --out /tmp/zoo && python3 scripts/zoo_report.py --zoo /tmp/zoo
+#   bash scripts/bench_bert.sh float32,float16       (stock vs stitched vs ORT's optimizer, ncu)
 set -uo pipefail
 OUT=${OUT:-/tmp/onnxstitch-out}
 mkdir -p "$OUT"
@@ -26,6 +27,14 @@ python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore $(python3 -c "im
 status=${PIPESTATUS[0]}
 python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | tee -a "$log"
 python3 scripts/bench_rows.py --out "$OUT/bench_rows.json" 2>&1 | tee -a "$log"
+# Race and memory checks of every rows scheme, where the machine's compute-sanitizer works.
+if command -v compute-sanitizer >/dev/null; then
+  for tool in racecheck memcheck; do
+    timeout 300 compute-sanitizer --tool $tool --target-processes all python3 scripts/sanitize_rows.py \
+      > "$OUT/sanitizer-$tool.log" 2>&1
+    echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)" | tee -a "$log"
+  done
+fi
 # The CLI end to end, as a user runs it.
 python3 -c "from models.elementwise import chain; import onnx; onnx.save(chain(20), '/tmp/chain.onnx')"
 python3 -m onnxstitch.cli optimize /tmp/chain.onnx -o /tmp/chain.stitched.onnx --shape batch=8192 2>&1 | tee -a "$log"
