@@ -13,131 +13,24 @@ then the per-element outputs — from registers: one read and one write of the r
 than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row steps run
 as soon as their inputs exist; lane 0 stores per-row outputs.
 
-Kernel ABI: docs/abi.md, shape_rule "rows", one entry `<name>_rows`.
+Steps, row levels and geometry come from rows.py. Kernel ABI: docs/abi.md, shape_rule "rows",
+entries `<name>_rows` (32-bit indices) and `<name>_rows64`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Union
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from onnx import TensorProto as TP
 
-from . import ops
+from . import ops, rows
 from .codegen import ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, half_only
 from .graph import FusionGraph, constant_value, row_span
+from .rows import Operand, RowGeometry, Step, choose_geometry
 from .shapes import TensorInfo, dtype_size
 
 FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
-Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
-MAX_CHUNKS = 8  # register chunks per thread and per-element input (16 bytes each)
-
-
-@dataclass(frozen=True)
-class Step:
-    """One micro-operation: an elementwise op of the table, or a row reduction."""
-
-    out: str
-    dtype: int
-    op: str
-    inputs: tuple[Operand, ...]
-    attrs: Mapping[str, object] = field(default_factory=dict)
-
-    @property
-    def reduces(self) -> bool:
-        return self.op in ops.REDUCERS
-
-
-@dataclass(frozen=True)
-class RowGeometry:
-    """How a row maps onto threads: `threads` per row, `block` per block (a multiple), and
-    `chunks` register chunks of `vec` elements per thread (0: the row never fits; loop only)."""
-
-    span: int
-    threads: int
-    block: int
-    chunks: int
-    vec: int
-
-    @property
-    def capacity(self) -> int:
-        return self.threads * self.chunks * self.vec
-
-
-# Elements each thread of a row holds, by element width: measured on H200 over LayerNorm rows
-# of 768 and Softmax rows of 128 and 512 (scripts/bench_rows.py --sweep): 16 for 4-byte
-# elements, 8 for 2-byte ones (docs/perf-notes.md).
-ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8, 1: 16}
-
-
-def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None) -> RowGeometry:
-    """Threads per row for rows of about `cols` elements: a power of two giving each thread
-    ELEMENTS_PER_THREAD elements, up to 1024; rows longer than 1024 × MAX_CHUNKS chunks take the
-    loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
-    units = max(1, math.ceil(cols / vec))
-    if threads is None:
-        per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
-        threads = min(1024, 1 << (max(1, math.ceil(cols / per_thread)) - 1).bit_length())
-    chunks = math.ceil(units / threads)
-    # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
-    return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)
-
-
-def _expand(graph: FusionGraph, i: int) -> list[Step]:
-    """A node as steps; Softmax, LogSoftmax, LayerNormalization and ReduceLogSumExp become
-    reductions plus elementwise steps (synthetic tensors are named after the node's output)."""
-    n = graph.nodes[i]
-    out = n.outputs[0]
-    d = graph.tensors[out].dtype
-    if n.op_type in ops.REDUCERS or n.op_type in ops.GLOBAL_POOLS:
-        return [Step(out, d, ops.GLOBAL_POOLS.get(n.op_type, n.op_type), (n.inputs[0],))]
-    if n.op_type in ("Softmax", "LogSoftmax", "ReduceLogSumExp"):
-        x = n.inputs[0]
-        steps = [Step(f"{out}~max", d, "ReduceMax", (x,)), Step(f"{out}~shift", d, "Sub", (x, f"{out}~max")),
-                 Step(f"{out}~exp", d, "Exp", (f"{out}~shift",)), Step(f"{out}~sum", d, "ReduceSum", (f"{out}~exp",))]
-        if n.op_type == "Softmax":
-            return steps + [Step(out, d, "Div", (f"{out}~exp", f"{out}~sum"))]
-        log = Step(f"{out}~log", d, "Log", (f"{out}~sum",))
-        if n.op_type == "LogSoftmax":
-            return steps + [log, Step(out, d, "Sub", (f"{out}~shift", f"{out}~log"))]
-        return steps + [log, Step(out, d, "Add", (f"{out}~log", f"{out}~max"))]
-    if n.op_type in ("LayerNormalization", "InstanceNormalization"):
-        # InstanceNormalization's scale and bias arrive as [C, 1, …] constants (channel_params).
-        x, scale = n.inputs[0], n.inputs[1]
-        bias = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
-        eps = float(n.attrs.get("epsilon", 1e-5))  # type: ignore[arg-type]
-        steps = [Step(f"{out}~mean", d, "ReduceMean", (x,)), Step(f"{out}~dev", d, "Sub", (x, f"{out}~mean")),
-                 Step(f"{out}~sq", d, "Mul", (f"{out}~dev", f"{out}~dev")),
-                 Step(f"{out}~var", d, "ReduceMean", (f"{out}~sq",)), Step(f"{out}~veps", d, "Add", (f"{out}~var", eps)),
-                 Step(f"{out}~std", d, "Sqrt", (f"{out}~veps",)),
-                 Step(f"{out}~norm", d, "Div", (f"{out}~dev", f"{out}~std")),
-                 Step(out if bias is None else f"{out}~scaled", d, "Mul", (f"{out}~norm", scale))]
-        return steps + ([Step(out, d, "Add", (f"{out}~scaled", bias))] if bias else [])
-    return [Step(t, graph.tensors[t].dtype, n.op_type, tuple(n.inputs), n.attrs) for t in n.outputs if t]
-
-
-def _levels(steps: list[Step], inputs: Mapping[str, str]) -> dict[str, str]:
-    """'elem' or 'row' for every tensor: reductions and steps over per-row values are per row."""
-    level = dict(inputs)
-    for s in steps:
-        elem = any(isinstance(x, str) and level.get(x) == "elem" for x in s.inputs)
-        level[s.out] = "row" if s.reduces or not elem else "elem"
-    return level
-
-
-def _reciprocals(steps: list[Step], level: dict[str, str]) -> list[Step]:
-    """Division of a per-element float by a per-row value becomes one reciprocal per row and a
-    multiply per element (LayerNorm's and Softmax's divisions; within 1.5 ulp of the quotient)."""
-    out: list[Step] = []
-    for s in steps:
-        if s.op == "Div" and s.dtype in ops.FLOATS and isinstance(s.inputs[1], str) and level.get(s.inputs[1]) == "row" \
-                and level.get(s.out) == "elem":
-            rcp = f"{s.out}~rcp"
-            level[rcp] = "row"
-            out += [Step(rcp, s.dtype, "Reciprocal", (s.inputs[1],)), Step(s.out, s.dtype, "Mul", (s.inputs[0], rcp))]
-        else:
-            out.append(s)
-    return out
 
 
 @dataclass(frozen=True)
@@ -175,9 +68,9 @@ class _RowPrinter:
                 level = "elem"
                 access = "full" if kinds[idx] == FULL else ("contig" if tail == trailing else "mixed")
             self.ins.append(_Input(idx, t, graph.tensors[t].dtype, level, access))
-        raw = [s for i in nodes for s in _expand(graph, i)]
-        self.level = _levels(raw, {x.name: x.level for x in self.ins})
-        self.steps = _reciprocals(raw, self.level)
+        raw = [s for i in nodes for s in rows.expand(graph, i)]
+        self.level = rows.levels(raw, {x.name: x.level for x in self.ins})
+        self.steps = rows.reciprocals(raw, self.level)
         self.by_out = {s.out: s for s in self.steps}
         self.dtype = {s.out: s.dtype for s in self.steps} | {x.name: x.dtype for x in self.ins}
         self.row_vars: dict[str, ops.Arg] = {}

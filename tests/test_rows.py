@@ -7,10 +7,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import parser
 
 import onnxstitch
-from onnxstitch import graph, shapes
+from onnxstitch import graph, rows, shapes
 from onnxstitch.inputs import random_feeds
 
 from .row_models import channel_models, row_models, trailing_models
@@ -95,3 +97,14 @@ def test_report_names_each_groups_scheme_and_launch_shape() -> None:
     g (float[64, 32] x) => (float[64, 32] y) { a = Exp(x)  y = Neg(a) }""")
     (k,) = onnxstitch.optimize(model, archs=("sm_90",), verify=False).report.to_json()["kernels"]
     assert k["scheme"] == "elementwise" and "threads_per_row" not in k
+
+
+@given(cols=st.integers(1, 200_000), vec=st.sampled_from([2, 4, 8]), forced=st.none() | st.sampled_from([1, 8, 32, 64, 256]))
+@settings(max_examples=300, deadline=None)
+def test_row_geometry_is_launchable_and_covers_the_row(cols: int, vec: int, forced: int | None) -> None:
+    geo = rows.choose_geometry(cols, vec, 1, forced)
+    assert geo.threads & (geo.threads - 1) == 0 and 1 <= geo.threads <= 1024
+    assert geo.block % geo.threads == 0 and geo.block <= 1024 and (geo.threads <= 32 or geo.block == geo.threads)
+    assert 0 <= geo.chunks <= rows.MAX_CHUNKS
+    if geo.chunks:  # the register path holds the whole planned row
+        assert geo.capacity >= cols
