@@ -22,7 +22,7 @@ def kind(name: str) -> str:
     low = name.lower()
     if name.startswith("stitch_"):
         return "onnxstitch"
-    if any(k in low for k in ("gemm", "cutlass", "sm90_xmma", "cublas", "xmma", "ampere_sgemm", "gemv")):
+    if any(k in low for k in ("gemm", "cutlass", "sm90_xmma", "cublas", "xmma", "ampere_sgemm", "gemv", "nvjet")):
         return "GEMM"
     return "other"
 
