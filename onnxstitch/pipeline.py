@@ -41,7 +41,17 @@ class Report:
         return sum(self.stage_seconds.values())
 
     def to_json(self) -> dict[str, Any]:
-        """Plain-JSON form of the report."""
+        """Plain-JSON form of the report. Each plan group carries its kernel (scheme, launch
+        shape) and the refusals met growing it (why a neighbouring node was left out)."""
+        plan = self.plan.to_json()
+        kernels = {k["group"]: k for k in self.kernels}
+        dropped = {d["group"]: d["reason"] for d in self.dropped}
+        for grp in plan["groups"]:
+            members = set(grp["nodes"])
+            grp["kernel"] = kernels.get(grp["name"])
+            grp["left_out"] = [r for r in plan["rejections"] if set(r["group"]) == members]
+            if grp["name"] in dropped:
+                grp["dropped_by_verification"] = dropped[grp["name"]]
         return {
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
@@ -53,7 +63,7 @@ class Report:
             "kernels": list(self.kernels),
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
-            "plan": self.plan.to_json(),
+            "plan": plan,
         }
 
 

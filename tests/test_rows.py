@@ -88,8 +88,11 @@ def test_report_names_each_groups_scheme_and_launch_shape() -> None:
     for cols in (7, 1000):
         (name, model, _), *_ = row_models(3, cols)
         res = onnxstitch.optimize(model, shapes={"batch": [64]}, archs=("sm_90",), verify=False)
-        (k,) = res.report.to_json()["kernels"]
+        rep = res.report.to_json()
+        (k,) = rep["kernels"]
         assert k["scheme"] == "rows" and k["row_axes"] == 1
+        (grp,) = rep["plan"]["groups"]
+        assert grp["kernel"] == k and isinstance(grp["left_out"], list)
         assert k["block"] % k["threads_per_row"] == 0 and k["rows_per_block"] * k["threads_per_row"] == k["block"]
         shapes_seen[cols] = k["threads_per_row"]
     assert shapes_seen[1000] > shapes_seen[7]
