@@ -218,6 +218,32 @@ class _RowPrinter:
         self.chunk_loads(held, ind + "  ", "n_", declare=False)
         self.lines.append(f"{ind}}}")
 
+    def arg_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> str:
+        """ArgMax/ArgMin: a (value, position) pair per thread, then across the row's threads;
+        ties go to the first position (the last with select_last_index). Returns the index."""
+        (src,) = s.inputs
+        assert isinstance(src, str)
+        vt = self.ctype(src)
+        last = "true" if s.attrs.get("select_last_index", 0) else "false"
+        better = ops.ARG_REDUCERS[s.op]
+        self.lines.append(f"{ind}{vt} accv{j} = ({vt})0; long long acci{j} = -1;")
+
+        def take(scope: Mapping[str, ops.Arg], pad: str, pos: str) -> list[str]:
+            v = f"(({vt})({self.arg(src, scope, vt).expr}))"
+            tie = f" || (v == accv{j} && {last})" if last == "true" else ""
+            return [f"{pad}{{ const {vt} v = {v}; if (acci{j} < 0 || v {better} accv{j}{tie}) {{ accv{j} = v; "
+                    f"acci{j} = (long long)({pos}); }} }}"]
+
+        if regs:
+            self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"), True)
+        else:
+            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
+            lines, scope = self.element_lines([src], raw, ind + "  ")
+            self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + take(scope, ind + "  ", "c") + [f"{ind}}}"]
+        is_max = "true" if s.op == "ArgMax" else "false"
+        self.lines.append(f"{ind}stitch_row_argreduce<T, {is_max}, {last}>(accv{j}, acci{j}, reinterpret_cast<{vt}*>(stitch_smem));")
+        return f"acci{j}"
+
     def reduce_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> None:
         red = ops.REDUCERS[s.op]
         ct = self.ctype(s.out)
@@ -285,11 +311,13 @@ class _RowPrinter:
         if cached:
             self.cache_pass(cached, ind, self.cone_inputs([cached]))
         for j, s in enumerate(reducers):
-            self.reduce_pass(j, s, regs, ind, cached)
-            red = ops.REDUCERS[s.op]
             ct = self.ctype(s.out)
             name = f"r{len(self.row_vars)}"
-            final = red.finalize.replace("T(", f"({ct})(").replace("acc", f"acc{j}")
+            if s.op in ops.ARG_REDUCERS:
+                final = self.arg_pass(j, s, regs, ind, cached)
+            else:
+                self.reduce_pass(j, s, regs, ind, cached)
+                final = ops.REDUCERS[s.op].finalize.replace("T(", f"({ct})(").replace("acc", f"acc{j}")
             self.lines.append(f"{ind}const {ct} {name} = {final};  // {s.op} -> {s.out}")
             self.row_vars[s.out] = ops.Arg(name, ct, s.dtype)
             done.add(s.out)
@@ -420,6 +448,41 @@ __device__ __forceinline__ V stitch_row_reduce(V v, F f, V ident, V* smem) {
 """
 
 
+ARG_PRELUDE = r"""
+// ArgMax/ArgMin across the row's T threads: (value, position) pairs, position -1 = none yet.
+template <bool MAX, bool LAST, typename V>
+__device__ __forceinline__ bool stitch_arg_better(V a, long long ai, V b, long long bi) {
+  if (bi < 0) return false;
+  if (ai < 0) return true;
+  if (MAX ? b > a : b < a) return true;
+  return b == a && (LAST ? bi > ai : bi < ai);
+}
+template <int T, bool MAX, bool LAST, typename V>
+__device__ __forceinline__ void stitch_row_argreduce(V& v, long long& i, V* smem) {
+  __shared__ long long stitch_smem_idx[32];
+#pragma unroll
+  for (int o = (T < 32 ? T : 32) / 2; o > 0; o >>= 1) {
+    const V ov = __shfl_xor_sync(0xffffffffu, v, o, T < 32 ? T : 32);
+    const long long oi = __shfl_xor_sync(0xffffffffu, i, o, T < 32 ? T : 32);
+    if (stitch_arg_better<MAX, LAST>(v, i, ov, oi)) { v = ov; i = oi; }
+  }
+  if (T <= 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { smem[warp] = v; stitch_smem_idx[warp] = i; }
+  __syncthreads();
+  v = lane < T / 32 ? smem[lane] : v;
+  i = lane < T / 32 ? stitch_smem_idx[lane] : -1LL;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const V ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const long long oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (stitch_arg_better<MAX, LAST>(v, i, ov, oi)) { v = ov; i = oi; }
+  }
+  __syncthreads();  // the next reduction may overwrite smem
+}
+"""
+
+
 def has_rows(graph: FusionGraph, nodes: tuple[int, ...]) -> bool:
     """True when the group needs the rows scheme (it contains a REDUCE-kind node)."""
     return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in nodes)
@@ -454,6 +517,7 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
 {ops.PRELUDE}
 {ARGS_STRUCT}
 {ROWS_PRELUDE}
+{ARG_PRELUDE if any(s.op in ops.ARG_REDUCERS for s in p.steps) else ""}
 template <typename I>
 __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {fast}  constexpr int T = {geo.threads}, NCH = {max(geo.chunks, 1)}, V = {geo.vec};

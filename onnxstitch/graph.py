@@ -178,6 +178,8 @@ def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: M
         return list(range(2, rank))
     if n.op_type in ops.GLOBAL_POOLS:
         return list(range(2, rank))
+    if n.op_type in ops.ARG_REDUCERS:
+        return [int(attrs.get("axis", 0)) % rank]  # type: ignore[arg-type]
     if "axes" in attrs:
         axes = [int(a) for a in attrs["axes"]]  # type: ignore[union-attr]
     elif len(inputs) > 1 and inputs[1]:
@@ -215,7 +217,7 @@ def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Map
         return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only a trailing run of axes "
                 f"is stitched (column reductions are not implemented)")
     lead = tuple(shape[:len(shape) - len(axes)])
-    keep = attrs.get("keepdims", 1) if n.op_type.startswith("Reduce") else 1
+    keep = attrs.get("keepdims", 1) if n.op_type.startswith(("Reduce", "Arg")) else 1
     expected = lead + (1,) * len(axes) if keep else lead
     if n.op_type in ops.ROW_COMPOSITES and not n.op_type.startswith("Reduce"):
         expected = tuple(shape)

@@ -312,17 +312,19 @@ REDUCERS: dict[str, Reducer] = {
 }
 # Element-side transform before accumulating, for the reducers that need one.
 REDUCE_ELEMENT = {"ReduceSumSquare": "({x} * {x})", "ReduceL1": "stitch_abs({x})", "ReduceL2": "({x} * {x})"}
+# Index reductions: the row's first (or, with select_last_index, last) extreme, as int64.
+ARG_REDUCERS = {"ArgMax": ">", "ArgMin": "<"}
 # Pools over every spatial axis, as the reduction they are (keepdims, axes 2..rank-1).
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
 # Ops made of reductions and elementwise steps (codegen_rows expands them).
 ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumExp", "InstanceNormalization")
 
-for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS):
+for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS) + list(ARG_REDUCERS):
     TABLE[_op] = OpSpec(OpKind.REDUCE, FLOATS, None)
 
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
 _DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0),
-                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"]}}
+                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS)}}
 
 OPAQUE = OpSpec(OpKind.OPAQUE, frozenset(), None)
 

@@ -28,7 +28,7 @@ class Step:
 
     @property
     def reduces(self) -> bool:
-        return self.op in ops.REDUCERS
+        return self.op in ops.REDUCERS or self.op in ops.ARG_REDUCERS
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ def expand(graph: FusionGraph, i: int) -> list[Step]:
     n = graph.nodes[i]
     out = n.outputs[0]
     d = graph.tensors[out].dtype
+    if n.op_type in ops.ARG_REDUCERS:
+        return [Step(out, d, n.op_type, (n.inputs[0],), n.attrs)]
     if n.op_type in ops.REDUCERS or n.op_type in ops.GLOBAL_POOLS:
         return [Step(out, d, ops.GLOBAL_POOLS.get(n.op_type, n.op_type), (n.inputs[0],))]
     if n.op_type in ("Softmax", "LogSoftmax", "ReduceLogSumExp"):

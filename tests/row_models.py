@@ -224,3 +224,26 @@ def channel_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx
         return [np.maximum((f["x"].astype(np.float64) - mc) / np.sqrt(vc + 1e-3) * sc + bc, 0)]
 
     yield "BatchNormalization", _model(nodes, [x], [y], inits, 18), bnorm
+
+
+def arg_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for ArgMax/ArgMin over the last axis after Floor(2x), which makes
+    ties common: keepdims both ways, first and last index on ties."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    x = helper.make_tensor_value_info("x", dtype, ["batch", 3, cols])
+    for op in ("ArgMax", "ArgMin"):
+        for keep in (1, 0):
+            for last in (0, 1):
+                nodes = [helper.make_node("Mul", ["x", "two"], ["t0"]), helper.make_node("Floor", ["t0"], ["t"]),
+                         helper.make_node(op, ["t"], ["i"], axis=-1, keepdims=keep, select_last_index=last)]
+                shape = ["batch", 3] + ([1] if keep else [])
+                model = _model(nodes, [x], [helper.make_tensor_value_info("i", TP.INT64, shape)],
+                               [numpy_helper.from_array(np.array(2.0, npd), "two")], 18)
+
+                def ref(f, op=op, keep=keep, last=last):
+                    t = np.floor(f["x"].astype(np.float64) * 2)
+                    fn = np.argmax if op == "ArgMax" else np.argmin
+                    idx = (t.shape[-1] - 1 - fn(t[..., ::-1], axis=-1)) if last else fn(t, axis=-1)
+                    return [idx[..., None] if keep else idx]
+
+                yield f"{op}-keep{keep}-last{last}", model, ref

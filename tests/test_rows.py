@@ -15,7 +15,7 @@ import onnxstitch
 from onnxstitch import graph, rows, shapes
 from onnxstitch.inputs import random_feeds
 
-from .row_models import channel_models, row_models, trailing_models
+from .row_models import arg_models, channel_models, row_models, trailing_models
 from .stitching import assert_close, prepared
 
 CASES = [pytest.param(m, id=f"{name}-c{cols}-opset{opset}")
@@ -44,7 +44,8 @@ def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> No
 
 
 @pytest.mark.parametrize("model", [pytest.param(m, id=f"{name}-c{cols}") for cols in (1, 7, 300)
-                                   for name, m, _ in list(trailing_models(cols)) + list(channel_models(cols))])
+                                   for name, m, _ in list(trailing_models(cols)) + list(channel_models(cols))
+                                   + list(arg_models(cols))])
 def test_trailing_rows_plan_into_one_kernel_and_keep_outputs(model: onnx.ModelProto) -> None:
     res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), reductions=True)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], [n.op_type for n in res.model.graph.node]

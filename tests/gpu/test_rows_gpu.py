@@ -11,7 +11,7 @@ from onnx import TensorProto as TP
 import onnxstitch
 from onnxstitch.inputs import random_feeds
 
-from ..row_models import channel_models, dynamic_row_model, row_models, trailing_models
+from ..row_models import arg_models, channel_models, dynamic_row_model, row_models, trailing_models
 from .test_stitched_gpu import run_gpu
 
 pytestmark = pytest.mark.gpu
@@ -43,11 +43,14 @@ def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], name
     feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values=run)
     expected = ref(feeds)
-    like = [e.astype(np.float16 if dtype == TP.FLOAT16 else np.float32) for e in expected]
+    like = [e if e.dtype.kind == "i" else e.astype(np.float16 if dtype == TP.FLOAT16 else np.float32) for e in expected]
     got = run_gpu(res.model, feeds, like)
     tol = 1e-2 if dtype == TP.FLOAT16 else 1e-5
     for g, e in zip(got, expected):
         assert g.shape == e.shape, (name, g.shape, e.shape)
+        if e.dtype.kind == "i":  # indices (ArgMax/ArgMin) match exactly
+            np.testing.assert_array_equal(g, e, err_msg=name)
+            continue
         g64 = g.astype(np.float64)
         assert np.isfinite(g64).all(), name
         err = np.linalg.norm(g64 - e) / max(np.linalg.norm(e), 1e-30)
@@ -56,7 +59,8 @@ def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
 
 TRAILING = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
             for dt in (TP.FLOAT, TP.FLOAT16) for cols in (1, 7, 300, 5000)
-            for name, model, ref in list(trailing_models(cols, dtype=dt)) + list(channel_models(cols, dtype=dt))]
+            for name, model, ref in list(trailing_models(cols, dtype=dt)) + list(channel_models(cols, dtype=dt))
+            + list(arg_models(cols, dtype=dt))]
 
 
 @pytest.mark.parametrize("name,model,ref,dtype", TRAILING)
