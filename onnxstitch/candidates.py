@@ -114,8 +114,6 @@ def _shape(graph: FusionGraph, tensor: str) -> Shape | None:
     return info.shape if info is not None else None
 
 
-
-
 @dataclass(frozen=True)
 class _State:
     """A node set with its boundary, reach and iteration shape, kept consistent as it grows."""

@@ -44,8 +44,6 @@ def fold(n: onnx.NodeProto, attrs: Mapping[str, object], tensors: Mapping[str, T
         return Folded(reason=f"{n.op_type}'s parameters are not constant ('{missing[0]}')")
     if n.op_type == "BatchNormalization" and (attrs.get("training_mode", 0) or len([o for o in n.output if o]) > 1):
         return Folded(reason="BatchNormalization in training mode is not stitched")
-    if n.op_type == "InstanceNormalization" and len(x.shape) < 3:
-        return Folded(reason="InstanceNormalization needs an input of rank >= 3")
     values = [numpy_helper.to_array(constants[t]).astype(np.float64) for t in params]
     view = (-1,) + (1,) * (len(x.shape) - 2)
     eps = float(attrs.get("epsilon", 1e-5))  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from onnx import TensorProto as TP
 
@@ -107,6 +108,13 @@ def _store_expr(dtype: int, value: str) -> str:
     return f"(({ops.CTYPES[dtype][0]})({value}))"
 
 
+def baked_arg(graph: FusionGraph, tensor: str) -> ops.Arg:
+    """A baked scalar constant as a literal operand in its compute type."""
+    d = graph.tensors[tensor].dtype
+    ct = ops.CTYPES[d][1]
+    return ops.Arg(ops.literal(constant_value(graph, tensor).item(), ct), ct, d)
+
+
 def _ident(i: int, prefix: str = "v") -> str:
     return f"{prefix}{i}"
 
@@ -129,8 +137,7 @@ class _Printer:
         if t in self.var:
             return self.var[t]
         # Only baked scalars reach here: everything else is an input or an earlier value.
-        d = self.dtype(t)
-        return ops.Arg(ops.literal(constant_value(self.g, t).item(), ops.CTYPES[d][1]), ops.CTYPES[d][1], d)
+        return baked_arg(self.g, t)
 
     def body(self) -> str:
         ind = " " * 6
@@ -186,6 +193,15 @@ def _block_pattern(shape: tuple, full: tuple) -> tuple[int, int] | None:
     return varying[0], varying[-1] + 1
 
 
+def decompose(index: str, hi: int, lo: int, offsets: Mapping[int, str], ind: str) -> str:
+    """An unrolled loop that walks the mutable index variable `index` over iteration dims `hi`
+    down to `lo` (innermost first), adding each coordinate times input k's stride to the
+    offset variable `offsets[k]`."""
+    acc = " ".join(f"{o} += q * (I)a.strides[{k}][d];" for k, o in offsets.items())
+    return (f"#pragma unroll\n{ind}for (int d = {hi}; d >= {lo}; --d) "
+            f"{{ const I q = {index} % (I)a.dims[d]; {index} /= (I)a.dims[d]; {acc} }}")
+
+
 def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int],
                      shape: tuple) -> tuple[str, str, str]:
     """Index code for BROADCAST inputs: (per thread, per vector, per element).
@@ -214,12 +230,10 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[in
     general = [k for k in bcast if pats[k] is None]
     need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None])
     zero = ", ".join(f"ob{k} = 0" for k in bcast)
-    acc = " ".join(f"ob{k} += c * (I)a.strides[{k}][d];" for k in bcast)
     vec = [f"    I {zero};",
            f"    if (runs && ({need})) {{",
-           f"      I r = w * V;",
-           "#pragma unroll",
-           f"      for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc} }}",
+           "      I r = w * V;",
+           decompose("r", rank - 1, 0, {k: f"ob{k}" for k in bcast}, "      "),
            "    }"]
     for k, pq in pats.items():
         if pq is not None:
@@ -230,10 +244,8 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[in
         if pq is not None:
             step = f"(pat{k} ? (I){int(pq[1] == rank)} : {step})"
         elem.append(f"        o{k} = ob{k} + (I)e * {step};")
-    zero_e = ", ".join(f"o{k} = 0" for k in bcast)
-    acc_e = " ".join(f"o{k} += c * (I)a.strides[{k}][d];" for k in bcast)
-    elem += ["      } else {", f"        I r = i; {zero_e.replace(', ', '; ')};", "#pragma unroll",
-             f"        for (int d = {rank - 1}; d >= 0; --d) {{ const I c = r % (I)a.dims[d]; r /= (I)a.dims[d]; {acc_e} }}",
+    elem += ["      } else {", f"        I r = i; {'; '.join(f'o{k} = 0' for k in bcast)};",
+             decompose("r", rank - 1, 0, {k: f"o{k}" for k in bcast}, "        "),
              "      }"]
     return "\n".join(setup) + "\n", "\n".join(vec) + "\n", "\n".join(elem) + "\n"
 
@@ -247,7 +259,6 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
     full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
     vw = vec_width(graph, full)
-    rank = len(shape)
     p = _Printer(graph, tuple(nodes), inputs, outputs, kinds)
     compute = p.body()
 
@@ -259,7 +270,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
         # Two loads in flight per thread: the next iteration's inputs arrive while this one computes.
         first = "\n".join(f"  {vtype(t)} in{k};\n  if (w0 < work) in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w0];"
                           for k, t in full_in)
-        loads = "\n".join([f"    const I wn = w + step;"] + [
+        loads = "\n".join(["    const I wn = w + step;"] + [
             f"    {vtype(t)} nx{k};\n    if (wn < work) nx{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[wn];"
             for k, t in full_in]) if full_in else ""
         rotate = "\n".join(f"    in{k} = nx{k};" for k, _ in full_in)

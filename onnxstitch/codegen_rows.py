@@ -25,8 +25,9 @@ from typing import Callable, Mapping
 from onnx import TensorProto as TP
 
 from . import ops, rows
-from .codegen import ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, half_only
-from .graph import FusionGraph, constant_value, row_span
+from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, baked_arg, decompose,
+                      half_only)
+from .graph import FusionGraph, row_span
 from .rows import Operand, RowGeometry, Step, choose_geometry
 from .shapes import TensorInfo, dtype_size
 
@@ -92,8 +93,7 @@ class _RowPrinter:
             return scope[x]
         if x in self.row_vars:
             return self.row_vars[x]
-        d = self.g.tensors[x].dtype  # a baked scalar constant
-        return ops.Arg(ops.literal(constant_value(self.g, x).item(), ops.CTYPES[d][1]), ops.CTYPES[d][1], d)
+        return baked_arg(self.g, x)
 
     def expr(self, s: Step, scope: Mapping[str, ops.Arg]) -> str:
         ct = self.ctype(s.out)
@@ -204,6 +204,20 @@ class _RowPrinter:
         self.lines += after() if after else []
         self.lines.append(f"{ind}}}")
 
+    def loop(self, targets: list[str], ind: str, body: Callable[[dict[str, ops.Arg]], list[str]]) -> None:
+        """The loop path's pass: each of the thread's row positions c, re-read from memory; the
+        cone of `targets`, then `body`."""
+        raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
+        lines, scope = self.element_lines(targets, raw, ind + "  ")
+        self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + body(scope) + [f"{ind}}}"]
+
+    def held_loads(self, held: list[_Input], ind: str, p: str) -> None:
+        """Every chunk of the `held` inputs, into their row-long registers (row prefix `p`)."""
+        self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
+                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+        self.chunk_loads(held, ind + "  ", p, declare=False)
+        self.lines.append(f"{ind}}}")
+
     def cache_pass(self, src: str, ind: str, held: list[_Input]) -> None:
         """hr = the first reduction's input, from the row's registers; then the next row's
         loads are issued, to arrive while this row reduces (one row ahead per thread)."""
@@ -213,10 +227,7 @@ class _RowPrinter:
         self.chunks([src], ind, None, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False,
                     held=names)
         self.row_setup("n_", "row0 + (I)gridDim.x * per_block", ind)
-        self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
-                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
-        self.chunk_loads(held, ind + "  ", "n_", declare=False)
-        self.lines.append(f"{ind}}}")
+        self.held_loads(held, ind, "n_")
 
     def arg_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> str:
         """ArgMax/ArgMin: a (value, position) pair per thread, then across the row's threads;
@@ -230,16 +241,14 @@ class _RowPrinter:
 
         def take(scope: Mapping[str, ops.Arg], pad: str, pos: str) -> list[str]:
             v = f"(({vt})({self.arg(src, scope, vt).expr}))"
-            tie = f" || (v == accv{j} && {last})" if last == "true" else ""
+            tie = f" || v == accv{j}" if last == "true" else ""  # the last of equal values wins
             return [f"{pad}{{ const {vt} v = {v}; if (acci{j} < 0 || v {better} accv{j}{tie}) {{ accv{j} = v; "
                     f"acci{j} = (long long)({pos}); }} }}"]
 
         if regs:
             self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"), True)
         else:
-            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
-            lines, scope = self.element_lines([src], raw, ind + "  ")
-            self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + take(scope, ind + "  ", "c") + [f"{ind}}}"]
+            self.loop([src], ind, lambda scope: take(scope, ind + "  ", "c"))
         is_max = "true" if s.op == "ArgMax" else "false"
         self.lines.append(f"{ind}stitch_row_argreduce<T, {is_max}, {last}>(accv{j}, acci{j}, reinterpret_cast<{vt}*>(stitch_smem));")
         return f"acci{j}"
@@ -258,9 +267,7 @@ class _RowPrinter:
         if regs:
             self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "), True)  # type: ignore[list-item]
         else:
-            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
-            lines, scope = self.element_lines([src], raw, ind + "  ")  # type: ignore[list-item]
-            self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + combine(scope, ind + "  ") + [f"{ind}}}"]
+            self.loop([src], ind, lambda scope: combine(scope, ind + "  "))  # type: ignore[list-item]
         fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
         self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
 
@@ -286,14 +293,9 @@ class _RowPrinter:
             # the output vectors are declared at the top of the chunk loop
             self.lines[mark + 3:mark + 3] = decl
         else:
-            raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
-            lines, scope = self.element_lines(elem_outs, raw, ind + "  ")
-            self.lines.append(f"{ind}for (I c = lane; c < Cr; c += T) {{")
-            self.lines += lines
-            for t in elem_outs:
-                value = _store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)
-                self.lines.append(f"{ind}  static_cast<{self.stype(t)}*>(a.out[{self.outputs.index(t)}])[base + c] = {value};")
-            self.lines.append(f"{ind}}}")
+            self.loop(elem_outs, ind, lambda scope: [
+                f"{ind}  static_cast<{self.stype(t)}*>(a.out[{self.outputs.index(t)}])[base + c] = "
+                f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};" for t in elem_outs])
 
     def cached(self) -> str | None:
         """The tensor the register path holds for the whole row: the first reduction's input."""
@@ -352,11 +354,8 @@ class _RowPrinter:
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
         if bcast:
             zero = ", ".join(f"{p}ro{k} = 0" for k in bcast)
-            acc = " ".join(f"{p}ro{k} += q * (I)a.strides[{k}][d];" for k in bcast)
             self.lines.append(f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};")
-            self.lines.append("#pragma unroll")
-            self.lines.append(f"{ind}for (int d = {lead - 1}; d >= 0; --d) "
-                              f"{{ const I q = {p}rr % (I)a.dims[d]; {p}rr /= (I)a.dims[d]; {acc} }}")
+            self.lines.append(decompose(f"{p}rr", lead - 1, 0, {k: f"{p}ro{k}" for k in bcast}, ind))
 
     def row_loop(self, regs: bool, ind: str) -> None:
         """Every group of T threads takes the same number of trips, so shuffles and barriers
@@ -369,10 +368,8 @@ class _RowPrinter:
                 self.lines.append(f"{ind}StitchVec<V, {ops.CTYPES[x.dtype][0]}> xr{x.index}[NCH];")
             self.lines.append(f"{ind}{{")
             self.row_setup("", start, ind + "  ")
-            self.lines += ["#pragma unroll", f"{ind}  for (int i = 0; i < NCH; ++i) {{",
-                           f"{ind}    const I c0 = ((I)i * T + lane) * V;"]
-            self.chunk_loads(held, ind + "    ", declare=False)
-            self.lines += [f"{ind}  }}", f"{ind}}}"]
+            self.held_loads(held, ind + "  ", "")
+            self.lines.append(f"{ind}}}")
         self.lines.append(f"{ind}for (I row0 = {start}; row0 < rows; row0 += (I)gridDim.x * per_block) {{")
         inner = ind + "  "
         self.row_setup("", "row0", inner)

@@ -174,10 +174,8 @@ def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: M
         return [axis] if opset >= 13 else list(range(axis, rank))
     if n.op_type == "LayerNormalization":
         return list(range(int(attrs.get("axis", -1)) % rank, rank))  # type: ignore[arg-type]
-    if n.op_type == "InstanceNormalization":
-        return list(range(2, rank))
-    if n.op_type in ops.GLOBAL_POOLS:
-        return list(range(2, rank))
+    if n.op_type == "InstanceNormalization" or n.op_type in ops.GLOBAL_POOLS:
+        return list(range(2, rank))  # every spatial axis
     if n.op_type in ops.ARG_REDUCERS:
         return [int(attrs.get("axis", 0)) % rank]  # type: ignore[arg-type]
     if "axes" in attrs:

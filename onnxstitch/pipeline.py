@@ -15,7 +15,7 @@ from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError, first_line
-from .plan import Group, Plan, make_plan
+from .plan import Plan, make_plan
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -85,9 +85,10 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     against the original on seeded random inputs (on the GPU when there is one); a group
     whose outputs differ is left to ONNX Runtime and the rest verified again (the report's
     `dropped`), or with `strict` the first mismatch raises VerifyError naming the group.
-    Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel. `reductions` (on by default) also
-    stitches reductions over trailing axes, Softmax, LogSoftmax, LayerNormalization and global
-    pools with their neighbours."""
+    Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel.
+    `reductions` (on by default) also stitches reductions over trailing axes, Softmax,
+    LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
+    their neighbours."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 

@@ -135,8 +135,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     live = used | {t for n in g.node for t in n.output}
     # Constants the graph stage derived (channel_params) and fused nodes now read.
     have = {t.name for t in g.initializer}
-    g.initializer.extend(graph.constants[t] for t in sorted(used)
-                         if t in graph.constants and t not in have and "~" in t)
+    g.initializer.extend(graph.constants[t] for t in sorted(used) if t in graph.constants and t not in have)
     keep_init = [t for t in g.initializer if t.name in used or t.name in {x.name for x in g.input}]
     del g.initializer[:]
     g.initializer.extend(keep_init)

@@ -624,8 +624,8 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1,
                              static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
     if (r != cu::kSuccess) {
-      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + "_rows, grid " + std::to_string(blocks) +
-                                ") failed: " + CuError(r));
+      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kRowsEntrySuffix[variant] + ", grid " +
+                                std::to_string(blocks) + ") failed: " + CuError(r));
     }
     return {};
   }
