@@ -32,3 +32,32 @@ def node(g: fgraph.FusionGraph, output: str) -> int:
 def nodes(g: fgraph.FusionGraph, *outputs: str) -> tuple[int, ...]:
     """Sorted ids of the nodes producing `outputs`."""
     return tuple(sorted(g.producer[t] for t in outputs))
+
+
+# Graphs several planning tests share.
+CHAIN = """
+g (float[8,16] x, float[16] b) => (float[8,16] y) {
+  t = Add(x, b)
+  u = Relu(t)
+  v = Sigmoid(u)
+  y = Mul(v, x)
+}"""
+
+# t fans out to two branches that meet again.
+DIAMOND = """
+g (float[8,16] x, float[16] b) => (float[8,16] y) {
+  t = Add(x, b)
+  r = Relu(t)
+  s = Sigmoid(t)
+  y = Mul(r, s)
+}"""
+
+# A chain with a MatMul in the middle: two fusible pairs around an opaque node.
+MATMUL_SPLIT = """
+g (float[8,16] x, float[16,16] w) => (float[8,16] y) {
+  a = Relu(x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Neg(m)
+  y = Exp(c)
+}"""

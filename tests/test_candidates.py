@@ -4,15 +4,7 @@ from __future__ import annotations
 from onnxstitch.candidates import enumerate_candidates, legality, reachability
 from onnxstitch.graph import MAX_INPUTS
 
-from tests._graphs import from_text, node, nodes
-
-CHAIN = """
-g (float[8,16] x, float[16] b) => (float[8,16] y) {
-  t = Add(x, b)
-  u = Relu(t)
-  v = Sigmoid(u)
-  y = Mul(v, x)
-}"""
+from tests._graphs import CHAIN, DIAMOND, from_text, node, nodes
 
 
 def test_chain_is_legal_and_one_maximal_candidate():
@@ -71,13 +63,7 @@ def test_smaller_internal_node_is_fine():
 
 
 def test_diamond_fuses():
-    g = from_text("""
-    g (float[8,16] x, float[16] b) => (float[8,16] y) {
-      t = Add(x, b)
-      r = Relu(t)
-      s = Sigmoid(t)
-      y = Mul(r, s)
-    }""")
+    g = from_text(DIAMOND)
     assert legality(g, frozenset(range(4))) is None
     assert (0, 1, 2, 3) in enumerate_candidates(g).groups
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper, parser
 
 import onnxstitch
+from models.fuzz import run_cpu
 from onnxstitch.inputs import random_feeds
 
 from .stitching import assert_close
@@ -25,10 +25,6 @@ g (float[B, 32] x, float[32, 32] w) => (float[B, 32] y, float[B, 32] z, float[B,
 }"""
 
 
-def _cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
 def test_fanout_and_opaque_node() -> None:
     model = parser.parse_model(FANOUT)
     res = onnxstitch.optimize(model, shapes={"B": [64]})
@@ -38,7 +34,7 @@ def test_fanout_and_opaque_node() -> None:
     assert sorted(len(g.nodes) for g in groups) == [2, 4]
     assert any("MatMul" in r.reason for r in res.report.plan.rejections)
     feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"B": 5})
-    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+    for a, b in zip(run_cpu(res.model, feeds), run_cpu(model, feeds)):
         assert_close(a, b)
 
 
@@ -62,7 +58,7 @@ def test_initializer_that_is_a_graph_input_stays_a_runtime_input() -> None:
     xv = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
     for sv in (None, np.array(-0.75, np.float32)):  # default value, then an override
         feeds = {"x": xv} if sv is None else {"x": xv, "s": sv}
-        assert_close(_cpu(stitched, feeds)[0], _cpu(model, feeds)[0])
+        assert_close(run_cpu(stitched, feeds)[0], run_cpu(model, feeds)[0])
 
 
 def test_model_path_and_proto_give_the_same_plan(tmp_path) -> None:
@@ -91,7 +87,7 @@ def test_tensor_read_only_inside_an_if_branch_survives() -> None:
     x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
-        assert_close(_cpu(res.model, feeds)[0], _cpu(model, feeds)[0])
+        assert_close(run_cpu(res.model, feeds)[0], run_cpu(model, feeds)[0])
 
 
 def test_opset_outside_supported_range_is_left_unchanged(caplog) -> None:
@@ -138,5 +134,4 @@ def test_repeated_layers_share_one_kernel_compiled_once(tmp_path, monkeypatch) -
     assert len(list((tmp_path / "kernels").glob("*.cubin"))) == 1
     rng = np.random.default_rng()
     feeds = {"x": rng.standard_normal((4, 4)).astype(np.float32), "w": rng.standard_normal((4, 4)).astype(np.float32)}
-    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
-    np.testing.assert_allclose(run(res.model)[0], run(model)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_cpu(res.model, feeds)[0], run_cpu(model, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -8,20 +8,9 @@ import pytest
 from onnxstitch.candidates import enumerate_candidates, legality
 from onnxstitch.cost import CostModel, group_bytes, node_bytes
 from onnxstitch.plan import find_cycles, make_plan, pairwise_conflicts, topological_groups
-from tests._graphs import from_text, node, nodes
+from tests._graphs import CHAIN, DIAMOND, MATMUL_SPLIT, from_text, node, nodes
 
 F = 8 * 16 * 4  # bytes of one float[8,16]
-
-
-# A chain with a MatMul in the middle: two fusible pairs around an opaque node.
-MATMUL_SPLIT = """
-    g (float[8,16] x, float[16,16] w) => (float[8,16] y) {
-      a = Relu(x)
-      b = Sigmoid(a)
-      m = MatMul(b, w)
-      c = Neg(m)
-      y = Exp(c)
-    }"""
 
 
 def chosen(plan) -> set[tuple[int, ...]]:
@@ -29,13 +18,7 @@ def chosen(plan) -> set[tuple[int, ...]]:
 
 
 def test_chain_becomes_one_group_with_its_bytes():
-    g = from_text("""
-    g (float[8,16] x, float[16] b) => (float[8,16] y) {
-      t = Add(x, b)
-      u = Relu(t)
-      v = Sigmoid(u)
-      y = Mul(v, x)
-    }""")
+    g = from_text(CHAIN)
     plan = make_plan(g)
     assert plan.status == "optimal"
     assert [gr.nodes for gr in plan.groups] == [(0, 1, 2, 3)]
@@ -61,14 +44,7 @@ def test_matmul_in_the_middle_splits_the_chain():
 
 
 def test_diamond_fuses_into_one_kernel():
-    g = from_text("""
-    g (float[8,16] x, float[16] b) => (float[8,16] y) {
-      t = Add(x, b)
-      r = Relu(t)
-      s = Sigmoid(t)
-      y = Mul(r, s)
-    }""")
-    assert chosen(make_plan(g)) == {(0, 1, 2, 3)}
+    assert chosen(make_plan(from_text(DIAMOND))) == {(0, 1, 2, 3)}
 
 
 def test_fusible_pair_around_an_opaque_node_is_not_fused():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +12,7 @@ from onnx import parser
 
 import onnxstitch
 from onnxstitch import graph, rows, shapes
+from models.fuzz import run_cpu
 from onnxstitch.inputs import random_feeds
 
 from .row_models import arg_models, channel_models, row_models, trailing_models
@@ -20,10 +20,6 @@ from .stitching import assert_close, prepared
 
 CASES = [pytest.param(m, id=f"{name}-c{cols}-opset{opset}")
          for cols in (1, 7, 1000) for opset in (17, 18) for name, m, _ in row_models(3, cols, opset=opset)]
-
-
-def _cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 @pytest.mark.parametrize("model", CASES)
@@ -39,7 +35,7 @@ def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> No
         cols = model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value
         assert kind == (1 if declared[name][-1] == 1 and cols != 1 else 0) or cols == 1
     feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 4})
-    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+    for a, b in zip(run_cpu(res.model, feeds), run_cpu(model, feeds)):
         assert_close(a, b)
 
 
@@ -50,7 +46,7 @@ def test_trailing_rows_plan_into_one_kernel_and_keep_outputs(model: onnx.ModelPr
     res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), reductions=True)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], [n.op_type for n in res.model.graph.node]
     feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values={"batch": 4})
-    for a, b in zip(_cpu(res.model, feeds), _cpu(model, feeds)):
+    for a, b in zip(run_cpu(res.model, feeds), run_cpu(model, feeds)):
         assert_close(a, b)
 
 

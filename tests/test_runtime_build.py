@@ -75,6 +75,11 @@ def fused_model(
         ],
         [helper.make_tensor_value_info(o, t, s) for o, (t, s) in zip(outs, declared)],
     )
+    return fused_model_bytes(graph, fn)
+
+
+def fused_model_bytes(graph, fn) -> bytes:
+    """A serialized model of `graph` whose FusedKernel nodes fall back to function `fn`."""
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.onnxstitch", 1)],

@@ -37,6 +37,8 @@ if "CUDAExecutionProvider" not in ort.get_available_providers():
 from onnxstitch.codegen import ARGS_STRUCT  # noqa: E402
 from onnxstitch.runtime import session  # noqa: E402
 
+from ..test_runtime_build import fused_model_bytes  # noqa: E402
+
 FULL, BROADCAST = 0, 1
 # Entry codes the test kernels write to out1, per docs/abi.md variant names.
 V32, S64 = 1, 4
@@ -239,13 +241,7 @@ def fused_model(
             helper.make_tensor_value_info("code", TensorProto.INT32, None),
         ],
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.onnxstitch", 1)],
-        functions=[fn],
-        ir_version=10,
-    )
-    return model.SerializeToString()
+    return fused_model_bytes(graph, fn)
 
 
 _counter = iter(range(1_000_000))
