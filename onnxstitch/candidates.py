@@ -31,6 +31,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from . import views
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_span
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes
@@ -126,6 +127,10 @@ class _State:
     ins: tuple[str, ...]
     outs: tuple[str, ...]
 
+    @property
+    def mask_set(self) -> frozenset[int]:
+        return frozenset(self.members)
+
     @staticmethod
     def of(graph: FusionGraph, reach: Reachability, members: Sequence[int]) -> _State:
         """The state of an arbitrary node set, boundary taken from `graph.boundary`."""
@@ -203,6 +208,31 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
     return None
 
 
+def _layout_verdict(graph: FusionGraph, st: _State, layout: list[int], reducers: list[int]) -> str | None:
+    """Rules of layout members (views.py): only as tails that end in the group's outputs, each
+    chain foldable into the kernel's stores."""
+    assert st.shape is not None
+    if reducers:
+        return (f"{graph.nodes[layout[0]].label} after a reduction: layout tails of row kernels are "
+                f"not implemented")
+    for i in layout:
+        t = graph.nodes[i].outputs[0]
+        inside = [c for c in graph.consumers.get(t, ()) if (st.mask >> c) & 1]
+        computes = [c for c in inside if graph.nodes[c].kind != OpKind.INJECTIVE]
+        if computes:
+            return (f"{graph.nodes[computes[0]].label} reads '{t}' after {graph.nodes[i].label}: a layout op "
+                    f"folds only into a group's outputs (views on inputs are not implemented)")
+        if t in st.outs or not inside:
+            view = views.view_of(graph, st.mask_set, t, st.shape)
+            reason = view if isinstance(view, str) else views.foldable(view)
+            if reason:
+                return reason
+            if not view.permutes:  # type: ignore[union-attr]
+                return (f"{graph.nodes[i].label} only reshapes '{t}': ONNX Runtime does that without a "
+                        f"kernel, so a kernel writing it gains nothing")
+    return None
+
+
 def _verdict(graph: FusionGraph, st: _State) -> str | None:
     """Rules 3–5 of the design note on a connected set of fusible nodes."""
     between = st.desc & st.anc & ~st.mask
@@ -213,6 +243,11 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         shapes = sorted({_fmt(s) for i in st.members for s in graph.node_space(i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
     reducers = [i for i in st.members if graph.nodes[i].kind == OpKind.REDUCE]
+    layout = [i for i in st.members if graph.nodes[i].kind == OpKind.INJECTIVE]
+    if layout:
+        reason = _layout_verdict(graph, st, layout, reducers)
+        if reason:
+            return reason
     row_shapes: tuple[Shape, ...] = ()
     if reducers:
         reason = _row_verdict(graph, st, reducers)
@@ -222,6 +257,8 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         row_shapes = (st.shape[:-k] + (1,) * k, st.shape[:-k])
     for t in st.outs:
         s = _shape(graph, t)
+        if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:
+            continue  # written through its view (checked above)
         if s != st.shape and s not in row_shapes:
             rows = f" or its row shapes {' / '.join(_fmt(r) for r in row_shapes)}" if row_shapes else ""
             return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
@@ -311,7 +348,8 @@ def _forced(graph: FusionGraph, st: _State, free: set[int]) -> list[int]:
     """Nodes that every legal superset of `st` must contain, when all of them are `free`
     (else none): the nodes on paths between members (a convex superset holds them all), or
     the outside consumers of an output smaller than the iteration shape (it must become
-    internal)."""
+    internal). A layout tail's layout consumers are offered too: a chain that only reshapes
+    becomes foldable once it reaches its Transpose."""
     between = list(iter_bits(st.desc & st.anc & ~st.mask))
     if between:
         return between if all(j in free for j in between) else []
@@ -319,6 +357,11 @@ def _forced(graph: FusionGraph, st: _State, free: set[int]) -> list[int]:
         return []
     need: list[int] = []
     for t in st.outs:
+        if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:
+            # A layout tail may become foldable once the chain reaches its Transpose.
+            need += [c for c in graph.consumers.get(t, ())
+                     if not (st.mask >> c) & 1 and graph.nodes[c].kind == OpKind.INJECTIVE]
+            continue
         if _shape(graph, t) != st.shape:
             if t in graph.graph_outputs:
                 return []

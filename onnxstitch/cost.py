@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from . import ops
 from .graph import FusionGraph
 
 H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
@@ -51,10 +52,16 @@ def group_bytes(graph: FusionGraph, group: frozenset[int] | set[int]) -> int:
     return _sum_bytes(graph, ins + outs)
 
 
+def _relabels(graph: FusionGraph, node: int) -> bool:
+    """A reshape-like op: ONNX Runtime runs it by relabelling the buffer, no kernel, no bytes."""
+    n = graph.nodes[node]
+    return n.op_type in ops.RESHAPES and n.domain in ("", "ai.onnx")
+
+
 def node_bytes(graph: FusionGraph, node: int) -> int:
     """Bytes one node moves when ONNX Runtime runs it alone: all its inputs and outputs."""
     n = graph.nodes[node]
-    return _sum_bytes(graph, n.inputs + n.outputs)
+    return 0 if _relabels(graph, node) else _sum_bytes(graph, n.inputs + n.outputs)
 
 
 def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[int]) -> float:
@@ -62,6 +69,11 @@ def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[in
     return cost.kernel_us(group_bytes(graph, group))
 
 
+# A reshape-like node left to ONNX Runtime launches nothing but is still dispatched on the host.
+RELABEL_US = 0.5
+
+
 def node_us(graph: FusionGraph, cost: CostModel, node: int) -> float:
-    """Predicted time of a node left as it is (one launch of its own)."""
-    return cost.kernel_us(node_bytes(graph, node))
+    """Predicted time of a node left as it is (one launch of its own; for the reshape-like
+    ops, which ONNX Runtime runs by relabelling the buffer, only a host dispatch)."""
+    return RELABEL_US if _relabels(graph, node) else cost.kernel_us(node_bytes(graph, node))

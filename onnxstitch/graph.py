@@ -119,6 +119,8 @@ class FusionGraph:
         """The shapes node `i` iterates over: its outputs', or for a reduction its data input's
         (its output is row-shaped, with or without the reduced dims)."""
         n = self.nodes[i]
+        if n.kind == ops.OpKind.INJECTIVE:
+            return []  # a layout tail: its source, a group member's output, has the group's shape
         names = n.inputs[:1] if n.kind == ops.OpKind.REDUCE else n.outputs
         return [self.tensors[t].shape if t in self.tensors else None for t in names if t]
 
@@ -141,7 +143,7 @@ def _attrs(node: onnx.NodeProto) -> dict[str, object]:
     return out
 
 
-def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
     """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read: dependencies as real
     as its inputs, though they appear in no input list."""
     found: list[str] = []
@@ -242,7 +244,8 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
                                     [dtype(t) for t in n.output])
     if reason:
         return reason
-    for t in list(n.input) + list(n.output):
+    layout = ops.spec(n.op_type, n.domain).kind == ops.OpKind.INJECTIVE
+    for t in (list(n.input[:1]) if layout else list(n.input)) + list(n.output):
         if not t:
             continue
         info = tensors.get(t)
@@ -287,7 +290,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     nodes = []
     for idx, n in enumerate(g.node):
         attrs = _attrs(n)
-        implicit = tuple(t for t in _implicit_inputs(n) if t not in n.input)
+        implicit = tuple(t for t in implicit_inputs(n) if t not in n.input)
         kind = ops.spec(n.op_type, n.domain).kind
         off = REDUCTIONS_OFF if kind == ops.OpKind.REDUCE and not reductions else None
         inputs, reason = tuple(n.input), refusal or off or _node_reason(n, tensors, attrs, constants, opset)
@@ -299,6 +302,10 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
                 for name, c in folded.constants.items():
                     constants[name] = c
                     infos[name] = TensorInfo(name, c.data_type, tuple(c.dims))
+        if kind == ops.OpKind.INJECTIVE:
+            # A layout op's shape/axes inputs are not data: the kernel takes the layout from the
+            # inferred shapes (views.py) and reads none of them.
+            inputs = inputs[:1]
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset)

@@ -5,8 +5,9 @@ OPAQUE. ELEMENTWISE/BROADCAST ops map to a C expression printer over already-loa
 values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce a
 trailing run of their input's axes (the row; keepdims either way) and are stitched with the
 elementwise work around them (codegen_rows); each names its reducer in REDUCERS or its
-expansion there. INJECTIVE and
-OPAQUE ops stay as ONNX Runtime runs them.
+expansion there. INJECTIVE ops here are the layout ops (LAYOUT): they join a group only as
+a tail on one of its outputs, which the kernel then writes reshaped and transposed
+(views.py). OPAQUE ops stay as ONNX Runtime runs them.
 """
 from __future__ import annotations
 
@@ -217,7 +218,7 @@ class OpSpec:
 
     @property
     def fusible(self) -> bool:
-        return self.printer is not None or self.kind == OpKind.REDUCE
+        return self.printer is not None or self.kind in (OpKind.REDUCE, OpKind.INJECTIVE)
 
 
 def _ew(printer: Printer, dtypes: frozenset[int] = NUMERIC) -> OpSpec:
@@ -322,9 +323,16 @@ ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumEx
 for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS) + list(ARG_REDUCERS):
     TABLE[_op] = OpSpec(OpKind.REDUCE, FLOATS, None)
 
+# Layout ops: a kernel writes its output through them (views.py). Reshape-likes only relabel
+# the shape — ONNX Runtime runs them without a kernel; Transpose moves the data.
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+LAYOUT = RESHAPES | {"Transpose"}
+for _op in LAYOUT:
+    TABLE[_op] = OpSpec(OpKind.INJECTIVE, ALL, None)
+
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
 _DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0),
-                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS)}}
+                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS) + list(LAYOUT)}}
 
 OPAQUE = OpSpec(OpKind.OPAQUE, frozenset(), None)
 

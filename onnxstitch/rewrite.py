@@ -12,13 +12,14 @@ import onnx
 from onnx import helper
 
 from .compile import CompiledKernel
-from .graph import FusionGraph
+from . import ops, views
+from .graph import FusionGraph, implicit_inputs
 
 DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
-                "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry")
+                "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views")
 
 
 def arch_number(arch: str) -> int:
@@ -53,6 +54,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
                                                     attr_type=onnx.AttributeProto.INTS))
         node.attribute.append(helper.make_attribute(
             "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]))
+    if k.source.output_views:
+        node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
     node.overload = group.name
     return node
 
@@ -65,11 +68,17 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # [C] parameters that channel_params replaced by [C, 1, …] inputs. Function bodies cannot
     # see graph initializers.
     inits = {i.name: i for i in model.graph.initializer}
-    local = {t for i in group.nodes for t in model.graph.node[i].input
+    computes = [i for i in group.nodes if graph.nodes[i].kind != ops.OpKind.INJECTIVE]
+    local = {t for i in computes for t in model.graph.node[i].input
              if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))
-    body.extend(model.graph.node[i] for i in group.nodes)
+    body.extend(model.graph.node[i] for i in computes)
+    # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
+    # the function does not receive.
+    for view in views.group_views(graph, members, src.outputs):
+        if view is not None:
+            body.extend(views.fallback_nodes(view))
     fn = helper.make_function(DOMAIN, OP_TYPE, list(src.inputs), list(src.outputs), body,
                               [o for o in model.opset_import if o.domain != DOMAIN],
                               attributes=list(KERNEL_ATTRS))
@@ -101,6 +110,22 @@ def _topo(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.Node
     return [nodes[i] for i in order]
 
 
+def _drop_orphans(original: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` without those the rewrite orphaned: nodes whose every output was read in the
+    original graph and is read by nothing now (a folded Reshape's shape computation)."""
+    def reads(ns: Sequence[onnx.NodeProto]) -> set[str]:
+        return {t for n in ns for t in list(n.input) + implicit_inputs(n)} | {o.name for o in original.output}
+
+    read_before = reads(original.node)
+    while True:
+        read = reads(nodes)
+        keep = [n for n in nodes if n.domain == DOMAIN or not n.output
+                or any(t in read or t not in read_before for t in n.output if t)]
+        if len(keep) == len(nodes):
+            return nodes
+        nodes = keep
+
+
 def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> None:
     """value_info for every fused output: ORT cannot infer a custom op's output type where an
     input is a scalar (it cannot tell 'scalar' from 'unknown shape')."""
@@ -128,7 +153,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
         elif i not in fused_members:
             new_nodes.append(node)
     del g.node[:]
-    g.node.extend(_topo(new_nodes, {x.name for x in g.input}))
+    g.node.extend(_topo(_drop_orphans(model.graph, new_nodes), {x.name for x in g.input}))
     out.functions.extend(_function(model, graph, grp) for grp in groups)
 
     used = {t for n in g.node for t in n.input} | {o.name for o in g.output}

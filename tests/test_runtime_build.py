@@ -298,3 +298,39 @@ def test_binary_images_are_accepted(cpu_lib: Path):
     model = probe_model([2], [2], images=b"\x7fELF\0\0\x7fELF\0", image_archs=[90, 80], image_sizes=[6, 5])
     with pytest.raises(Exception, match="fused0.*CUDA"):
         cpu_run(cpu_lib, model, np.ones(2, F32), np.ones(2, F32))
+
+
+# output_views (docs/abi.md): [rank, split..., perm..., final rank, final...] per output, [0] plain.
+# Split [b, 2, 3] of an iteration shape [b, 6], permuted (2, 0, 1), kept as is.
+SPLIT_PERM = [3, -2, 2, 3, 2, 0, 1, 3, -2, -3, -4]
+
+
+def test_view_outputs_take_the_permuted_shape(cpu_lib: Path):
+    # An empty iteration allocates its outputs and launches nothing: the view's shape shows.
+    model = probe_model(["a", 6], [6], outs=[TensorProto.FLOAT, TensorProto.FLOAT], output_views=SPLIT_PERM + [0])
+    viewed, plain = cpu_run(cpu_lib, model, np.zeros((0, 6), F32), np.zeros(6, F32))
+    assert viewed.shape == (3, 0, 2) and plain.shape == (0, 6)
+    # A remainder (-1) takes what the fixed sizes leave: [2, 0] split [b, -1, 1] is [2, 0, 1],
+    # permuted (0, 2, 1) to [2, 1, 0], then reshaped to [2, -1].
+    rest = [3, -2, -1, 1, 0, 2, 1, 2, -2, -1]
+    (z,) = cpu_run(cpu_lib, probe_model([2, 0], [0], output_views=rest), np.zeros((2, 0), F32), np.zeros(0, F32))
+    assert z.shape == (2, 0)
+    rest = [3, -2, -1, 1, 0, 2, 1, 3, -2, -3, -4]
+    (z,) = cpu_run(cpu_lib, probe_model([2, 0], [0], output_views=rest), np.zeros((2, 0), F32), np.zeros(0, F32))
+    assert z.shape == (2, 1, 0)
+
+
+@pytest.mark.parametrize(
+    "views,message",
+    [
+        ([3, -2, 4, 3, 2, 0, 1, 3, -2, -3, -4], "holds 24 elements, not 12"),  # [2, 4, 3] from [2, 6]
+        ([3, -2, 2, 3, 2, 0, 0, 3, -2, -3, -4], "not a permutation"),
+        ([3, -2, 2, 3, 2, 0, 1], "malformed"),
+        (SPLIT_PERM + [0, 0], "longer than its outputs"),
+        ([3, -9, 2, 3, 2, 0, 1, 3, -2, -3, -4], "a copy of dim 7"),
+    ],
+)
+def test_bad_output_views_are_refused(cpu_lib: Path, views, message):
+    model = probe_model([2, 6], [6], output_views=views)
+    with pytest.raises(Exception, match=f"fused0.*{message}"):
+        cpu_run(cpu_lib, model, np.zeros((2, 6), F32), np.zeros(6, F32))

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuda_driver.h"
+#include "output_views.h"
 #include "stitch_abi.h"
 
 #define STITCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -190,6 +191,7 @@ class Kernel {
   bool rows_ = false;                  // shape_rule "rows"
   std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims), 2 row (dims dropped)
   int64_t row_axes_ = 1, row_threads_ = 256, block_threads_ = 256;  // rows only: "row_geometry"
+  std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -265,6 +267,13 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   if (rows_ && output_kinds_.size() != n_out) {
     return Fail(ORT_INVALID_ARGUMENT, "output_kinds has " + std::to_string(output_kinds_.size()) +
                                           " entries for " + std::to_string(n_out) + " outputs");
+  }
+  std::vector<int64_t> views;
+  if (Error e = r.Ints("output_views", &views, &present)) return e;
+  if (present && rows_) return Fail(ORT_INVALID_ARGUMENT, "output_views is for shape_rule \"broadcast\" only");
+  std::string view_error;
+  if (!ParseOutputViews(present ? views : std::vector<int64_t>(n_out, 0), n_out, &views_, &view_error)) {
+    return Fail(ORT_INVALID_ARGUMENT, view_error);
   }
   if (input_kinds_.size() != n_in) {
     return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
@@ -577,6 +586,17 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
       for (size_t d = lead; d < rank; ++d) out_dims[d] = 1;
     }
     if (rows_ && output_kinds_[o] == 2) out_rank = lead, dropped_outputs = true;
+    if (views_[o].present) {
+      std::vector<ShapeDim> iter, shape;
+      for (size_t d = 0; d < rank; ++d) iter.push_back(ShapeDim{dims[d], ""});
+      std::string error;
+      if (!ViewShape(views_[o], iter, &shape, &error)) {
+        return Fail(ORT_INVALID_ARGUMENT, "output " + std::to_string(o) + "'s view of iteration shape " +
+                                              ShapeText(dims, rank) + ": " + error);
+      }
+      out_rank = shape.size();
+      for (size_t d = 0; d < out_rank; ++d) out_dims[d] = shape[d].value;
+    }
     STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, out_rank, &v), "KernelContext_GetOutput");
     if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
     void* data = nullptr;
@@ -659,11 +679,6 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
 // ShapeInferContext_SetOutputTypeShape only records the shape: the output element types must be
 // present in the model (value_info / graph outputs). So this only adds shapes, and only where they
 // are certain; anything unexpected leaves the outputs untouched.
-
-struct ShapeDim {
-  int64_t value = 1;   // -1: not a number
-  std::string symbol;  // non-empty: named dimension
-};
 
 bool ReadInts(const OrtApi* api, const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* out) {
   const OrtOpAttr* attr = nullptr;
@@ -782,13 +797,20 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   }
   std::vector<ShapeDim> shape;
   if (!BroadcastSymbolic(ins, &shape)) return;
+  std::vector<int64_t> view_attr;
+  std::vector<OutputView> views;
+  std::string view_error;
+  if (!ReadInts(api, ctx, "output_views", &view_attr)) view_attr.assign(dtypes.size(), 0);
+  if (!ParseOutputViews(view_attr, dtypes.size(), &views, &view_error)) return;
   if (rule == "rows" && shape.size() < row_axes) return;
   const size_t lead = rule == "rows" ? shape.size() - row_axes : shape.size();
 
   for (size_t o = 0; o < dtypes.size(); ++o) {
     std::vector<int64_t> values;
     std::vector<const char*> names;
-    for (const ShapeDim& d : shape) {
+    std::vector<ShapeDim> viewed;
+    if (views[o].present && !ViewShape(views[o], shape, &viewed, &view_error)) return;
+    for (const ShapeDim& d : views[o].present ? viewed : shape) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
     }
