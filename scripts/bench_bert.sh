@@ -4,14 +4,17 @@
 # transformers optimizer, plain
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
-#   bash scripts/bench_bert.sh [float32,float16]
+# The device tool brings back at most 8 files, so everything is packed into $OUT/bert.tar.gz.
+#   bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions]
 set -uo pipefail
-OUT=${OUT:-/tmp/onnxstitch-out}/bert
+TOP=${OUT:-/tmp/onnxstitch-out}
+OUT=$TOP/bert
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
 export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
 dtypes=${1:-float32,float16}
+variants=${2:-elementwise,reductions}
 zoo=/tmp/zoo
 shape=(--shape batch=8 --shape sequence=128)
 log="$OUT/bench_bert.log"
@@ -19,7 +22,7 @@ missing=""; for dt in ${dtypes//,/ }; do [ -f "$zoo/bert-base-$dt.onnx" ] || mis
 [ -z "$missing" ] || python3 scripts/build_zoo.py --out "$zoo" --models bert-base --dtypes "${missing#,}" 2>&1 | tail -3 | tee -a "$log"
 for dt in ${dtypes//,/ }; do
   m="$zoo/bert-base-$dt.onnx"
-  for variant in elementwise reductions; do
+  for variant in ${variants//,/ }; do
     flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions)
     python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
       --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
@@ -46,3 +49,5 @@ PY
     fi
   done
 done
+cp /tmp/ncu-*.csv "$OUT"/ 2>/dev/null
+tar czf "$TOP/bert.tar.gz" -C "$TOP" bert && rm -rf "$OUT"

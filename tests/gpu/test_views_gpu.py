@@ -30,8 +30,11 @@ def test_layout_tail_matches_float64_numpy(name, model, ref, dtype, batch, seq) 
 PERMS = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
 
 
+# head_dim 64: whole tiles (views that move the innermost axis go through shared memory);
+# 12 and 24: whole vectors, partial tiles; 5: vectors split, the element-by-element path.
 @pytest.mark.parametrize("perm", PERMS, ids=lambda p: "".join(map(str, p)))
-@pytest.mark.parametrize("heads,head_dim", [(12, 64), (3, 5)])
-def test_every_permutation_of_an_attention_split(perm, heads, head_dim) -> None:
-    model, ref = attention_split(heads, head_dim, perm)
-    _check_gpu(model, ref, TP.FLOAT, {"batch": [8], "seq": [128]}, {"batch": 2, "seq": 33}, f"perm{perm}")
+@pytest.mark.parametrize("heads,head_dim", [(12, 64), (3, 5), (4, 12), (2, 24)])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+def test_every_permutation_of_an_attention_split(perm, heads, head_dim, dtype) -> None:
+    model, ref = attention_split(heads, head_dim, perm, dtype)
+    _check_gpu(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 2, "seq": 33}, f"perm{perm}")
