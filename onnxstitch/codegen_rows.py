@@ -54,8 +54,11 @@ class _RowPrinter:
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
-                 geo: RowGeometry) -> None:
+                 geo: RowGeometry, full_chunks: bool = False) -> None:
         self.g, self.outputs, self.rank, self.geo = graph, outputs, len(shape), geo
+        # Rows fixed in the model that fill every chunk: only rows past the end are empty,
+        # and their sums are never stored, so reductions skip the per-element bounds test.
+        self.full_chunks = full_chunks
         self._kinds, self._out_kinds = kinds, out_kinds
         k = geo.span
         trailing = tuple(shape[-k:])
@@ -117,30 +120,30 @@ class _RowPrinter:
         return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
 
     # -- per-element passes -------------------------------------------------------------
-    def cone(self, targets: list[str], stop: str | None = None) -> list[Step]:
+    def cone(self, targets: list[str], stop: Mapping[str, str] = {}) -> list[Step]:
         """Per-element steps needed for `targets`, in order (per-row values are variables;
-        `stop`, a tensor already held in registers, is not recomputed)."""
+        tensors in `stop`, already held in registers, are not recomputed)."""
         need: set[str] = set()
-        stack = [t for t in targets if self.level.get(t) == "elem" and t != stop]
+        stack = [t for t in targets if self.level.get(t) == "elem" and t not in stop]
         while stack:
             t = stack.pop()
             if t in need or t not in self.by_out:
                 continue
             need.add(t)
-            stack += [x for x in self.by_out[t].inputs if isinstance(x, str) and self.level.get(x) == "elem" and x != stop]
+            stack += [x for x in self.by_out[t].inputs if isinstance(x, str) and self.level.get(x) == "elem" and x not in stop]
         return [s for s in self.steps if s.out in need]
 
-    def cone_inputs(self, targets: list[str], stop: str | None = None) -> list[_Input]:
+    def cone_inputs(self, targets: list[str], stop: Mapping[str, str] = {}) -> list[_Input]:
         used = {x for s in self.cone(targets, stop) for x in s.inputs if isinstance(x, str)} | set(targets)
-        return [x for x in self.ins if x.level == "elem" and x.name in used and x.name != stop]
+        return [x for x in self.ins if x.level == "elem" and x.name in used and x.name not in stop]
 
     def element_lines(self, targets: list[str], raw: Callable[[_Input], str], ind: str,
-                      cached: str | None = None) -> tuple[list[str], dict[str, ops.Arg]]:
+                      cached: Mapping[str, str] = {}) -> tuple[list[str], dict[str, ops.Arg]]:
         """Loads (through `raw`, the storage-typed expression of an input at this element) and
-        steps computing `targets` for one element; `cached` is read from registers `hr`."""
-        scope: dict[str, ops.Arg] = {}
-        if cached:
-            scope[cached] = ops.Arg("hr[i].v[jj]", self.ctype(cached), self.dtype[cached])
+        steps computing `targets` for one element; `cached` tensors are read from their
+        row-long register arrays."""
+        scope: dict[str, ops.Arg] = {t: ops.Arg(f"{regs}[i].v[jj]", self.ctype(t), self.dtype[t])
+                                     for t, regs in cached.items()}
         lines = []
         for x in self.cone_inputs(targets, cached):
             lines.append(f"{ind}const {self.ctype(x.name)} x{x.index} = {_load_expr(x.dtype, raw(x))};")
@@ -184,7 +187,7 @@ class _RowPrinter:
             self.lines.append(scalar)
             self.lines.append(f"{ind}}}")
 
-    def chunks(self, targets: list[str], ind: str, cached: str | None,
+    def chunks(self, targets: list[str], ind: str, cached: Mapping[str, str],
                body: Callable[[dict[str, ops.Arg]], list[str]], guard: bool, after: Callable[[], list[str]] | None = None,
                held: frozenset[str] = frozenset()) -> None:
         """for each chunk i: its loads (but not of `held` inputs, already in registers); for
@@ -224,12 +227,12 @@ class _RowPrinter:
         ct = self.ctype(src)
         self.lines.append(f"{ind}StitchVec<V, {ct}> hr[NCH];")
         names = frozenset(x.name for x in held)
-        self.chunks([src], ind, None, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False,
+        self.chunks([src], ind, {}, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False,
                     held=names)
         self.row_setup("n_", "row0 + (I)gridDim.x * per_block", ind)
         self.held_loads(held, ind, "n_")
 
-    def arg_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> str:
+    def arg_pass(self, j: int, s: Step, regs: bool, ind: str, cached: Mapping[str, str]) -> str:
         """ArgMax/ArgMin: a (value, position) pair per thread, then across the row's threads;
         ties go to the first position (the last with select_last_index). Returns the index."""
         (src,) = s.inputs
@@ -246,32 +249,40 @@ class _RowPrinter:
                     f"acci{j} = (long long)({pos}); }} }}"]
 
         if regs:
-            self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"), True)
+            self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"), not self.full_chunks)
         else:
             self.loop([src], ind, lambda scope: take(scope, ind + "  ", "c"))
         is_max = "true" if s.op == "ArgMax" else "false"
         self.lines.append(f"{ind}stitch_row_argreduce<T, {is_max}, {last}>(accv{j}, acci{j}, reinterpret_cast<{vt}*>(stitch_smem));")
         return f"acci{j}"
 
-    def reduce_pass(self, j: int, s: Step, regs: bool, ind: str, cached: str | None) -> None:
+    def reduce_pass(self, j: int, s: Step, regs: bool, ind: str, cached: Mapping[str, str],
+                    keep: str | None = None) -> None:
+        """Reduction j over the row; with `keep`, its per-element input also goes to the
+        register array of that name, for later passes to read instead of recomputing."""
         red = ops.REDUCERS[s.op]
         ct = self.ctype(s.out)
         (src,) = s.inputs
+        assert isinstance(src, str)
         ident = red.identity.replace("T", ct)
         self.lines.append(f"{ind}{ct} acc{j} = {ident};")
+        if keep:
+            self.lines.append(f"{ind}StitchVec<V, {self.ctype(src)}> {keep}[NCH];")
 
         def combine(scope: Mapping[str, ops.Arg], pad: str) -> list[str]:
             value = ops.REDUCE_ELEMENT.get(s.op, "{x}").format(x=f"(({ct})({self.arg(src, scope, ct).expr}))")
-            return [f"{pad}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}"]
+            held = [f"{pad}{keep}[i].v[jj] = {self.arg(src, scope, self.ctype(src)).expr};"] if keep else []
+            return held + [f"{pad}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}"]
 
         if regs:
-            self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "), True)  # type: ignore[list-item]
+            self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "),  # type: ignore[list-item]
+                        not self.full_chunks)
         else:
             self.loop([src], ind, lambda scope: combine(scope, ind + "  "))  # type: ignore[list-item]
         fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
         self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
 
-    def output_pass(self, elem_outs: list[str], regs: bool, ind: str, cached: str | None) -> None:
+    def output_pass(self, elem_outs: list[str], regs: bool, ind: str, cached: Mapping[str, str]) -> None:
         if regs:
             decl = [f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};" for t in elem_outs]
 
@@ -309,16 +320,25 @@ class _RowPrinter:
         done = set(self.row_vars)
         reducers = [s for s in self.steps if s.reduces]
         elem_outs = [t for t in self.outputs if self.level[t] == "elem"]
-        cached = self.cached() if regs else None
-        if cached:
-            self.cache_pass(cached, ind, self.cone_inputs([cached]))
+        first = self.cached() if regs else None
+        cached: dict[str, str] = {}
+        if first:
+            self.cache_pass(first, ind, self.cone_inputs([first]))
+            cached[first] = "hr"
         for j, s in enumerate(reducers):
             ct = self.ctype(s.out)
             name = f"r{len(self.row_vars)}"
             if s.op in ops.ARG_REDUCERS:
                 final = self.arg_pass(j, s, regs, ind, cached)
             else:
-                self.reduce_pass(j, s, regs, ind, cached)
+                # Softmax's exp feeds the sum and the output: computed once, held in registers.
+                later = [str(r.inputs[0]) for r in reducers[j + 1:]] + elem_outs
+                src = s.inputs[0]
+                keep = (f"hk{j}" if regs and src not in cached and
+                        any(st.out == src for st in self.cone(later, cached)) else None)
+                self.reduce_pass(j, s, regs, ind, cached, keep)
+                if keep:
+                    cached[str(src)] = keep
                 final = ops.REDUCERS[s.op].finalize.replace("T(", f"({ct})(").replace("acc", f"acc{j}")
             self.lines.append(f"{ind}const {ct} {name} = {final};  // {s.op} -> {s.out}")
             self.row_vars[s.out] = ops.Arg(name, ct, s.dtype)
@@ -503,12 +523,16 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
     geo = choose_geometry(cols, max(1, 16 // widest), span, threads)
-    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo)
     trailing = tuple(shape[-span:])
     static_row = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity
+    full = static_row and math.prod(trailing) == geo.chunks * geo.threads * geo.vec
+    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full)
     body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
     rank, lead_n = len(shape), len(shape) - span
+    # A row length fixed in the model is a constant: bounds tests against it fold away.
+    row_length = (f"  constexpr I C = (I){math.prod(trailing)};\n  I rows = 1;" if static_row else
+                  f"  I C = 1, rows = 1;\n  for (int d = {lead_n}; d < {rank}; ++d) C *= (I)a.dims[d];")
     smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
     src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes, rows scheme ({geo.threads} threads per row)
 {ops.PRELUDE}
@@ -521,8 +545,7 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
   (void)NCH;
 {smem}  const int lane = threadIdx.x % T;
   const I sub = threadIdx.x / T, per_block = blockDim.x / T;
-  I C = 1, rows = 1;
-  for (int d = {lead_n}; d < {rank}; ++d) C *= (I)a.dims[d];
+{row_length}
   for (int d = 0; d < {lead_n}; ++d) rows *= (I)a.dims[d];
   const bool vec = {p.vec_condition()};
   (void)vec;

@@ -50,7 +50,7 @@ class RowGeometry:
 # Elements each thread of a row holds, by element width: measured on H200 over LayerNorm rows
 # of 768 and Softmax rows of 128 and 512 (scripts/bench_rows.py --sweep): 16 for 4-byte
 # elements, 8 for 2-byte ones (docs/perf-notes.md).
-ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8}
+ELEMENTS_PER_THREAD = {4: 16, 2: 16, 8: 8}
 
 
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None) -> RowGeometry:
