@@ -522,7 +522,8 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     # 16-byte chunks of the widest per-element tensor.
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
-    geo = choose_geometry(cols, max(1, 16 // widest), span, threads)
+    rows_planned = TensorInfo("rows", TP.FLOAT, tuple(shape[:-span])).numel(graph.dim_values)
+    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows_planned)
     trailing = tuple(shape[-span:])
     static_row = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity
     full = static_row and math.prod(trailing) == geo.chunks * geo.threads * geo.vec

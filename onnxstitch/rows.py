@@ -50,17 +50,25 @@ class RowGeometry:
 # Elements each thread of a row holds, by element width: measured on H200 over LayerNorm rows
 # of 768 and Softmax rows of 128 and 512 (scripts/bench_rows.py --sweep): 16 for 4-byte
 # elements, 8 for 2-byte ones (docs/perf-notes.md).
-ELEMENTS_PER_THREAD = {4: 16, 2: 16, 8: 8}
+ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8}
+# With this many rows the GPU is full either way, and a row of one warp (shuffles only) beats
+# a row of two warps (a barrier per reduction) for the same row: ncu on H200, float16 Softmax
+# over [8, 12, 512, 512], 58.6 us at 32 threads per row against 80.9 at 64 (issue-bound).
+MANY_ROWS = 16384
 
 
-def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None) -> RowGeometry:
-    """Threads per row for rows of about `cols` elements: a power of two giving each thread
-    ELEMENTS_PER_THREAD elements, up to 1024; rows longer than 1024 × MAX_CHUNKS chunks take the
-    loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
+def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
+                    rows: int | None = None) -> RowGeometry:
+    """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
+    knows): a power of two giving each thread ELEMENTS_PER_THREAD elements, up to 1024; one
+    warp instead of two when rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
+    the loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
     units = max(1, math.ceil(cols / vec))
     if threads is None:
         per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
         threads = min(1024, 1 << (max(1, math.ceil(cols / per_thread)) - 1).bit_length())
+        if threads == 64 and rows is not None and rows >= MANY_ROWS:
+            threads = 32
     chunks = math.ceil(units / threads)
     # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
     return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)

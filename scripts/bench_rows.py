@@ -125,7 +125,7 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
         res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
     else:  # a sweep: the planner's kernel regenerated with other threads per row
         original = codegen_rows.choose_geometry
-        codegen_rows.choose_geometry = lambda cols, vec, span, _t=None: original(cols, vec, span, threads)
+        codegen_rows.choose_geometry = lambda cols, vec, span, _t=None, _r=None: original(cols, vec, span, threads)
         try:
             res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
         finally:

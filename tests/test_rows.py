@@ -99,10 +99,12 @@ def test_report_names_each_groups_scheme_and_launch_shape() -> None:
     assert k["scheme"] == "elementwise" and "threads_per_row" not in k
 
 
-@given(cols=st.integers(1, 200_000), vec=st.sampled_from([2, 4, 8]), forced=st.none() | st.sampled_from([1, 8, 32, 64, 256]))
+@given(cols=st.integers(1, 200_000), vec=st.sampled_from([2, 4, 8]), forced=st.none() | st.sampled_from([1, 8, 32, 64, 256]),
+       n_rows=st.none() | st.integers(1, 1 << 20))
 @settings(max_examples=300, deadline=None)
-def test_row_geometry_is_launchable_and_covers_the_row(cols: int, vec: int, forced: int | None) -> None:
-    geo = rows.choose_geometry(cols, vec, 1, forced)
+def test_row_geometry_is_launchable_and_covers_the_row(cols: int, vec: int, forced: int | None,
+                                                       n_rows: int | None) -> None:
+    geo = rows.choose_geometry(cols, vec, 1, forced, n_rows)
     assert geo.threads & (geo.threads - 1) == 0 and 1 <= geo.threads <= 1024
     assert geo.block % geo.threads == 0 and geo.block <= 1024 and (geo.threads <= 32 or geo.block == geo.threads)
     assert 0 <= geo.chunks <= rows.MAX_CHUNKS
