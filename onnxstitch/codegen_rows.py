@@ -372,10 +372,25 @@ class _RowPrinter:
                        f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {p}row * C;",
                        f"{ind}(void){p}base; (void){p}Cr;"]
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
-        if bcast:
-            zero = ", ".join(f"{p}ro{k} = 0" for k in bcast)
+        # Inputs that are the same for every row (LayerNorm's scale and bias) start at 0: no
+        # per-row divisions for them.
+        fixed = [k for k in bcast if self.same_every_row(k)]
+        if fixed:
+            self.lines.append(f"{ind}const I {', '.join(f'{p}ro{k} = 0' for k in fixed)};")
+        moving = [k for k in bcast if k not in fixed]
+        if moving:
+            zero = ", ".join(f"{p}ro{k} = 0" for k in moving)
             self.lines.append(f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};")
-            self.lines.append(decompose(f"{p}rr", lead - 1, 0, {k: f"{p}ro{k}" for k in bcast}, ind))
+            self.lines.append(decompose(f"{p}rr", lead - 1, 0, {k: f"{p}ro{k}" for k in moving}, ind))
+
+    def same_every_row(self, k: int) -> bool:
+        """Whether input k has size 1 (or no dim) on every row axis, so its row offset is 0."""
+        shape = self.g.tensors[self.ins[k].name].shape
+        if shape is None:
+            return False
+        s, lead = tuple(shape), self.rank - self.geo.span
+        aligned = (1,) * (self.rank - len(s)) + s
+        return all(d == 1 for d in aligned[:lead])
 
     def row_loop(self, regs: bool, ind: str) -> None:
         """Every group of T threads takes the same number of trips, so shuffles and barriers

@@ -60,13 +60,17 @@ MANY_ROWS = 16384
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
                     rows: int | None = None) -> RowGeometry:
     """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
-    knows): a power of two giving each thread ELEMENTS_PER_THREAD elements, up to 1024; one
+    knows): enough to give each thread ELEMENTS_PER_THREAD elements (a power of two up to 32,
+    whole warps beyond), up to 1024; one
     warp instead of two when rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
     the loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
     units = max(1, math.ceil(cols / vec))
     if threads is None:
         per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
-        threads = min(1024, 1 << (max(1, math.ceil(cols / per_thread)) - 1).bit_length())
+        want = max(1, math.ceil(cols / per_thread))
+        # Up to a warp, a power of two (lanes of a row share shuffles); beyond, whole warps, so
+        # a row of 96 vectors (float16 × 768) gets 96 threads rather than 128 with 32 idle.
+        threads = 1 << (want - 1).bit_length() if want <= 32 else min(1024, 32 * math.ceil(want / 32))
         if threads == 64 and rows is not None and rows >= MANY_ROWS:
             threads = 32
     chunks = math.ceil(units / threads)

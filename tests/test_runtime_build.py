@@ -284,12 +284,24 @@ def test_shape_rule_is_checked_at_run_time(cpu_lib: Path):
         (dict(images=b"\x7fELF\0\0x", image_archs=["sm_90"]), "image_archs' and 'image_sizes' as INTS"),
         (dict(images=b"\x7fELF\0\0x", image_archs=[90, 80], image_sizes=[6, 2]), "image 1: bad"),
         (dict(images=b"\x7fELF\0\0x", image_archs=[90], image_sizes=[6]), "add up to 6 bytes"),
+        # threads per row: a power of two up to 32, whole warps beyond (docs/abi.md)
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 12, 96]), "row_geometry must be"),
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 48, 48]), "row_geometry must be"),
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 96, 192]), "row_geometry must be"),
     ],
 )
 def test_kernel_creation_rejects_bad_attributes(cpu_lib: Path, overrides, message):
     model = probe_model([2], [2], **overrides)
     with pytest.raises(Exception, match=f"fused0.*{message}"):
         cpu_run(cpu_lib, model, np.zeros(2, F32), np.zeros(2, F32))
+
+
+@pytest.mark.parametrize("geometry", [[1, 16, 128], [1, 96, 96], [1, 640, 640]])
+def test_row_geometries_of_whole_warps_are_accepted(cpu_lib: Path, geometry):
+    # With no GPU the run stops at the driver, after kernel creation accepted the geometry.
+    model = probe_model([2], [2], shape_rule="rows", row_geometry=geometry, output_kinds=[0])
+    with pytest.raises(Exception, match="fused0.*CUDA"):
+        cpu_run(cpu_lib, model, np.ones(2, F32), np.ones(2, F32))
 
 
 def test_binary_images_are_accepted(cpu_lib: Path):

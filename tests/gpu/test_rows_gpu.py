@@ -17,7 +17,7 @@ from .test_stitched_gpu import run_gpu
 pytestmark = pytest.mark.gpu
 
 CASES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
-         for dt in (TP.FLOAT, TP.FLOAT16) for cols in (1, 7, 1000, 65536)
+         for dt in (TP.FLOAT, TP.FLOAT16) for cols in (1, 7, 768, 1000, 65536)
          for name, model, ref in row_models(3, cols, dtype=dt)
          if not (name == "ReduceProd" and cols > 7)]  # longer products leave float range
 

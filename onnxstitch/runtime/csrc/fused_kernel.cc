@@ -245,10 +245,15 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     if (Error e = r.Ints("row_geometry", &geo, &present)) return e;
     if (present) {
       // [row axes, threads per row, threads per block] (docs/abi.md)
-      const bool ok = geo.size() == 3 && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[1] >= 1 && geo[1] <= 1024 &&
-                      (geo[1] & (geo[1] - 1)) == 0 && geo[2] >= geo[1] && geo[2] <= 1024 && geo[2] % geo[1] == 0;
-      if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two), "
-                                                 "threads per block (a multiple, <= 1024)]");
+      // Threads per row: a power of two up to a warp (lanes share shuffles), whole warps beyond.
+      const bool lanes_ok = geo.size() == 3 && geo[1] >= 1 && geo[1] <= 1024 &&
+                            (geo[1] <= 32 ? (geo[1] & (geo[1] - 1)) == 0 : geo[1] % 32 == 0);
+      // A row of more than a warp reduces across the whole block: then the block is the row.
+      const bool ok = lanes_ok && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[2] >= geo[1] && geo[2] <= 1024 &&
+                      geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]);
+      if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two up to "
+                                                 "32, else a multiple of 32), threads per block (a multiple up to 1024; "
+                                                 "the same beyond 32)]");
       row_axes_ = geo[0], row_threads_ = geo[1], block_threads_ = geo[2];
     }
   }
