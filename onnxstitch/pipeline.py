@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, rewrite
+from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, rewrite, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
@@ -146,7 +146,10 @@ def _launch(src: codegen.KernelSource) -> dict:
         per_block = src.block_threads // src.row_threads
         return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,
                 "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block}
-    return {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
+    out = {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
+    if src.output_views:
+        out["views"] = views.describe_all(src.output_views, src.outputs)
+    return out
 
 
 def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:

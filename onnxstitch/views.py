@@ -138,6 +138,23 @@ def encode_all(views: Sequence[View | None]) -> list[int]:
     return out
 
 
+def describe_all(encoded: Sequence[int], outputs: Sequence[str]) -> list[dict]:
+    """The views of an `output_views` attribute, for the plan report: each viewed output, its
+    permutation and how the kernel stores it ("vector" when the innermost axis stays, "tile"
+    through shared memory when it moves)."""
+    out, pos = [], 0
+    for t in outputs:
+        r = encoded[pos] if pos < len(encoded) else 0
+        if r == 0:
+            pos += 1
+            continue
+        perm = list(encoded[pos + 1 + r:pos + 1 + 2 * r])
+        out.append({"output": t, "perm": perm, "stores": "vector" if perm[-1] == r - 1 else "tile"})
+        pos += 1 + 2 * r
+        pos += 1 + encoded[pos]
+    return out
+
+
 def onnx_shape(entries: Sequence[int]) -> list[int] | None:
     """A spec as an ONNX Reshape shape (0 copies the dim at the same position, allowzero=0),
     or None when a copy is from another position or a fixed size is 0."""

@@ -52,6 +52,16 @@ def test_attention_split_writes_through_its_view() -> None:
     assert out is None or out.name != "y"  # the graph output keeps its own declaration
     assert [d.dim_param or d.dim_value for d in res.model.graph.output[0].type.tensor_type.shape.dim] == \
         ["batch", 12, 64, "seq"]
+    # The report says how the kernel writes it: the innermost axis moves, so through the tile.
+    (k,) = res.report.to_json()["kernels"]
+    assert k["views"] == [{"output": "y", "perm": [0, 2, 3, 1], "stores": "tile"}]
+
+
+def test_report_names_vector_stores_when_the_innermost_axis_stays() -> None:
+    model, _ = attention_split(12, 64, (0, 2, 1, 3))
+    (k,) = onnxstitch.optimize(model, shapes={"batch": [8], "seq": [128]}, archs=("sm_90",),
+                               verify=False).report.to_json()["kernels"]
+    assert k["scheme"] == "elementwise" and k["views"] == [{"output": "y", "perm": [0, 2, 1, 3], "stores": "vector"}]
 
 
 REFUSED = {
