@@ -273,8 +273,10 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
                 "left to ONNX Runtime's constant folding")
     from_inputs = broadcast_shapes([_shape(graph, t) for t in st.ins])
     if from_inputs != st.shape:
+        widen = "an Expand or baked constants widen it" if any(
+            graph.nodes[i].op_type == "Expand" for i in st.members) else "baked constants widen it"
         return (f"the broadcast of the group's inputs is {_fmt(from_inputs)}, not its iteration "
-                f"shape {_fmt(st.shape)} (baked constants widen it); the kernel derives its "
+                f"shape {_fmt(st.shape)} ({widen}); the kernel derives its "
                 f"iteration shape from its inputs")
     if len(st.ins) > MAX_INPUTS:
         return f"{len(st.ins)} inputs exceed the kernel limit of {MAX_INPUTS}"

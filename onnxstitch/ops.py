@@ -281,6 +281,10 @@ TABLE: dict[str, OpSpec] = {
     "Xor": _bc(lambda a, at, t: f"({a[0].expr} != {a[1].expr})", frozenset({TP.BOOL})),
     "Cast": _ew(_cast, ALL),
     "Identity": _ew(lambda a, at, t: _c(a[0], t), ALL),
+    # Broadcasting is indexing: Expand's value at an element is its input's there. Its shape
+    # input is not data (SHAPE_INPUTS); legal only where the group's inputs already carry the
+    # expanded shape (candidates: the kernel derives its iteration shape from its inputs).
+    "Expand": _bc(lambda a, at, t: _c(a[0], t), ALL),
     "Sin": _ew(_fn("sin"), FLOATS),
     "Cos": _ew(_fn("cos"), FLOATS),
     "Floor": _ew(_fn("floor"), FLOATS),
@@ -330,9 +334,13 @@ LAYOUT = RESHAPES | {"Transpose"}
 for _op in LAYOUT:
     TABLE[_op] = OpSpec(OpKind.INJECTIVE, ALL, None)
 
+# Ops whose inputs after the first are shapes or axes, not data: the kernel reads none of them.
+SHAPE_INPUTS = LAYOUT | {"Expand"}
+
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
 _DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0),
-                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS) + list(LAYOUT)}}
+                                   **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS)
+                                      + list(SHAPE_INPUTS)}}
 
 OPAQUE = OpSpec(OpKind.OPAQUE, frozenset(), None)
 

@@ -69,11 +69,14 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # see graph initializers.
     inits = {i.name: i for i in model.graph.initializer}
     computes = [i for i in group.nodes if graph.nodes[i].kind != ops.OpKind.INJECTIVE]
-    local = {t for i in computes for t in model.graph.node[i].input
-             if t and graph.producer.get(t) not in members and t not in src.inputs}
+    # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
+    read = [t for i in computes for t in model.graph.node[i].input[:1 if graph.nodes[i].op_type == "Expand" else None]]
+    local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))
-    body.extend(model.graph.node[i] for i in computes)
+    for i in computes:
+        body.extend(_expand_fallback(model.graph.node[i], src.inputs) if graph.nodes[i].op_type == "Expand"
+                    else [model.graph.node[i]])
     # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
     # the function does not receive.
     for view in views.group_views(graph, members, src.outputs):
@@ -84,6 +87,19 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
                               attributes=list(KERNEL_ATTRS))
     fn.overload = group.name
     return fn
+
+
+def _expand_fallback(node: onnx.NodeProto, inputs: Sequence[str]) -> list[onnx.NodeProto]:
+    """Expand inside a function body, whose shape input may be a runtime tensor the function
+    does not receive: expanded against the shape of every group input instead (legality made
+    their broadcast the expanded shape; Expand broadcasts both ways)."""
+    nodes, t = [], node.input[0]
+    for k, x in enumerate(inputs):
+        out = node.output[0] if k == len(inputs) - 1 else f"{node.output[0]}~expand{k}"
+        nodes += [helper.make_node("Shape", [x], [f"{node.output[0]}~shape{k}"]),
+                  helper.make_node("Expand", [t, f"{node.output[0]}~shape{k}"], [out])]
+        t = out
+    return nodes
 
 
 def _topo(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.NodeProto]:

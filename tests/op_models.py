@@ -49,6 +49,10 @@ def op_models(shape: Sequence[int] = (7, 33)) -> Iterator[tuple[str, onnx.ModelP
             yield f"{op}-{name}", _model(op, [("x", dt, shape), ("b", dt, row), ("c", dt, [])], dt, shape)
         yield f"Where-{name}", _model("Where", [("m", TP.BOOL, shape), ("x", dt, shape), ("b", dt, row)], dt, shape)
         np_dt = helper.tensor_dtype_to_np_dtype(dt)
+        # Expand legal alone only where its input already has the shape (a kernel's iteration
+        # shape comes from its inputs): tests/test_expand.py covers the broadcasting uses.
+        yield f"Expand-{name}", _model("Expand", [("x", dt, shape)], dt, shape,
+                                       inits=[numpy_helper.from_array(np.array(shape, np.int64), "to")])
         yield f"Clip-{name}", _model("Clip", [("x", dt, shape), ("lo", dt, [])], dt, shape,
                                      inits=[numpy_helper.from_array(np.array(0.5, np_dt), "hi")])
         rng = np.random.default_rng()
@@ -73,6 +77,7 @@ def op_models(shape: Sequence[int] = (7, 33)) -> Iterator[tuple[str, onnx.ModelP
 
 def covered_ops() -> set[str]:
     """Ops that op_models exercises (a test checks this is the whole table)."""
-    return set(UNARY_FLOAT + UNARY_NUM + BINARY + VARIADIC + BOOL_OPS + ["Where", "Clip", "Cast", "BatchNormalization"])
+    return set(UNARY_FLOAT + UNARY_NUM + BINARY + VARIADIC + BOOL_OPS + ["Where", "Clip", "Cast", "BatchNormalization",
+                                                                       "Expand"])
 
 
