@@ -13,7 +13,13 @@ business (plan.py). A node set is legal when
    output has exactly that shape (the kernel writes each output over the whole iteration
    space), and the broadcast of its runtime input shapes is that shape too (the custom op
    derives the iteration shape from its inputs at run time, docs/abi.md);
-5. it has at most MAX_INPUTS runtime inputs and MAX_OUTPUTS outputs (the kernel ABI).
+5. it has at most MAX_INPUTS runtime inputs and MAX_OUTPUTS outputs (the kernel ABI);
+6. reductions reduce one trailing run of axes, the same for all (the rows scheme);
+7. layout ops (Reshape, Flatten, Squeeze, Unsqueeze, Transpose) appear only as tails from a
+   member's output to a group output, at most one Transpose per chain, never after a
+   reduction, and a chain that only reshapes is refused (ORT relabels it without a kernel);
+   each chain must fold into the kernel's stores (views.py). Expand is broadcasting: rule 4
+   already refuses one that widens beyond every input.
 
 Internal nodes of a smaller shape are fine: they are recomputed per element.
 
