@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 from . import views
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_span
 from .ops import OpKind
-from .shapes import Shape, TensorInfo, broadcast_shapes
+from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
 
 
 @dataclass(frozen=True)
@@ -171,8 +171,6 @@ class _State:
                       tuple(ins), tuple(outs))
 
 
-def _fmt(shape: Shape | None) -> str:
-    return "unknown" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
@@ -200,8 +198,8 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
         n = graph.nodes[i]
         data = _shape(graph, n.inputs[0])
         if data != st.shape:
-            return (f"{n.label} reduces a tensor of shape {_fmt(data)}, not the group's iteration shape "
-                    f"{_fmt(st.shape)}; a row kernel reduces trailing axes of its iteration space")
+            return (f"{n.label} reduces a tensor of shape {fmt(data)}, not the group's iteration shape "
+                    f"{fmt(st.shape)}; a row kernel reduces trailing axes of its iteration space")
         if n.attrs.get("keepdims", 1) == 0 and any((st.mask >> c) & 1 for c in graph.consumers.get(n.outputs[0], ())):
             return (f"{n.label} drops the reduced dims (keepdims=0) and is read inside the group; "
                     f"broadcasting its output there would not follow rows")
@@ -246,7 +244,7 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         return (f"not convex: a path leaves the group through {_labels(graph, iter_bits(between))} "
                 f"and comes back, so fusing would create a cycle")
     if st.shape is None:
-        shapes = sorted({_fmt(s) for i in st.members for s in graph.node_space(i)})
+        shapes = sorted({fmt(s) for i in st.members for s in graph.node_space(i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
     reducers = [i for i in st.members if graph.nodes[i].kind == OpKind.REDUCE]
     layout = [i for i in st.members if graph.nodes[i].kind == OpKind.INJECTIVE]
@@ -266,14 +264,14 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:
             continue  # written through its view (checked above)
         if s != st.shape and s not in row_shapes:
-            rows = f" or its row shapes {' / '.join(_fmt(r) for r in row_shapes)}" if row_shapes else ""
-            return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {_fmt(s)}, "
-                    f"not the iteration shape {_fmt(st.shape)}{rows}; a kernel writes every output "
+            rows = f" or its row shapes {' / '.join(fmt(r) for r in row_shapes)}" if row_shapes else ""
+            return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has shape {fmt(s)}, "
+                    f"not the iteration shape {fmt(st.shape)}{rows}; a kernel writes every output "
                     f"over the whole iteration space")
         if row_shapes and s == row_shapes[1] and s != row_shapes[0] \
                 and graph.nodes[graph.producer[t]].kind != OpKind.REDUCE:
             return (f"output '{t}' of {graph.nodes[graph.producer[t]].label} has the reduced shape "
-                    f"{_fmt(s)} but is not a reduction's output")
+                    f"{fmt(s)} but is not a reduction's output")
     if not st.ins:
         return ("the group reads no runtime tensor (only baked constants): a constant subgraph, "
                 "left to ONNX Runtime's constant folding")
@@ -281,8 +279,8 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
     if from_inputs != st.shape:
         widen = "an Expand or baked constants widen it" if any(
             graph.nodes[i].op_type == "Expand" for i in st.members) else "baked constants widen it"
-        return (f"the broadcast of the group's inputs is {_fmt(from_inputs)}, not its iteration "
-                f"shape {_fmt(st.shape)} ({widen}); the kernel derives its "
+        return (f"the broadcast of the group's inputs is {fmt(from_inputs)}, not its iteration "
+                f"shape {fmt(st.shape)} ({widen}); the kernel derives its "
                 f"iteration shape from its inputs")
     if len(st.ins) > MAX_INPUTS:
         return f"{len(st.ins)} inputs exceed the kernel limit of {MAX_INPUTS}"

@@ -541,7 +541,7 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows_planned)
     trailing = tuple(shape[-span:])
     static_row = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity
-    full = static_row and math.prod(trailing) == geo.chunks * geo.threads * geo.vec
+    full = static_row and math.prod(trailing) == geo.capacity
     p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full)
     body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""

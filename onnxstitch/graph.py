@@ -244,8 +244,7 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
                                     [dtype(t) for t in n.output])
     if reason:
         return reason
-    data_only = n.op_type in ops.SHAPE_INPUTS and n.domain in ("", "ai.onnx")
-    for t in (list(n.input[:1]) if data_only else list(n.input)) + list(n.output):
+    for t in list(ops.data_inputs(n.op_type, n.domain, n.input)) + list(n.output):
         if not t:
             continue
         info = tensors.get(t)
@@ -302,10 +301,9 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
                 for name, c in folded.constants.items():
                     constants[name] = c
                     infos[name] = TensorInfo(name, c.data_type, tuple(c.dims))
-        if n.op_type in ops.SHAPE_INPUTS and n.domain in ("", "ai.onnx"):
-            # Shape/axes inputs are not data: the kernel takes layouts and broadcasts from the
-            # inferred shapes (views.py, broadcast strides) and reads none of them.
-            inputs = inputs[:1]
+        # Shape/axes inputs are not data: the kernel takes layouts and broadcasts from the
+        # inferred shapes (views.py, broadcast strides) and reads none of them.
+        inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset)

@@ -337,6 +337,11 @@ for _op in LAYOUT:
 # Ops whose inputs after the first are shapes or axes, not data: the kernel reads none of them.
 SHAPE_INPUTS = LAYOUT | {"Expand"}
 
+
+def data_inputs(op_type: str, domain: str, inputs: Sequence[str]) -> Sequence[str]:
+    """The inputs a kernel reads as data (a layout op's or Expand's shape input is not)."""
+    return inputs[:1] if op_type in SHAPE_INPUTS and domain in ("", "ai.onnx") else inputs
+
 # Ops whose dtype check must look only at some inputs (the others are conditions or shapes).
 _DTYPE_INPUTS: dict[str, slice] = {"Where": slice(1, 3), "Cast": slice(0, 0),
                                    **{r: slice(0, 1) for r in list(REDUCERS) + ["ReduceLogSumExp"] + list(ARG_REDUCERS)

@@ -70,7 +70,7 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     inits = {i.name: i for i in model.graph.initializer}
     computes = [i for i in group.nodes if graph.nodes[i].kind != ops.OpKind.INJECTIVE]
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
-    read = [t for i in computes for t in model.graph.node[i].input[:1 if graph.nodes[i].op_type == "Expand" else None]]
+    read = [t for i in computes for n in [model.graph.node[i]] for t in ops.data_inputs(n.op_type, n.domain, n.input)]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))

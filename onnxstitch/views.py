@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from . import ops
 from .graph import FusionGraph
-from .shapes import Shape
+from .shapes import Shape, fmt
 
 REST = -1  # the dim whose size makes the element counts agree
 
@@ -80,10 +80,6 @@ def _shape(graph: FusionGraph, t: str) -> Shape:
     return info.shape
 
 
-def _fmt(shape: Shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
 def view_of(graph: FusionGraph, members: frozenset[int] | set[int], tensor: str,
             iteration: Shape) -> View | str:
     """The view through which a group writes `tensor` (the output of a layout member), or why
@@ -99,8 +95,8 @@ def view_of(graph: FusionGraph, members: frozenset[int] | set[int], tensor: str,
         return (f"{head.label} reads '{t}' from outside the group: a layout op folds only into the "
                 f"output of the kernel that computes its input (views on inputs are not implemented)")
     if _shape(graph, t) != iteration:
-        return (f"{head.label} reshapes '{t}' of shape {_fmt(_shape(graph, t))}, not the group's "
-                f"iteration shape {_fmt(iteration)}")
+        return (f"{head.label} reshapes '{t}' of shape {fmt(_shape(graph, t))}, not the group's "
+                f"iteration shape {fmt(iteration)}")
     if not _shape(graph, tensor):
         return f"the layout chain to '{tensor}' ends in a scalar; nothing to fold"
     transposes = [i for i in chain if graph.nodes[i].op_type == "Transpose"]
@@ -113,7 +109,7 @@ def view_of(graph: FusionGraph, members: frozenset[int] | set[int], tensor: str,
     split, final = spec(iteration, s1), spec(t_shape, _shape(graph, tensor))
     if split is None or final is None:
         bad = (iteration, s1) if split is None else (t_shape, _shape(graph, tensor))
-        return (f"the layout chain to '{tensor}' reshapes {_fmt(bad[0])} to {_fmt(bad[1])}: more than "
+        return (f"the layout chain to '{tensor}' reshapes {fmt(bad[0])} to {fmt(bad[1])}: more than "
                 f"one size is not known relative to the input's dims")
     return View(tensor, t, tuple(chain), split, perm, final)
 
