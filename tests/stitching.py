@@ -10,6 +10,11 @@ from onnxstitch import compile as nvrtc, graph as graph_mod, load, rewrite, shap
 from onnxstitch.pipeline import generate_kernel
 
 
+def fresh_seed() -> int:
+    """A new seed per run, so numerical tests see fresh random inputs each time."""
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
 def prepared(model: onnx.ModelProto, reductions: bool = True) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
     """The normalized model and its FusionGraph, as the pipeline builds them."""
     m = load.constants_to_initializers(load.load(model))

@@ -16,13 +16,9 @@ from onnxstitch import candidates
 from onnxstitch.inputs import random_feeds
 
 from ._graphs import from_text, nodes
-from .stitching import assert_close
+from .stitching import assert_close, fresh_seed
 
 HEADS = 3
-
-
-def _seed() -> int:
-    return int(np.random.SeedSequence().entropy % 2**31)
 
 
 def masked_softmax(dtype: int) -> onnx.ModelProto:
@@ -61,7 +57,7 @@ def test_expanded_mask_stitches_into_the_softmax_kernel(dtype: int) -> None:
     model = masked_softmax(dtype)
     res = onnxstitch.optimize(model, shapes={"batch": [2], "seq": [16]}, archs=("sm_90",))
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]  # Shape went with the Expand
-    feeds = random_feeds(model, seed=_seed(), dim_values={"batch": 3, "seq": 9})
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 3, "seq": 9})
     (got,) = run_cpu(res.model, feeds)
     want = _softmax(feeds["scores"].astype(np.float64) + feeds["mask"].astype(np.float64))
     assert_close(got, want.astype(got.dtype), "masked softmax")
@@ -73,7 +69,7 @@ def test_expand_by_a_constant_shape_is_free_in_an_elementwise_kernel(dtype: int)
     res = onnxstitch.optimize(model, archs=("sm_90",))
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
     bias = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64)
-    feeds = random_feeds(model, seed=_seed())
+    feeds = random_feeds(model, seed=fresh_seed())
     (got,) = run_cpu(res.model, feeds)
     assert_close(got, np.maximum(feeds["x"].astype(np.float64) * bias, 0).astype(got.dtype), "scaled bias")
 
