@@ -78,10 +78,12 @@ def _summary(report, out: Path) -> Table:
               help="Write nothing if any fused group differs (default: leave such groups to ONNX Runtime).")
 @click.option("--reductions/--no-reductions", default=True, show_default=True,
               help="Stitch reductions, Softmax, LayerNormalization and global pools with their neighbours.")
+@click.option("--pack/--no-pack", default=True, show_default=True,
+              help="Run independent elementwise groups over one iteration space in one kernel.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             verbose: bool, quiet: bool) -> None:
+             pack: bool, verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -97,7 +99,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
-                              verify=not no_verify, reductions=reductions, strict=strict_verify)
+                              verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)

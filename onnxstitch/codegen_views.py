@@ -20,11 +20,8 @@ TILE_VECS = 8  # vectors along the source's innermost axis: with TILE_A, 256 thr
 def moving(out_views: list[views.View | None]) -> list[int]:
     """The outputs that go through the tile: views that move the innermost axis and share the
     first such view's split and output-innermost axis (others store element by element)."""
-    lead = next((v for v in out_views if v is not None and v.perm[-1] != len(v.split) - 1), None)
-    if lead is None:
-        return []
-    return [k for k, v in enumerate(out_views)
-            if v is not None and v.split == lead.split and v.perm[-1] == lead.perm[-1]]
+    key = views.tile_key(out_views)
+    return [k for k, v in enumerate(out_views) if v is not None and key == (v.split, v.perm[-1])]
 
 
 def view_code(graph: FusionGraph, outputs: tuple[str, ...],

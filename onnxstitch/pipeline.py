@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, rewrite, views
+from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, pack as pack_mod, rewrite, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
@@ -47,9 +47,9 @@ class Report:
         kernels = {k["group"]: k for k in self.kernels}
         dropped = {d["group"]: d["reason"] for d in self.dropped}
         for grp in plan["groups"]:
-            members = set(grp["nodes"])
+            parts = [set(p) for p in grp.get("packed_from", [grp["nodes"]])]
             grp["kernel"] = kernels.get(grp["name"])
-            grp["left_out"] = [r for r in plan["rejections"] if set(r["group"]) == members]
+            grp["left_out"] = [r for r in plan["rejections"] if set(r["group"]) in parts]
             if grp["name"] in dropped:
                 grp["dropped_by_verification"] = dropped[grp["name"]]
         return {
@@ -78,7 +78,7 @@ class OptimizeResult:
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0, reductions: bool = True, strict: bool = False) -> OptimizeResult:
+             seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
@@ -88,7 +88,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel.
     `reductions` (on by default) also stitches reductions over trailing axes, Softmax,
     LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
-    their neighbours."""
+    their neighbours. `pack` (on by default) runs independent elementwise groups over one
+    iteration space in one kernel (pack.py)."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 
@@ -107,7 +108,10 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
-    plan = stage("plan", lambda: make_plan(g, cost or CostModel(), time_limit_s=time_limit_s))
+    cost = cost or CostModel()
+    plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
+    if pack:
+        plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
     sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
                                         for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))

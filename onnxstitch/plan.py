@@ -57,13 +57,29 @@ class Group:
     predicted_bytes: int
     predicted_us: float
     labels: tuple[str, ...] = ()  # node labels, for reports
+    parts: tuple[tuple[int, ...], ...] = ()  # packed groups (pack.py), empty when not packed
 
     def to_json(self) -> dict:
         """A JSON-ready dict."""
-        return {"name": self.name, "nodes": list(self.nodes), "labels": list(self.labels),
-                "inputs": list(self.inputs), "outputs": list(self.outputs),
-                "iteration_shape": None if self.iteration_shape is None else list(self.iteration_shape),
-                "predicted_bytes": self.predicted_bytes, "predicted_us": self.predicted_us}
+        out = {"name": self.name, "nodes": list(self.nodes), "labels": list(self.labels),
+               "inputs": list(self.inputs), "outputs": list(self.outputs),
+               "iteration_shape": None if self.iteration_shape is None else list(self.iteration_shape),
+               "predicted_bytes": self.predicted_bytes, "predicted_us": self.predicted_us}
+        if self.parts:
+            out["packed_from"] = [list(p) for p in self.parts]
+        return out
+
+
+@dataclass(frozen=True)
+class PackRefusal:
+    """Two groups of one level and iteration shape that pack.py did not pack, and why."""
+
+    groups: tuple[str, str]
+    reason: str
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict."""
+        return {"groups": list(self.groups), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,7 @@ class Plan:
     conflicts: int = 0  # pairwise constraints added up front
     cuts: int = 0  # lazy cycle cuts added
     rounds: int = 0  # solver calls
+    pack_refusals: tuple[PackRefusal, ...] = ()  # pack.py: same level and shape, not packed
 
     def to_json(self) -> dict:
         """A JSON-ready dict for `--report`."""
@@ -103,6 +120,7 @@ class Plan:
             "kernels_before": self.kernels_before, "kernels_after": self.kernels_after,
             "groups": [g.to_json() for g in self.groups],
             "rejections": [r.to_json() for r in self.rejections],
+            "pack_refusals": [r.to_json() for r in self.pack_refusals],
         }
 
 
@@ -146,7 +164,7 @@ def pairwise_conflicts(graph: FusionGraph, groups: Sequence[Sequence[int]],
     return pairs
 
 
-def _contract(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> tuple[list[int], list[set[int]]]:
+def contract(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> tuple[list[int], list[set[int]]]:
     """Group id of every node (chosen groups first, then one id per remaining node) and the
     contracted adjacency."""
     owner = [-1] * len(graph.nodes)
@@ -231,7 +249,7 @@ def _cycle_in(adj: Sequence[set[int]], comp: list[int], start: int) -> list[int]
 def find_cycles(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> list[list[int]]:
     """One cycle per nontrivial strongly connected component of the graph with each chosen
     group contracted to a vertex, as lists of indices into `chosen` (the groups on it)."""
-    _, adj = _contract(graph, chosen)
+    _, adj = contract(graph, chosen)
     cycles = []
     for comp in _sccs(adj):
         start = min(comp)  # a chosen group when there is one: they get the lowest ids
@@ -242,7 +260,7 @@ def find_cycles(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> list[lis
 def topological_groups(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> list[int]:
     """Indices into `chosen` in a topological order of the (acyclic) contraction, ties broken
     by smallest node id."""
-    owner, adj = _contract(graph, chosen)
+    owner, adj = contract(graph, chosen)
     first = [len(owner)] * len(adj)
     for i, g in enumerate(owner):
         first[g] = min(first[g], i)
@@ -334,7 +352,7 @@ def _give_up(out: _Outcome, why: str) -> _Outcome:
     return out
 
 
-def _group(graph: FusionGraph, cost: CostModel, name: str, members: tuple[int, ...]) -> Group:
+def make_group(graph: FusionGraph, cost: CostModel, name: str, members: tuple[int, ...]) -> Group:
     s = frozenset(members)
     ins, outs = graph.boundary(s)
     return Group(name, members, ins, outs, graph.iteration_shape(s), group_bytes(graph, s),
@@ -359,7 +377,7 @@ def make_plan(graph: FusionGraph, cost: CostModel = CostModel(), *, time_limit_s
     seconds = time.perf_counter() - start
     chosen = [cands.groups[c] for c in out.chosen]
     order = topological_groups(graph, chosen)
-    groups = tuple(_group(graph, cost, f"g{k}", chosen[c]) for k, c in enumerate(order))
+    groups = tuple(make_group(graph, cost, f"g{k}", chosen[c]) for k, c in enumerate(order))
     fused = {i for g in groups for i in g.nodes}
     rest = [i for i in range(len(graph.nodes)) if i not in fused]
     all_nodes = range(len(graph.nodes))

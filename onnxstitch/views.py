@@ -48,6 +48,11 @@ class View:
     def permutes(self) -> bool:
         return self.perm != tuple(range(len(self.perm)))
 
+    @property
+    def moves_innermost(self) -> bool:
+        """The source's innermost axis is not the output's innermost (stores need a tile)."""
+        return self.perm[-1] != len(self.split) - 1
+
     def encode(self) -> list[int]:
         """This view in the `output_views` attribute (docs/abi.md)."""
         return [len(self.split), *self.split, *self.perm, len(self.final), *self.final]
@@ -124,6 +129,13 @@ def group_views(graph: FusionGraph, members: frozenset[int], outputs: Sequence[s
         assert not isinstance(v, str), v  # candidates.legality checked every chain
         out.append(v)
     return out
+
+
+def tile_key(vs: Sequence[View | None]) -> tuple | None:
+    """(split, output-innermost axis) of the first view that moves the innermost axis: the
+    kernel's one shared-memory tile serves the views that agree on both (codegen_views)."""
+    lead = next((v for v in vs if v is not None and v.moves_innermost), None)
+    return None if lead is None else (lead.split, lead.perm[-1])
 
 
 def encode_all(views: Sequence[View | None]) -> list[int]:

@@ -5,7 +5,8 @@
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 # The device tool brings back at most 8 files, so everything is packed into $OUT/bert.tar.gz.
-#   bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions]
+#   bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack]
+# (elementwise: --no-reductions; nopack: --no-pack; reductions: the defaults)
 set -uo pipefail
 TOP=${OUT:-/tmp/onnxstitch-out}
 OUT=$TOP/bert
@@ -23,7 +24,7 @@ missing=""; for dt in ${dtypes//,/ }; do [ -f "$zoo/bert-base-$dt.onnx" ] || mis
 for dt in ${dtypes//,/ }; do
   m="$zoo/bert-base-$dt.onnx"
   for variant in ${variants//,/ }; do
-    flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions)
+    flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions); [ "$variant" = nopack ] && flag=(--no-pack)
     python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
       --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
     for g in "" --cuda-graph; do

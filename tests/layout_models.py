@@ -22,31 +22,62 @@ def _i64(name: str, values: list[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
-def attention_split(heads: int, head_dim: int, perm: tuple[int, ...], dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
-    """BERT's projection tail as torch.onnx writes it: bias Add, Reshape to [b, s, heads,
-    head_dim] through a shape computed at run time (Shape → Gather → Concat), Transpose."""
-    hidden = heads * head_dim
-    x = helper.make_tensor_value_info("x", dtype, ["batch", "seq", hidden])
+def _split_tail(x: str, y: str, heads: int, head_dim: int, perm: tuple[int, ...], dtype: int,
+                seed: int) -> tuple[list, list, Callable[[np.ndarray], np.ndarray]]:
+    """Nodes, initializers and float64 reference of one projection tail, `x` → `y`: bias Add,
+    Reshape to [b, s, heads, head_dim] through a shape computed at run time (Shape → Gather →
+    Concat), Transpose by `perm`."""
+    def n(t: str) -> str:
+        return f"{y}_{t}"
+
     nodes = [
-        helper.make_node("Add", ["x", "bias"], ["t"]),
-        helper.make_node("Shape", ["x"], ["shape"]),
-        helper.make_node("Gather", ["shape", "i0"], ["b"], axis=0),
-        helper.make_node("Gather", ["shape", "i1"], ["s"], axis=0),
-        helper.make_node("Concat", ["b", "s", "hd"], ["target"], axis=0),
-        helper.make_node("Reshape", ["t", "target"], ["view"], allowzero=1),
-        helper.make_node("Transpose", ["view"], ["y"], perm=list(perm)),
+        helper.make_node("Add", [x, n("bias")], [n("t")]),
+        helper.make_node("Shape", [x], [n("shape")]),
+        helper.make_node("Gather", [n("shape"), n("i0")], [n("b")], axis=0),
+        helper.make_node("Gather", [n("shape"), n("i1")], [n("s")], axis=0),
+        helper.make_node("Concat", [n("b"), n("s"), n("hd")], [n("target")], axis=0),
+        helper.make_node("Reshape", [n("t"), n("target")], [n("view")], allowzero=1),
+        helper.make_node("Transpose", [n("view")], [y], perm=list(perm)),
     ]
-    npd = helper.tensor_dtype_to_np_dtype(dtype)
-    bias = np.random.default_rng(1).standard_normal(hidden).astype(npd)
-    inits = [numpy_helper.from_array(bias, "bias"), _i64("i0", [0]), _i64("i1", [1]), _i64("hd", [heads, head_dim])]
-    out_shape = [["batch", "seq", heads, head_dim][p] for p in perm]
-    model = _model(nodes, [x], [helper.make_tensor_value_info("y", dtype, out_shape)], inits)
+    bias = np.random.default_rng(seed).standard_normal(heads * head_dim).astype(helper.tensor_dtype_to_np_dtype(dtype))
+    inits = [numpy_helper.from_array(bias, n("bias")), _i64(n("i0"), [0]), _i64(n("i1"), [1]),
+             _i64(n("hd"), [heads, head_dim])]
 
-    def ref(f: dict[str, np.ndarray]) -> list[np.ndarray]:
-        t = f["x"].astype(np.float64) + bias.astype(np.float64)
-        return [t.reshape(t.shape[0], t.shape[1], heads, head_dim).transpose(perm)]
+    def ref(v: np.ndarray) -> np.ndarray:
+        t = v.astype(np.float64) + bias.astype(np.float64)
+        return t.reshape(t.shape[0], t.shape[1], heads, head_dim).transpose(perm)
 
-    return model, ref
+    return nodes, inits, ref
+
+
+def _heads_shape(heads: int, head_dim: int, perm: tuple[int, ...]) -> list:
+    return [["batch", "seq", heads, head_dim][p] for p in perm]
+
+
+def attention_split(heads: int, head_dim: int, perm: tuple[int, ...], dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
+    """BERT's projection tail as torch.onnx writes it (`_split_tail`)."""
+    x = helper.make_tensor_value_info("x", dtype, ["batch", "seq", heads * head_dim])
+    nodes, inits, tail = _split_tail("x", "y", heads, head_dim, perm, dtype, seed=1)
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", dtype, _heads_shape(heads, head_dim, perm))], inits)
+    return model, lambda f: [tail(f["x"])]
+
+
+QKV_PERMS = ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3))  # BERT's query, key (transposed), value
+
+
+def attention_projections(heads: int, head_dim: int, dtype: int = TP.FLOAT,
+                          perms: tuple[tuple[int, ...], ...] = QKV_PERMS) -> tuple[onnx.ModelProto, Reference]:
+    """Independent projection tails over one [batch, seq, hidden] space (inputs q0, q1, …),
+    one per permutation: BERT's Q, K and V, which kernel packing runs as one launch."""
+    nodes, inits, tails, ins, outs = [], [], [], [], []
+    for j, perm in enumerate(perms):
+        ns, its, tail = _split_tail(f"q{j}", f"y{j}", heads, head_dim, perm, dtype, seed=j + 1)
+        nodes += ns
+        inits += its
+        tails.append(tail)
+        ins.append(helper.make_tensor_value_info(f"q{j}", dtype, ["batch", "seq", heads * head_dim]))
+        outs.append(helper.make_tensor_value_info(f"y{j}", dtype, _heads_shape(heads, head_dim, perm)))
+    return _model(nodes, ins, outs, inits), lambda f: [t(f[f"q{j}"]) for j, t in enumerate(tails)]
 
 
 def layout_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
