@@ -32,6 +32,7 @@ class KernelOptions:
     prefetch: bool = True  # load the next grid-stride iteration's FULL inputs before computing
     # (+1 to +2 points of copy bandwidth on H200 once the math is lean: docs/perf-notes.md)
     fast_half: bool = True  # approximate exp/log/sqrt/tanh/div where all floats are half precision
+    vector_broadcast: bool = True  # 16-byte loads of broadcast inputs along the trailing axes
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,9 @@ class _Printer:
     """Prints one group's body; holds the tensor → C variable map while it runs."""
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
-                 outputs: tuple[str, ...], kinds: tuple[int, ...]) -> None:
+                 outputs: tuple[str, ...], kinds: tuple[int, ...], vectored: frozenset[int] = frozenset()) -> None:
         self.g, self.nodes, self.inputs, self.outputs, self.kinds = graph, nodes, inputs, outputs, kinds
+        self.vectored = vectored  # BROADCAST inputs gathered per vector into bv{k}
         self.var: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
 
@@ -145,7 +147,8 @@ class _Printer:
         for k, t in enumerate(self.inputs):
             d = self.dtype(t)
             st = ops.CTYPES[d][0]
-            raw = f"in{k}.v[e]" if self.kinds[k] == FULL else f"static_cast<const {st}*>(a.in[{k}])[o{k}]"
+            raw = (f"in{k}.v[e]" if self.kinds[k] == FULL else f"bv{k}.v[e]" if k in self.vectored
+                   else f"static_cast<const {st}*>(a.in[{k}])[o{k}]")
             self.var[t] = ops.Arg(f"x{k}", ops.CTYPES[d][1], d)
             self.lines.append(f"{ind}const {ops.CTYPES[d][1]} x{k} = {_load_expr(d, raw)};")
         count = 0
@@ -197,15 +200,24 @@ def _block_pattern(shape: tuple, full: tuple) -> tuple[int, int] | None:
     return varying[0], varying[-1] + 1
 
 
+def vectored_inputs(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int], shape: tuple) -> frozenset[int]:
+    """BROADCAST inputs that vary over a run of trailing axes (a bias [C] over [..., C]): a
+    whole vector of them is contiguous, so it is loaded 16 bytes at a time, not element by
+    element (checked per launch: whole vectors per run, contiguous strides, alignment)."""
+    pats = {k: _block_pattern(tuple(graph.tensors[inputs[k]].shape or ()), tuple(shape)) for k in bcast}
+    return frozenset(k for k, pq in pats.items() if pq is not None and pq[1] == len(shape))
+
+
 def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int],
-                     shape: tuple) -> tuple[str, str, str]:
+                     shape: tuple, vectored: frozenset[int] = frozenset()) -> tuple[str, str, str]:
     """Index code for BROADCAST inputs: (per thread, per vector, per element).
 
     A vector's V elements stay inside one run of the innermost axis when that axis is a
     multiple of V (`runs`, uniform per launch): the vector's first element is decomposed once
     and the rest step by the innermost stride. Inputs with a block pattern whose strides are
     the contiguous ones (checked once per thread) skip the decomposition. Otherwise every
-    element is decomposed over all axes."""
+    element is decomposed over all axes. `vectored` inputs (vectored_inputs) are gathered
+    per vector into bv{k}: one vector load when the launch allows it, else element by element."""
     if not bcast:
         return "", "", ""
     rank = len(shape)
@@ -222,6 +234,10 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[in
                      f"if (d >= {q}) {{ inner{k} *= n; pat{k} = pat{k} && (st == 0 || n == 1); }} "
                      f"else if (d >= {p}) {{ pat{k} = pat{k} && (st == span{k} || n == 1); span{k} *= n; }} "
                      f"else pat{k} = pat{k} && (st == 0 || n == 1); }}")
+    for k in sorted(vectored):
+        st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
+        setup.append(f"  const bool bw{k} = runs && pat{k} && "
+                     f"reinterpret_cast<unsigned long long>(a.in[{k}]) % (V * sizeof({st})) == 0;")
     general = [k for k in bcast if pats[k] is None]
     need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None])
     zero = ", ".join(f"ob{k} = 0" for k in bcast)
@@ -233,14 +249,30 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[in
     for k, pq in pats.items():
         if pq is not None:
             vec.append(f"    if (runs && pat{k}) ob{k} = (w * V / inner{k}) % span{k};")
-    elem = [f"      I {', '.join(f'o{k}' for k in bcast)};", "      if (runs) {"]
-    for k, pq in pats.items():
+    for k in sorted(vectored):
+        st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
+        vec += [f"    StitchVec<V, {st}> bv{k};",
+                f"    if (bw{k}) bv{k} = static_cast<const StitchVec<V, {st}>*>(a.in[{k}])[ob{k} / V];",
+                "    else {",
+                "#pragma unroll",
+                "      for (int e = 0; e < V; ++e) {",
+                "        I o = 0, r = w * V + e;",
+                decompose("r", rank - 1, 0, {k: "o"}, "        "),
+                f"        bv{k}.v[e] = static_cast<const {st}*>(a.in[{k}])[o];",
+                "      }",
+                "    }"]
+    rest = [k for k in bcast if k not in vectored]
+    if not rest:
+        return "\n".join(setup) + "\n", "\n".join(vec) + "\n", ""
+    elem = [f"      I {', '.join(f'o{k}' for k in rest)};", "      if (runs) {"]
+    for k in rest:
+        pq = pats[k]
         step = f"(I)a.strides[{k}][{rank - 1}]"
         if pq is not None:
             step = f"(pat{k} ? (I){int(pq[1] == rank)} : {step})"
         elem.append(f"        o{k} = ob{k} + (I)e * {step};")
-    elem += ["      } else {", f"        I r = i; {'; '.join(f'o{k} = 0' for k in bcast)};",
-             decompose("r", rank - 1, 0, {k: f"o{k}" for k in bcast}, "        "),
+    elem += ["      } else {", f"        I r = i; {'; '.join(f'o{k} = 0' for k in rest)};",
+             decompose("r", rank - 1, 0, {k: f"o{k}" for k in rest}, "        "),
              "      }"]
     return "\n".join(setup) + "\n", "\n".join(vec) + "\n", "\n".join(elem) + "\n"
 
@@ -254,7 +286,9 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
     full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
     vw = vec_width(graph, full)
-    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds)
+    bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
+    vectored = vectored_inputs(graph, inputs, bcast, shape) if options.vector_broadcast else frozenset()
+    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored)
     compute = p.body()
 
     def vtype(t: str) -> str:
@@ -280,8 +314,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     store = {k: view_stores.get(k, f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};")
              for k, t in enumerate(outputs)}
     stores = "\n".join(store.values())
-    bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
-    setup, per_vector, index = _broadcast_index(graph, inputs, bcast, shape)
+    setup, per_vector, index = _broadcast_index(graph, inputs, bcast, shape, vectored)
     elements = f"""{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
