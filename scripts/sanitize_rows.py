@@ -2,7 +2,7 @@
 """A workload for compute-sanitizer (racecheck, memcheck): one stitched model per rows scheme —
 a few lanes per row, a warp per row, a block per row (shared-memory reduction), and the loop
 path (rows longer than planned) — and the shared-memory tile of a layout view that moves the
-innermost axis (whole and partial tiles), each run once on small inputs through ONNX Runtime.
+innermost axis (whole and partial tiles, alone and packed with Q and V), each run once on small inputs through ONNX Runtime.
 
     compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
-from tests.layout_models import attention_split  # noqa: E402
+from tests.layout_models import attention_projections, attention_split  # noqa: E402
 from tests.row_models import dynamic_row_model, row_models, trailing_models  # noqa: E402
 
 
@@ -35,6 +35,8 @@ def cases():
     for heads, head_dim in ((12, 64), (4, 12)):
         model, _ = attention_split(heads, head_dim, (0, 2, 3, 1))
         yield f"key-transpose-tile-{head_dim}", model, {"batch": [2], "seq": [40]}, {"batch": 2, "seq": 40}
+        model, _ = attention_projections(heads, head_dim, TP.FLOAT16)
+        yield f"packed-qkv-{head_dim}", model, {"batch": [2], "seq": [40]}, {"batch": 2, "seq": 40}
 
 
 def main() -> int:
