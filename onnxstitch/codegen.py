@@ -114,7 +114,8 @@ def baked_arg(graph: FusionGraph, tensor: str) -> ops.Arg:
     """A baked scalar constant as a literal operand in its compute type."""
     d = graph.tensors[tensor].dtype
     ct = ops.CTYPES[d][1]
-    return ops.Arg(ops.literal(constant_value(graph, tensor).item(), ct), ct, d)
+    value = constant_value(graph, tensor).item()
+    return ops.Arg(ops.literal(value, ct), ct, d, float(value) if ct in ("float", "double") else None)
 
 
 def _ident(i: int, prefix: str = "v") -> str:

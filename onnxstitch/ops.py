@@ -11,11 +11,13 @@ a tail on one of its outputs, which the kernel then writes reshaped and transpos
 """
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 from onnx import TensorProto as TP
 
 
@@ -57,6 +59,7 @@ class Arg:
     expr: str
     ctype: str
     dtype: int
+    value: float | None = None  # a baked scalar's value (the printers may fold it)
 
 
 def literal(value: float | int | bool, ctype: str) -> str:
@@ -101,6 +104,14 @@ def _minmax(cmp: str) -> Printer:
 
 
 def _div(a: Sequence[Arg], at: Mapping[str, object], t: str) -> str:
+    if t in ("float", "double") and a[1].value is not None:
+        # x / c as x * (1/c): a multiply instead of IEEE division's instruction sequence,
+        # exact when c is a power of two and within one rounding of x / c otherwise (as ORT's
+        # own BiasGelu multiplies by 1/√2). Only where 1/c is a normal number.
+        inv = 1.0 / a[1].value if a[1].value else math.inf
+        limit = np.finfo(np.float32 if t == "float" else np.float64)
+        if math.isfinite(inv) and float(limit.tiny) <= abs(inv) <= float(limit.max):
+            return f"({_c(a[0], t)} * {literal(inv, t)})"
     return f"stitch_div({_c(a[0], t)}, {_c(a[1], t)})"
 
 

@@ -55,3 +55,21 @@ def test_broadcast_inputs_are_marked() -> None:
     src = codegen.generate(g, "k", (0, 1))
     assert src.input_kinds == (codegen.FULL, codegen.BROADCAST)
     assert "a.strides[1]" in src.source
+
+
+def _div_by(c: float, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """y = relu(x / c) with c a baked scalar."""
+    h = onnx.helper
+    npd = h.tensor_dtype_to_np_dtype(dtype)
+    g = h.make_graph([h.make_node("Div", ["x", "c"], ["q"]), h.make_node("Relu", ["q"], ["y"])], "div",
+                     [h.make_tensor_value_info("x", dtype, ["n", 16])], [h.make_tensor_value_info("y", dtype, ["n", 16])],
+                     [onnx.numpy_helper.from_array(np.array(c, npd), "c")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("c,folds", [(1.4142135, True), (4.0, True), (-0.1, True), (0.0, False),
+                                     (-0.0, False), (1e38, False), (float("inf"), False), (float("nan"), False)])
+def test_division_by_a_constant_multiplies_by_its_normal_reciprocal(c: float, folds: bool) -> None:
+    m, g = prepared(_div_by(c))
+    line = next(x for x in codegen.generate(g, "k", (0, 1)).source.splitlines() if "// Div" in x)
+    assert ("stitch_div" not in line) == folds, line

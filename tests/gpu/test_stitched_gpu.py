@@ -156,3 +156,26 @@ def test_cast_of_a_half_intermediate_widens_the_half_value() -> None:
     expected = (feeds["x"] + feeds["y"]).astype(np.float32)  # numpy adds in float16
     got = run_gpu(stitch_nodes(model, [(0, 1)]), feeds, [expected])[0]
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("c", [1.4142135, 4.0, -0.1, 3.0, 1e38, 1e-30])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+def test_division_by_a_constant_matches_float64_numpy(c: float, dtype: int) -> None:
+    """x / c runs as x * (1/c) where 1/c is normal: within one rounding of the quotient
+    (exact for powers of two), and as a division otherwise (1e38: 1/c is subnormal)."""
+    from ..test_codegen import _div_by
+
+    model = _div_by(c, dtype)
+    res = onnxstitch.optimize(model, shapes={"n": [64]}, verify=False)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+    npd = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    x = (np.random.default_rng(np.random.SeedSequence().entropy).standard_normal((1000, 16)) * 100).astype(npd)
+    (got,) = run_gpu(res.model, {"x": x}, [x])
+    cc = float(np.array(c, npd))  # the constant as the model stores it
+    if not np.isfinite(cc) or cc == 0:
+        pytest.skip(f"{c} is not a finite nonzero {np.dtype(npd).name}")
+    want = np.maximum(x.astype(np.float64) / cc, 0)
+    if c == 4.0:
+        np.testing.assert_array_equal(got, np.maximum(x / npd(4), 0))
+    err = np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-300)
+    assert err <= (1e-2 if dtype == TP.FLOAT16 else 1e-6), err
