@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 from onnx import TensorProto as TP
 
 from . import ops, rows
-from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, baked_arg, decompose,
+from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, baked_arg,
                       half_only)
 from .graph import FusionGraph, row_span
 from .rows import Operand, RowGeometry, Step, choose_geometry
@@ -367,7 +367,6 @@ class _RowPrinter:
         """Variables of the row at group start `row0` (prefix `p`): the thread's row, whether it
         exists, its length (0 past the end), its first element and broadcast inputs' offsets."""
         kinds = self._kinds
-        lead = self.rank - self.geo.span
         self.lines += [f"{ind}const I {p}row = {row0} + sub;", f"{ind}const bool {p}active = {p}row < rows;",
                        f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {p}row * C;",
                        f"{ind}(void){p}base; (void){p}Cr;"]
@@ -379,9 +378,37 @@ class _RowPrinter:
             self.lines.append(f"{ind}const I {', '.join(f'{p}ro{k} = 0' for k in fixed)};")
         moving = [k for k in bcast if k not in fixed]
         if moving:
-            zero = ", ".join(f"{p}ro{k} = 0" for k in moving)
-            self.lines.append(f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};")
-            self.lines.append(decompose(f"{p}rr", lead - 1, 0, {k: f"{p}ro{k}" for k in moving}, ind))
+            self.lines += self.row_offsets(p, moving, ind)
+
+    def row_offsets(self, p: str, moving: list[int], ind: str) -> list[str]:
+        """Row offsets of broadcast inputs that move with the row. Only the row axes where some
+        input has a dim other than 1 are decomposed (a dim of 1 in the model is 1 at run time,
+        so its stride is 0): an attention mask [B, 1, 1, S] over rows [B, H, S] costs one
+        division per row instead of a division and a remainder per axis. The outermost row
+        axis needs no remainder (the row index is in range)."""
+        lead = self.rank - self.geo.span
+        varying: dict[int, list[int]] = {}
+        for k in moving:
+            shape = self.g.tensors[self.ins[k].name].shape
+            # unknown rank: every axis may vary
+            aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
+            for d in range(lead):
+                if aligned[d] != 1:
+                    varying.setdefault(d, []).append(k)
+        zero = ", ".join(f"{p}ro{k} = 0" for k in moving)
+        if not varying:
+            return [f"{ind}const I {zero};"]
+        hi, lo = max(varying), min(varying)
+        inner = " * ".join(f"(I)a.dims[{d}]" for d in range(hi + 1, lead))
+        lines = [f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};"]
+        if inner:
+            lines.append(f"{ind}{p}rr /= {inner};")
+        for d in range(hi, lo - 1, -1):
+            q = f"{p}rr" if d == 0 else f"{p}rr % (I)a.dims[{d}]"
+            step = f" {p}rr /= (I)a.dims[{d}];" if d > lo else ""
+            acc = " ".join(f"{p}ro{k} += q * (I)a.strides[{k}][{d}];" for k in varying.get(d, []))
+            lines.append(f"{ind}{{ const I q = {q};{step} {acc} }}")
+        return lines
 
     def same_every_row(self, k: int) -> bool:
         """Whether input k has size 1 (or no dim) on every row axis, so its row offset is 0."""

@@ -71,6 +71,21 @@ def row_models(rows: int, cols: int, dtype: int = TP.FLOAT, opset: int = 18) -> 
             return [e / e.sum(-1, keepdims=True) if op == "Softmax" else z - np.log(e.sum(-1, keepdims=True))]
 
         yield op, model, ref
+    # Row offsets over a middle row axis and the outer one but not between: [batch, 1, 3, cols]
+    # and [2, 1, cols] against rows [batch, 2, 3].
+    e_in = helper.make_tensor_value_info("e", dtype, ["batch", 1, 3, cols])
+    h_in = helper.make_tensor_value_info("h", dtype, [2, 1, cols])
+    nodes = [helper.make_node("Add", ["s", "e"], ["a"]), helper.make_node("Mul", ["a", "h"], ["b"]),
+             helper.make_node("Softmax", ["b"], ["p"], axis=-1)]
+    model = _model(nodes, [s_in, e_in, h_in], [helper.make_tensor_value_info("p", dtype, ["batch", 2, 3, cols])],
+                   None, opset)
+
+    def gapped(f):
+        b = (f["s"].astype(np.float64) + f["e"].astype(np.float64)) * f["h"].astype(np.float64)
+        e = np.exp(b - b.max(-1, keepdims=True))
+        return [e / e.sum(-1, keepdims=True)]
+
+    yield "Softmax-gapped-broadcast", model, gapped
     # LayerNormalization (opset 17 op) with residual add before and GELU-ish after
     if opset >= 17:
         for with_bias in (True, False):
