@@ -378,7 +378,8 @@ class _RowPrinter:
             self.lines.append(f"{ind}const I {', '.join(f'{p}ro{k} = 0' for k in fixed)};")
         moving = [k for k in bcast if k not in fixed]
         if moving:
-            self.lines += self.row_offsets(p, moving, ind)
+            # (markers for tests/test_rows_index.py, which runs this code on the host)
+            self.lines += [f"{ind}// row offsets", *self.row_offsets(p, moving, ind), f"{ind}// end row offsets"]
 
     def row_offsets(self, p: str, moving: list[int], ind: str) -> list[str]:
         """Row offsets of broadcast inputs that move with the row. Only the row axes where some
