@@ -1,4 +1,4 @@
-"""The pipeline as a short list of named stages: load → shapes → graph → plan → codegen →
+"""The pipeline as a short list of named stages: load → shapes → graph → plan → pack → codegen →
 compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
