@@ -55,6 +55,9 @@ def _summary(report, out: Path) -> Table:
     t.add_row("predicted bytes moved", f"{p.bytes_before / 1e6:,.1f} MB", f"{p.bytes_after / 1e6:,.1f} MB")
     t.add_row("predicted time", f"{p.predicted_us_before:,.1f} µs", f"{p.predicted_us_after:,.1f} µs")
     left = f" ({len(report.dropped)} left to ONNX Runtime by verification)" if report.dropped else ""
+    packed = [g for g in p.groups if g.parts]
+    if packed:
+        left += f" ({len(packed)} packed from {sum(len(g.parts) for g in packed)} independent groups)"
     t.add_row("fused groups", "", f"{len(p.groups) - len(report.dropped)}{left}")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
     v = report.verification

@@ -132,3 +132,17 @@ def test_bench_without_gpu_says_so(tmp_path: Path) -> None:
     res = _invoke("bench", str(src))
     assert res.exit_code == 1 and "needs an NVIDIA GPU" in res.output
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+
+
+def test_optimize_says_what_it_packed_and_no_pack_keeps_groups_apart(tmp_path: Path) -> None:
+    from .layout_models import attention_projections
+
+    src = tmp_path / "qkv.onnx"
+    onnx.save(attention_projections(4, 16)[0], src)
+    res = _invoke("optimize", str(src), "-o", str(tmp_path / "a.onnx"), "--shape", "batch=8,seq=16", "--no-verify")
+    assert res.exit_code == 0, res.output
+    assert "1 (1 packed from 3 independent groups)" in " ".join(res.output.split())
+    res = _invoke("optimize", str(src), "-o", str(tmp_path / "b.onnx"), "--shape", "batch=8,seq=16",
+                  "--no-verify", "--no-pack")
+    assert res.exit_code == 0 and "packed" not in res.output
+    assert [n.op_type for n in onnx.load(tmp_path / "b.onnx").graph.node] == ["FusedKernel"] * 3
