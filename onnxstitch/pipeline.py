@@ -15,7 +15,7 @@ from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError, first_line
-from .plan import Plan, make_plan
+from .plan import Group, Plan, make_plan
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
             log.info("%s; the group is left to ONNX Runtime", first_line(e))
             dropped.append({"group": e.group, "reason": first_line(e)})
             built = [(grp, k) for grp, k in built if grp.name != e.group]
-    kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(k.source),
+    kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(g, grp, k.source),
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in built)
@@ -144,7 +144,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     return OptimizeResult(out, report)
 
 
-def _launch(src: codegen.KernelSource) -> dict:
+def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:
     """How a kernel is launched, for the report: its scheme and launch shape (docs/abi.md)."""
     if src.shape_rule == "rows":
         per_block = src.block_threads // src.row_threads
@@ -152,7 +152,7 @@ def _launch(src: codegen.KernelSource) -> dict:
                 "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block}
     out = {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
     if src.output_views:
-        out["views"] = views.describe_all(src.output_views, src.outputs)
+        out["views"] = views.describe(views.group_views(g, frozenset(grp.nodes), src.outputs))
     return out
 
 

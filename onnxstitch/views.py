@@ -146,21 +146,14 @@ def encode_all(views: Sequence[View | None]) -> list[int]:
     return out
 
 
-def describe_all(encoded: Sequence[int], outputs: Sequence[str]) -> list[dict]:
-    """The views of an `output_views` attribute, for the plan report: each viewed output, its
-    permutation and how the kernel stores it ("vector" when the innermost axis stays, "tile"
-    through shared memory when it moves)."""
-    out, pos = [], 0
-    for t in outputs:
-        r = encoded[pos] if pos < len(encoded) else 0
-        if r == 0:
-            pos += 1
-            continue
-        perm = list(encoded[pos + 1 + r:pos + 1 + 2 * r])
-        out.append({"output": t, "perm": perm, "stores": "vector" if perm[-1] == r - 1 else "tile"})
-        pos += 1 + 2 * r
-        pos += 1 + encoded[pos]
-    return out
+def describe(vs: Sequence[View | None]) -> list[dict]:
+    """Each viewed output for the plan report: its permutation and how the kernel stores it
+    ("vector" when the innermost axis stays, "tile" through the shared-memory tile, "element"
+    for a moving view that does not share the tile's axes)."""
+    key = tile_key(vs)
+    return [{"output": v.tensor, "perm": list(v.perm),
+             "stores": "tile" if key == (v.split, v.perm[-1]) else "element" if v.moves_innermost else "vector"}
+            for v in vs if v is not None]
 
 
 def onnx_shape(entries: Sequence[int]) -> list[int] | None:

@@ -139,3 +139,11 @@ def test_random_split_and_permutation_match_numpy(dims: list[int], split: int, d
     xs = feeds["x"].astype(np.float64)
     want = np.exp(xs).reshape(xs.shape[:-1] + (split, dims[-1])).transpose(perm)
     assert_close(got, want.astype(np.float32))
+
+
+def test_report_names_element_stores_for_a_second_moving_view() -> None:
+    # flat moves the innermost axis and takes the tile; col moves it along another split, so
+    # the kernel stores it element by element, and the report says so.
+    _, model, _ = next(c for c in layout_models(64) if c[0] == "transpose-flatten-squeeze-unsqueeze")
+    (k,) = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), verify=False).report.to_json()["kernels"]
+    assert [(v["output"], v["stores"]) for v in k["views"]] == [("flat", "tile"), ("col", "element")]
