@@ -12,6 +12,7 @@ import onnxstitch
 from onnxstitch.inputs import random_feeds
 
 from ..row_models import arg_models, channel_models, dynamic_row_model, row_models, trailing_models
+from ..stitching import fresh_seed
 from .test_stitched_gpu import run_gpu
 
 pytestmark = pytest.mark.gpu
@@ -27,7 +28,7 @@ def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
     first), compare with the float64 reference: indices exactly, values by relative norm."""
     res = onnxstitch.optimize(model, shapes=plan, verify=False, reductions=True)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], name
-    feeds = random_feeds(model, seed=int(np.random.SeedSequence().entropy % 2**31), dim_values=run)
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
     expected = ref(feeds)
     like = [e if e.dtype.kind == "i" else e.astype(np.float16 if dtype == TP.FLOAT16 else np.float32) for e in expected]
     got = run_gpu(res.model, feeds, like)
