@@ -16,6 +16,7 @@ from models.fuzz import run_cpu
 from onnxstitch import rewrite
 from onnxstitch.inputs import random_feeds
 from onnxstitch.verify import VerifyError, compare
+
 from .stitching import fresh_seed
 
 TWO_GROUPS = """<ir_version: 8, opset_import: ["" : 17]>
