@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from . import ortio
 from .inputs import random_feeds
 
 # v2: several configurations, percentiles, throughput, device/driver, CUDA graphs.
@@ -137,20 +138,18 @@ class _Bound:
     """A session with its inputs on the GPU and outputs bound, ready for run_with_iobinding."""
 
     def __init__(self, sess, feeds: Mapping[str, np.ndarray], outputs_like: Sequence[np.ndarray] | None) -> None:
-        import onnxruntime as ort
-
         self.sess = sess
         self.io = sess.io_binding()
         self.keep = []
         for name, arr in feeds.items():
-            ov = ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0)
+            ov = ortio.to_ortvalue(arr, "cuda", 0)
             self.keep.append(ov)
             self.io.bind_ortvalue_input(name, ov)
         for i, out in enumerate(sess.get_outputs()):
             if outputs_like is None:
                 self.io.bind_output(out.name, "cuda", 0)
             else:  # CUDA graphs replay fixed addresses: outputs must be preallocated
-                ov = ort.OrtValue.ortvalue_from_numpy(np.empty_like(outputs_like[i]), "cuda", 0)
+                ov = ortio.empty(outputs_like[i].shape, outputs_like[i].dtype, "cuda", 0)
                 self.keep.append(ov)
                 self.io.bind_ortvalue_output(out.name, ov)
 
@@ -158,7 +157,7 @@ class _Bound:
         self.sess.run_with_iobinding(self.io)
 
     def outputs(self) -> list[np.ndarray]:
-        return [o.numpy() for o in self.io.get_outputs()]
+        return [ortio.to_numpy(o) for o in self.io.get_outputs()]
 
 
 def _provider_list(config: BenchConfig) -> list:

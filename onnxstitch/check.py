@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from . import __version__
+from . import __version__, ortio
 from .errors import BadInputError
 from .inputs import random_feeds
 from .pipeline import optimize
@@ -59,8 +59,9 @@ def _plan_summary(report) -> dict[str, Any]:
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,
               dims: Mapping[str, int], atol: float | None, rtol: float | None) -> tuple[OutputCheck, ...]:
     feeds = random_feeds(original, seed, dims)
-    ref = runtime_session(model_path, gpu, stitched=False).run(None, feeds)
-    got = runtime_session(stitched.SerializeToString(), gpu, stitched=True).run(None, feeds)
+    names = [o.name for o in original.graph.output]
+    ref = ortio.run(runtime_session(model_path, gpu, stitched=False), names, feeds)
+    got = ortio.run(runtime_session(stitched.SerializeToString(), gpu, stitched=True), names, feeds)
     return tuple(compare_elementwise(o.name, g, r, atol, rtol) for o, g, r in zip(original.graph.output, got, ref))
 
 

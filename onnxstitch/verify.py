@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from . import ortio
 from .errors import StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
@@ -217,12 +218,12 @@ def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.
     try:
         ref_sess = runtime_session(ref_src, gpu, stitched=False)
         names = [o.name for o in ref_sess.get_outputs()]
-        expected = dict(zip(names, ref_sess.run(names, feeds)))
+        expected = dict(zip(names, ortio.run(ref_sess, names, feeds)))
     except Exception as e:  # the original itself cannot run here: nothing to compare against
         log.warning("verification skipped: the original model does not run on ORT %s: %s", where.upper(), first_line(e))
         return Verification(where, 0, 0.0, skipped=f"original does not run on ORT {where.upper()}: {first_line(e)}")
     try:
-        actual = dict(zip(names, runtime_session(new_src, gpu, stitched=True).run(names, feeds)))
+        actual = dict(zip(names, ortio.run(runtime_session(new_src, gpu, stitched=True), names, feeds)))
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     worst = 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
+from onnx import helper
 
 import onnxstitch
 from onnxstitch.inputs import random_feeds
@@ -30,9 +31,10 @@ def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], name
     feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
     expected = ref(feeds)
-    like = [e if e.dtype.kind == "i" else e.astype(np.float16 if dtype == TP.FLOAT16 else np.float32) for e in expected]
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    like = [e if e.dtype.kind == "i" else e.astype(npd) for e in expected]
     got = run_gpu(res.model, feeds, like)
-    tol = 1e-2 if dtype == TP.FLOAT16 else 1e-5
+    tol = 1e-2 if dtype in (TP.FLOAT16, TP.BFLOAT16) else 1e-5
     for g, e in zip(got, expected):
         assert g.shape == e.shape, (name, g.shape, e.shape)
         if e.dtype.kind == "i":  # indices (ArgMax/ArgMin) match exactly

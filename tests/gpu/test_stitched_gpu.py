@@ -12,6 +12,7 @@ from onnx import TensorProto as TP
 
 import onnxstitch
 from models.elementwise import chain, random_graph
+from onnxstitch import ortio
 from onnxstitch.inputs import random_feeds
 
 from ..op_models import op_models
@@ -29,7 +30,7 @@ def _model_at(name: str, shape: tuple[int, ...]) -> onnx.ModelProto:
 
 
 def _poison(arr: np.ndarray) -> np.ndarray:
-    if arr.dtype.kind == "f":
+    if arr.dtype.kind == "f" or arr.dtype.name == "bfloat16":
         return np.full(arr.shape, np.nan, arr.dtype)
     if arr.dtype == np.bool_:
         return np.asarray(~arr)  # wrong everywhere: an element left unwritten shows up (an array at rank 0 too)
@@ -45,14 +46,14 @@ def run_gpu(model: onnx.ModelProto, feeds: dict, expected_like: list[np.ndarray]
     sess = onnxstitch.session(model.SerializeToString(), providers=PROVIDERS)
     io = sess.io_binding()
     for k, v in feeds.items():
-        io.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0))
+        io.bind_ortvalue_input(k, ortio.to_ortvalue(v, "cuda", 0))  # bfloat16 too
     outs = []
     for meta, like in zip(sess.get_outputs(), expected_like):
-        ov = ort.OrtValue.ortvalue_from_numpy(_poison(np.asarray(like)), "cuda", 0)
+        ov = ortio.to_ortvalue(_poison(np.asarray(like)), "cuda", 0)
         io.bind_ortvalue_output(meta.name, ov)
         outs.append(ov)
     sess.run_with_iobinding(io)
-    return [o.numpy() for o in outs]
+    return [ortio.to_numpy(o) for o in outs]
 
 
 def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
