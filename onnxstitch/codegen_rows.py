@@ -22,14 +22,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from onnx import TensorProto as TP
-
 from . import ops, rows
 from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, baked_arg,
                       half_only)
-from .graph import FusionGraph, row_span
-from .rows import Operand, RowGeometry, Step, choose_geometry
-from .shapes import TensorInfo, dtype_size
+from .graph import FusionGraph
+from .rows import Operand, RowGeometry, Step
 
 FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
 
@@ -553,22 +550,14 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     """CUDA source of a legal group with reductions over trailing axes (see candidates);
     `threads` overrides the threads per row (choose_geometry)."""
     inputs, outputs = graph.boundary(frozenset(nodes))
-    shape = graph.iteration_shape(frozenset(nodes))
-    assert shape, f"group {name}: a rows kernel needs an iteration shape of rank >= 1"
-    span = row_span(graph, next(i for i in nodes if graph.nodes[i].kind == ops.OpKind.REDUCE))
+    rp = rows.row_plan(graph, nodes, threads)
+    shape, span, geo, static_row = rp.shape, rp.span, rp.geometry, rp.static
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
-    cols = TensorInfo("row", TP.FLOAT, tuple(shape[-span:])).numel(graph.dim_values) or 1
     lead = tuple(shape[:-span])
     out_kinds = tuple(FULL_OUTPUT if graph.tensors[t].shape == shape else
                       ROW_DROPPED_OUTPUT if tuple(graph.tensors[t].shape or ()) == lead else ROW_OUTPUT
                       for t in outputs)
-    # 16-byte chunks of the widest per-element tensor.
-    widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
-                  if graph.tensors[t].shape == shape] or [4])
-    rows_planned = TensorInfo("rows", TP.FLOAT, tuple(shape[:-span])).numel(graph.dim_values)
-    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows_planned)
     trailing = tuple(shape[-span:])
-    static_row = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity
     full = static_row and math.prod(trailing) == geo.capacity
     p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full)
     body = p.body(static_row)

@@ -1,8 +1,9 @@
 """The cost model the plan minimises: every kernel costs one launch plus its memory traffic.
 
 Memory-bound kernels are priced by the roofline's memory side only: the bytes a kernel must
-move (each boundary tensor read or written once) over the measured device-to-device copy
-bandwidth, plus one host launch. DESIGN.md's anchors: a launch from the host costs about
+move (each boundary tensor read or written once, or once per pass for a row kernel whose rows
+do not fit its registers) over the measured device-to-device copy bandwidth, plus one host
+launch. DESIGN.md's anchors: a launch from the host costs about
 4–5 µs; a device-to-device copy moves about 2.85 TB/s on H100 and 3.96 TB/s on H200
 (read + write counted). Small tensors are launch-bound, large ones bandwidth-bound, so both
 terms are needed.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import ops
+from . import ops, rows
 from .graph import FusionGraph
 
 H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
@@ -47,9 +48,18 @@ def _sum_bytes(graph: FusionGraph, tensors: Iterable[str]) -> int:
 
 def group_bytes(graph: FusionGraph, group: frozenset[int] | set[int]) -> int:
     """Bytes a fused kernel moves: its boundary inputs and outputs, each once. Internal
-    tensors stay in registers; baked scalars are literals and cost nothing."""
+    tensors stay in registers; baked scalars are literals and cost nothing. The rows scheme's
+    loop path (a row longer than the registers hold) reads its per-element inputs once per
+    pass (rows.loop_passes) instead."""
     ins, outs = graph.boundary(group)
-    return _sum_bytes(graph, ins + outs)
+    moved = _sum_bytes(graph, ins + outs)
+    if not any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in group):
+        return moved
+    plan = rows.row_plan(graph, frozenset(group))
+    if plan.in_registers:
+        return moved
+    per_element = [t for t in ins if graph.tensors[t].shape == plan.shape]
+    return moved + (rows.loop_passes(graph, frozenset(group)) - 1) * _sum_bytes(graph, per_element)
 
 
 def _relabels(graph: FusionGraph, node: int) -> bool:

@@ -9,8 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Union
 
+from onnx import TensorProto as TP
+
 from . import ops
-from .graph import FusionGraph
+from .graph import FusionGraph, row_span
+from .shapes import Shape, TensorInfo, dtype_size
 
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
 MAX_CHUNKS = 8  # register chunks per thread and per-element input (16 bytes each)
@@ -76,6 +79,56 @@ def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
     chunks = math.ceil(units / threads)
     # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
     return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """A row group's shape at planning sizes: its iteration shape, the trailing `span` axes
+    that form a row, the row length `cols`, the number of rows (None when not known) and the
+    geometry. `static`: the row length is fixed in the model and fits the registers (the
+    kernel then has no loop path)."""
+
+    shape: Shape
+    span: int
+    cols: int
+    rows: int | None
+    geometry: RowGeometry
+    static: bool
+
+    @property
+    def in_registers(self) -> bool:
+        """Whether a row of the planned length is held in registers (read once) rather than
+        re-read by every pass of the loop path."""
+        return self.geometry.chunks > 0 and self.cols <= self.geometry.capacity
+
+
+def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], threads: int | None = None) -> RowPlan:
+    """The row plan of a legal group with reductions (`threads` forces threads per row)."""
+    members = frozenset(nodes)
+    shape = graph.iteration_shape(members)
+    assert shape, "a rows kernel needs an iteration shape of rank >= 1"
+    span = row_span(graph, next(i for i in sorted(members) if graph.nodes[i].kind == ops.OpKind.REDUCE))
+    inputs, outputs = graph.boundary(members)
+    cols = TensorInfo("row", TP.FLOAT, tuple(shape[-span:])).numel(graph.dim_values) or 1
+    # 16-byte chunks of the widest per-element tensor.
+    widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
+                  if graph.tensors[t].shape == shape] or [4])
+    rows = TensorInfo("rows", TP.FLOAT, tuple(shape[:-span])).numel(graph.dim_values)
+    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows)
+    trailing = tuple(shape[-span:])
+    static = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity  # type: ignore[arg-type]
+    return RowPlan(tuple(shape), span, cols, rows, geo, static)
+
+
+def loop_passes(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int]) -> int:
+    """How many times the loop path reads a row: once per reduction, and once more for the
+    per-element outputs (the register path reads it once)."""
+    members = sorted(nodes)
+    steps = [s for i in members for s in expand(graph, i)]
+    inputs, outputs = graph.boundary(frozenset(members))
+    shape = graph.iteration_shape(frozenset(members))
+    level = levels(steps, {t: "elem" if graph.tensors[t].shape == shape else "row" for t in inputs})
+    return sum(s.reduces for s in steps) + any(level.get(t) == "elem" for t in outputs)
 
 
 def expand(graph: FusionGraph, i: int) -> list[Step]:

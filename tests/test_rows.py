@@ -113,3 +113,35 @@ def test_row_geometry_is_launchable_and_covers_the_row(cols: int, vec: int, forc
     assert 0 <= geo.chunks <= rows.MAX_CHUNKS
     if geo.chunks:  # the register path holds the whole planned row
         assert geo.capacity >= cols
+
+
+def _sum_then_softmax(cols: int) -> onnx.ModelProto:
+    """x0 + x1 + x2 + x3 → Softmax over rows of `cols`."""
+    h = onnx.helper
+    ins = [h.make_tensor_value_info(f"x{j}", onnx.TensorProto.FLOAT, ["rows", cols]) for j in range(4)]
+    nodes = [h.make_node("Add", ["x0", "x1"], ["a"]), h.make_node("Add", ["a", "x2"], ["b"]),
+             h.make_node("Add", ["b", "x3"], ["c"]), h.make_node("Softmax", ["c"], ["y"], axis=-1)]
+    out = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["rows", cols])
+    return h.make_model(h.make_graph(nodes, "g", ins, [out]), opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("cols,passes", [(1000, 1), (65536, 3)])
+def test_the_cost_model_counts_the_loop_paths_passes(cols: int, passes: int) -> None:
+    # Softmax's loop path reads its row for the max, the sum and the output: three times.
+    from onnxstitch import cost
+
+    _, g = prepared(_sum_then_softmax(cols))
+    rows_planned = shapes.DEFAULT_SYMBOLIC_DIM
+    unit = rows_planned * cols * 4  # one [rows, cols] float32 tensor
+    softmax_only = frozenset({3})
+    assert cost.group_bytes(g, frozenset({2, 3})) == (2 * passes + 1) * unit  # b, x3 in; y out
+    assert rows.row_plan(g, softmax_only).in_registers == (passes == 1)
+
+
+def test_long_rows_keep_a_many_input_producer_out_of_the_row_kernel() -> None:
+    # Fused, the loop path would read x0..x3 three times each; apart, the Adds write c once.
+    from onnxstitch.plan import make_plan
+
+    for cols, want in ((1000, [[0, 1, 2, 3]]), (65536, [[0, 1, 2]])):
+        _, g = prepared(_sum_then_softmax(cols))
+        assert [list(grp.nodes) for grp in make_plan(g).groups] == want, cols
