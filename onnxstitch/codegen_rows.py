@@ -27,8 +27,11 @@ from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _s
                       half_only)
 from .graph import FusionGraph
 from .rows import Operand, RowGeometry, Step
+from .shapes import dtype_size
 
 FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
+# Registers the next row's prefetched inputs may take (BERT's rows need 8–16).
+PREFETCH_REGISTERS = 64
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class _RowPrinter:
         self.dtype = {s.out: s.dtype for s in self.steps} | {x.name: x.dtype for x in self.ins}
         self.row_vars: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
+        self.held: list[_Input] = []  # inputs of the next row loaded ahead (row_loop decides)
 
     # -- operands -----------------------------------------------------------------------
     def ctype(self, t: str) -> str:
@@ -320,7 +324,7 @@ class _RowPrinter:
         first = self.cached() if regs else None
         cached: dict[str, str] = {}
         if first:
-            self.cache_pass(first, ind, self.cone_inputs([first]))
+            self.cache_pass(first, ind, self.held)
             cached[first] = "hr"
         for j, s in enumerate(reducers):
             ct = self.ctype(s.out)
@@ -422,6 +426,9 @@ class _RowPrinter:
         see all their threads; a trip past the last row runs with an empty row. The register
         path holds the next row's loads in xr (issued during this row)."""
         held = self.cone_inputs([self.cached()]) if regs and self.cached() else []  # type: ignore[list-item]
+        if not self.prefetch_fits(held):
+            held = []  # loaded when the row starts instead: no registers held across the row
+        self.held = held
         start = "(I)blockIdx.x * per_block"
         if held:
             for x in held:
@@ -444,6 +451,17 @@ class _RowPrinter:
         self.path(regs, inner)
         self.row_vars = saved
         self.lines.append(f"{ind}}}")
+
+    def prefetch_fits(self, held: list[_Input]) -> bool:
+        """Whether holding the next row's `held` inputs (NCH chunks each) leaves the register
+        path within PREFETCH_REGISTERS and the launch's register bound. Many per-element
+        inputs would otherwise spill (8 float32 inputs × 8192 columns: 600 bytes of spills at
+        512 threads, ptxas) or cut occupancy (8 inputs × 4096: 182 registers, one block per SM)."""
+        geo = self.geo
+        chunk_regs = sum(max(1, geo.vec * dtype_size(x.dtype) // 4) for x in held) * max(geo.chunks, 1)
+        row_regs = geo.vec * max(geo.chunks, 1)  # hr, the cached row in float32
+        return (chunk_regs <= PREFETCH_REGISTERS
+                and chunk_regs + row_regs + rows.BASE_REGISTERS <= rows.register_bound(geo.block))
 
     def body(self, static_row: bool) -> str:
         """The row loops; a row length fixed in the model that fits the registers needs no

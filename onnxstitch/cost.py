@@ -69,9 +69,15 @@ def _relabels(graph: FusionGraph, node: int) -> bool:
 
 
 def node_bytes(graph: FusionGraph, node: int) -> int:
-    """Bytes one node moves when ONNX Runtime runs it alone: all its inputs and outputs."""
+    """Bytes one node moves when ONNX Runtime runs it alone: all its inputs and outputs; a row
+    reduction over rows too long for registers once per pass, as a row kernel of its own
+    would (ORT's long-row Softmax and LayerNorm also read the row more than once)."""
     n = graph.nodes[node]
-    return 0 if _relabels(graph, node) else _sum_bytes(graph, n.inputs + n.outputs)
+    if _relabels(graph, node):
+        return 0
+    if n.kind == ops.OpKind.REDUCE and n.fusible:
+        return group_bytes(graph, frozenset({node}))
+    return _sum_bytes(graph, n.inputs + n.outputs)
 
 
 def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[int]) -> float:

@@ -61,12 +61,14 @@ MANY_ROWS = 16384
 
 
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
-                    rows: int | None = None) -> RowGeometry:
+                    rows: int | None = None, inputs: int = 1) -> RowGeometry:
     """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
     knows): enough to give each thread ELEMENTS_PER_THREAD elements (a power of two up to 32,
     whole warps beyond), up to 1024; one
     warp instead of two when rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
-    the loop path only. `threads` forces the threads per row (benchmarks sweep it)."""
+    the loop path only, and so do rows whose register path would not fit the launch's register
+    bound with `inputs` per-element inputs. `threads` forces the threads per row (benchmarks
+    sweep it)."""
     units = max(1, math.ceil(cols / vec))
     if threads is None:
         per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
@@ -78,7 +80,26 @@ def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
             threads = 32
     chunks = math.ceil(units / threads)
     # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
-    return RowGeometry(span, threads, 128 if threads <= 32 else threads, chunks if chunks <= MAX_CHUNKS else 0, vec)
+    block = 128 if threads <= 32 else threads
+    # The register path holds V floats per chunk for the whole row, and ptxas hoists every
+    # chunk's loads of each further per-element input (4 registers per 16-byte chunk); past
+    # the launch's register bound that spills, and the loop path (re-reading the row from L2)
+    # is the better deal.
+    need = vec * chunks + 4 * chunks * max(0, inputs - 1) + BASE_REGISTERS
+    fits = chunks <= MAX_CHUNKS and need <= register_bound(block)
+    return RowGeometry(span, threads, block, chunks if fits else 0, vec)
+
+
+# What a register-path row kernel takes besides its cached row and loads, in registers per
+# thread: ptxas on sm_90 fits 16 cached floats at 1024 threads (64 registers) with at most a
+# few bytes of spills, and spills hundreds of bytes at 32 (float32 × 32768, float16 × 32768
+# and 65536 columns); 8 float32 inputs × 8192 columns at 512 threads spilled 316 bytes.
+BASE_REGISTERS = 48
+
+
+def register_bound(block: int) -> int:
+    """Registers per thread a launch of `block` threads may use (65536 per SM, at most 255)."""
+    return min(255, 65536 // block)
 
 
 @dataclass(frozen=True)
@@ -114,7 +135,8 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
     rows = TensorInfo("rows", TP.FLOAT, tuple(shape[:-span])).numel(graph.dim_values)
-    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows)
+    per_element = sum(graph.tensors[t].shape == shape for t in inputs)
+    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows, per_element)
     trailing = tuple(shape[-span:])
     static = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity  # type: ignore[arg-type]
     return RowPlan(tuple(shape), span, cols, rows, geo, static)

@@ -262,3 +262,22 @@ def arg_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.Mod
                     return [idx[..., None] if keep else idx]
 
                 yield f"{op}-keep{keep}-last{last}", model, ref
+
+
+def many_input_rows(n: int, cols: int, dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
+    """x0 + x1 + … + x{n-1} → Softmax over rows of `cols`: a row group with many per-element
+    inputs (register budget: prefetch and the register path give way to the loop path)."""
+    ins = [helper.make_tensor_value_info(f"x{j}", dtype, ["batch", cols]) for j in range(n)]
+    nodes, prev = [], "x0"
+    for j in range(1, n):
+        nodes.append(helper.make_node("Add", [prev, f"x{j}"], [f"a{j}"]))
+        prev = f"a{j}"
+    nodes.append(helper.make_node("Softmax", [prev], ["y"], axis=-1))
+    model = _model(nodes, ins, [helper.make_tensor_value_info("y", dtype, ["batch", cols])])
+
+    def ref(f):
+        t = sum(f[f"x{j}"].astype(np.float64) for j in range(n))
+        e = np.exp(t - t.max(-1, keepdims=True))
+        return [e / e.sum(-1, keepdims=True)]
+
+    return model, ref

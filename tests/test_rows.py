@@ -102,17 +102,30 @@ def test_report_names_each_groups_scheme_and_launch_shape() -> None:
 
 
 @given(cols=st.integers(1, 200_000), vec=st.sampled_from([2, 4, 8]), forced=st.none() | st.sampled_from([1, 8, 32, 64, 256]),
-       n_rows=st.none() | st.integers(1, 1 << 20))
+       n_rows=st.none() | st.integers(1, 1 << 20), inputs=st.integers(1, 32))
 @settings(max_examples=300, deadline=None)
 def test_row_geometry_is_launchable_and_covers_the_row(cols: int, vec: int, forced: int | None,
-                                                       n_rows: int | None) -> None:
-    geo = rows.choose_geometry(cols, vec, 1, forced, n_rows)
+                                                       n_rows: int | None, inputs: int) -> None:
+    geo = rows.choose_geometry(cols, vec, 1, forced, n_rows, inputs)
     assert 1 <= geo.threads <= 1024
     assert geo.threads & (geo.threads - 1) == 0 if geo.threads <= 32 else geo.threads % 32 == 0
     assert geo.block % geo.threads == 0 and geo.block <= 1024 and (geo.threads <= 32 or geo.block == geo.threads)
     assert 0 <= geo.chunks <= rows.MAX_CHUNKS
-    if geo.chunks:  # the register path holds the whole planned row
+    if geo.chunks:  # the register path holds the whole planned row, within the register bound
         assert geo.capacity >= cols
+        assert geo.vec * geo.chunks + rows.BASE_REGISTERS <= rows.register_bound(geo.block)
+
+
+@pytest.mark.parametrize("n,cols", [(8, 4096), (8, 8192), (16, 8192)])
+def test_many_input_rows_keep_outputs_through_the_fallback(n: int, cols: int) -> None:
+    from .row_models import many_input_rows
+
+    model, ref = many_input_rows(n, cols)
+    res = onnxstitch.optimize(model, shapes={"batch": [64]}, archs=("sm_90",))
+    assert any(n.op_type == "FusedKernel" for n in res.model.graph.node)
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 3})
+    (got,) = run_cpu(res.model, feeds)
+    assert_close(got, ref(feeds)[0].astype(got.dtype))
 
 
 def _sum_then_softmax(cols: int) -> onnx.ModelProto:

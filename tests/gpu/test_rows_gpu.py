@@ -69,3 +69,19 @@ def test_rows_longer_or_shorter_than_planned(dtype, cols) -> None:
     register path's capacity is exceeded and the loop path runs."""
     model, ref = dynamic_row_model(dtype)
     _check_gpu(model, ref, dtype, {"batch": [5]}, {"batch": 9, "cols": cols}, f"dynamic-{cols}")
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16, TP.BFLOAT16], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("n,cols", [(3, 768), (8, 4096), (8, 8192), (16, 8192), (2, 65536)])
+def test_many_inputs_and_long_rows_match_float64_numpy(n, cols, dtype) -> None:
+    """The register budget's paths: prefetch dropped, the loop path instead of a spilling
+    register path, and the plan splitting many-input producers from long rows."""
+    from ..row_models import many_input_rows
+
+    model, ref = many_input_rows(n, cols, dtype)
+    res = onnxstitch.optimize(model, shapes={"batch": [64]}, verify=False)
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 5})
+    (got,) = run_gpu(res.model, feeds, [ref(feeds)[0].astype(helper.tensor_dtype_to_np_dtype(dtype))])
+    (want,) = ref(feeds)
+    err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+    assert err <= (1e-5 if dtype == TP.FLOAT else 1e-2), err
