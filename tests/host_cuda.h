@@ -1,0 +1,88 @@
+// Host stand-ins for the CUDA built-ins the generated kernels use, so a kernel can run on the
+// CPU in tests (tests/host_kernels.py). Blocks run one after another; each CUDA thread of a
+// block is a std::thread, so __syncthreads and warp shuffles keep their meaning (barriers
+// over the block and over each warp). Shared memory is a function-local static: shared by the
+// threads of the one block running. Not a simulator of timing or of the memory model beyond
+// what barriers order.
+
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct stitch_dim3 { unsigned x = 0, y = 1, z = 1; };
+inline thread_local stitch_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+using std::ceil; using std::cos; using std::erf; using std::exp; using std::expm1; using std::floor;
+using std::fmod; using std::log; using std::log1p; using std::pow; using std::rint; using std::sin;
+using std::sqrt; using std::tanh; using std::fabs;
+
+namespace stitch_host {
+struct Block {
+  explicit Block(int threads) : sync(threads), slots((threads + 31) / 32) {
+    for (int w = 0; w < (threads + 31) / 32; ++w) warps.emplace_back(std::make_unique<std::barrier<>>(32));
+  }
+  std::barrier<> sync;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<std::array<unsigned long long, 32>> slots;
+};
+inline thread_local Block* block = nullptr;
+
+inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
+inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
+}  // namespace stitch_host
+
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+
+inline void __syncthreads() { stitch_host::block->sync.arrive_and_wait(); }
+
+// Every lane of the warp takes part (the kernels call shuffles with all 32 lanes).
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto& slot = stitch_host::block->slots[warp];
+  auto& bar = *stitch_host::block->warps[warp];
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  slot[lane] = bits;
+  bar.arrive_and_wait();
+  int src = lane ^ mask;
+  if (src / width != lane / width) src = lane;
+  T out;
+  std::memcpy(&out, &slot[src], sizeof(T));
+  bar.arrive_and_wait();
+  return out;
+}
+
+struct StitchArgs;
+template <typename F>
+inline void stitch_host_launch(F entry, const StitchArgs& a, int grid, int threads) {
+  for (int b = 0; b < grid; ++b) {
+    stitch_host::Block blk(threads);
+    std::vector<std::thread> ts;
+    ts.reserve(threads);
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, b, t] {
+        stitch_host::block = &blk;
+        threadIdx.x = t; blockIdx.x = b; blockDim.x = threads; gridDim.x = grid;
+        entry(a);
+      });
+    for (auto& th : ts) th.join();
+  }
+}

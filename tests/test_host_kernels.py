@@ -1,0 +1,167 @@
+"""The generated kernels themselves, run on the CPU (tests/host_kernels.py): every scheme —
+elementwise with broadcasting, layout views with vector, element and tiled stores, packed
+groups, row kernels with shuffles, block reductions, the loop path and the register budget's
+paths — in float32, float16 and bfloat16, through both entries (32- and 64-bit indices),
+against independent references on fresh random inputs (float64 numpy, or ORT CPU running
+the original model): float32 within 1e-5 and half precision within 1e-2 (relative norm
+error), integers exactly, every output element written (outputs are poisoned first)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from onnxstitch.inputs import random_feeds
+
+from .host_kernels import HAVE_GXX, run_model
+from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
+from .op_models import op_models
+from .row_models import arg_models, channel_models, many_input_rows, row_models, trailing_models
+from .stitching import fresh_seed
+from .test_codegen import _div_by
+
+pytestmark = pytest.mark.skipif(not HAVE_GXX, reason="needs g++ to build kernels for the host")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("host-kernels")
+
+
+def _np(dtype: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+
+
+def _check(model, ref, dtype: int, plan: dict, run: dict, folder, name: str, wide: bool | None = None) -> None:
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
+    expected = ref(feeds)
+    names = [o.name for o in model.graph.output]
+    like = {t: e if e.dtype.kind in "iub" else e.astype(_np(dtype)) for t, e in zip(names, expected)}
+    got = run_model(model, feeds, like, plan, folder, wide=wide)
+    tol = 1e-5 if dtype == TP.FLOAT else 1e-2
+    for t, e in zip(names, expected):
+        g = got[t]
+        assert g.shape == e.shape, (name, t, g.shape, e.shape)
+        if e.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, e, err_msg=f"{name}: {t}")
+            continue
+        g64, e64 = g.astype(np.float64), e.astype(np.float64)
+        assert np.isfinite(g64).all(), f"{name}: {t} has unwritten (NaN) elements"
+        err = np.linalg.norm(g64 - e64) / max(np.linalg.norm(e64), 1e-30)
+        assert err <= tol, f"{name}: {t} relative error {err:.2e} > {tol}"
+
+
+# -- elementwise ----------------------------------------------------------------------------
+
+OPS = [pytest.param(name, model, id=name) for name, model in op_models((7, 33))]
+
+
+def _ort_reference(model: onnx.ModelProto):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda feeds: sess.run(None, feeds)
+
+
+@pytest.mark.parametrize("name,model", OPS)
+def test_every_op_kernel_matches_ort_cpu(name, model, folder) -> None:
+    feeds = random_feeds(model, seed=fresh_seed())
+    if "b" in feeds and feeds["b"].dtype.kind == "i":
+        feeds["b"][feeds["b"] == 0] = 3  # integer division by zero is undefined
+    expected = _ort_reference(model)(feeds)
+    names = [o.name for o in model.graph.output]
+    got = run_model(model, feeds, dict(zip(names, expected)), {}, folder)
+    for t, e in zip(names, expected):
+        g = got[t]
+        if e.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, e, err_msg=name)
+        else:
+            np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), equal_nan=True,
+                                       rtol=1e-2 if e.dtype == np.float16 else 1e-5,
+                                       atol=1e-2 if e.dtype == np.float16 else 1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("c", [1.4142135, 4.0, -0.1, 1e38])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+def test_division_by_a_constant(c, dtype, folder) -> None:
+    model = _div_by(c, dtype)
+    cc = float(np.array(c, _np(dtype)))
+    if not np.isfinite(cc):
+        pytest.skip(f"{c} is not finite in this dtype")
+    _check(model, lambda f: [np.maximum(f["x"].astype(np.float64) / cc, 0)], dtype, {"n": [64]}, {"n": 37},
+           folder, f"div{c}")
+
+
+# -- layout views, tiles and packing ---------------------------------------------------------
+
+LAYOUT = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
+          for dt in (TP.FLOAT, TP.FLOAT16, TP.BFLOAT16) for cols in (10, 64)
+          for name, model, ref in layout_models(cols, dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", LAYOUT)
+def test_layout_tails(name, model, ref, dtype, folder) -> None:
+    _check(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 3, "seq": 33}, folder, name)
+
+
+PERMS = [p for p in itertools.permutations(range(4)) if p != (0, 1, 2, 3)]
+
+
+# head_dim 64: whole tiles; 12: partial tiles; 5: vectors split (element path)
+@pytest.mark.parametrize("perm", PERMS, ids=lambda p: "".join(map(str, p)))
+@pytest.mark.parametrize("heads,head_dim,dtype", [(2, 64, TP.FLOAT), (4, 12, TP.FLOAT16), (3, 5, TP.FLOAT)],
+                         ids=["whole-f32", "partial-f16", "split-f32"])
+def test_every_permutation_of_an_attention_split(perm, heads, head_dim, dtype, folder) -> None:
+    model, ref = attention_split(heads, head_dim, perm, dtype)
+    _check(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 2, "seq": 33}, folder, f"perm{perm}")
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16, TP.BFLOAT16], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("heads,head_dim", [(12, 64), (3, 5)])
+@pytest.mark.parametrize("wide", [None, True], ids=["runtime-entry", "64-bit-entry"])
+def test_packed_projection_tails(heads, head_dim, dtype, wide, folder) -> None:
+    model, ref = attention_projections(heads, head_dim, dtype, QKV_PERMS)
+    _check(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 2, "seq": 40}, folder, "packed", wide)
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+ROWS = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
+        for dt, cols in [(TP.FLOAT, 1), (TP.FLOAT, 7), (TP.FLOAT, 1000), (TP.FLOAT, 40000),
+                         (TP.FLOAT16, 7), (TP.FLOAT16, 768), (TP.BFLOAT16, 1000)]
+        for name, model, ref in row_models(3, cols, dtype=dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", ROWS)
+def test_row_kernels(name, model, ref, dtype, folder) -> None:
+    _check(model, ref, dtype, {"batch": [5]}, {"batch": 5}, folder, name)
+
+
+TRAILING = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
+            for dt, cols in [(TP.FLOAT, 7), (TP.FLOAT, 300), (TP.FLOAT16, 300)]
+            for name, model, ref in list(trailing_models(cols, dtype=dt)) + list(channel_models(cols, dtype=dt))
+            + list(arg_models(cols, dtype=dt))]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", TRAILING)
+def test_trailing_and_channel_row_kernels(name, model, ref, dtype, folder) -> None:
+    _check(model, ref, dtype, {"batch": [5]}, {"batch": 5}, folder, name)
+
+
+@pytest.mark.parametrize("name", ["Softmax", "LayerNormalization", "ReduceMax"])
+@pytest.mark.parametrize("cols", [7, 1000])
+def test_row_kernels_through_the_64_bit_entry(name, cols, folder) -> None:
+    _, model, ref = next(c for c in row_models(3, cols) if c[0] == name)
+    _check(model, ref, TP.FLOAT, {"batch": [5]}, {"batch": 5}, folder, name, wide=True)
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+@pytest.mark.parametrize("n,cols", [(3, 768), (8, 4096), (8, 8192), (2, 65536)])
+def test_many_inputs_and_long_rows(n, cols, dtype, folder) -> None:
+    """The register budget's paths: no prefetch, the loop path instead of a spilling register
+    path, and plans that split a many-input producer from a long row."""
+    model, ref = many_input_rows(n, cols, dtype)
+    _check(model, ref, dtype, {"batch": [64]}, {"batch": 3}, folder, f"{n}x{cols}")
