@@ -42,7 +42,7 @@ from .shapes import fmt
 def levels(graph: FusionGraph, groups: Sequence[Sequence[int]]) -> list[int]:
     """Each group's level: the longest path (in vertices) from a source of the graph with
     `groups` contracted, every other node a vertex of its own."""
-    owner, adj = contract(graph, groups)
+    _, adj = contract(graph, groups)
     level = [0] * len(adj)
     indeg = [0] * len(adj)
     for succs in adj:
