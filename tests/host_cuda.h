@@ -7,10 +7,15 @@
 
 #include <array>
 #include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -71,8 +76,29 @@ inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
 }
 
 struct StitchArgs;
+// A kernel whose threads miss a barrier or a shuffle would hang the test run: after a minute
+// the watchdog aborts the process with a message instead.
+struct stitch_watchdog {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread t{[this] {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, std::chrono::seconds(60), [this] { return done; })) {
+      std::fprintf(stderr, "host kernel launch did not finish in 60 s (a barrier or shuffle not reached by every thread?)\n");
+      std::abort();
+    }
+  }};
+  ~stitch_watchdog() {
+    { std::lock_guard<std::mutex> lock(m); done = true; }
+    cv.notify_all();
+    t.join();
+  }
+};
+
 template <typename F>
 inline void stitch_host_launch(F entry, const StitchArgs& a, int grid, int threads) {
+  stitch_watchdog watchdog;
   for (int b = 0; b < grid; ++b) {
     stitch_host::Block blk(threads);
     std::vector<std::thread> ts;
