@@ -171,8 +171,6 @@ class _State:
                       tuple(ins), tuple(outs))
 
 
-
-
 def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
     nodes = list(nodes)
     text = ", ".join(graph.nodes[i].label for i in nodes[:limit])

@@ -201,17 +201,25 @@ def _block_pattern(shape: tuple, full: tuple) -> tuple[int, int] | None:
     return varying[0], varying[-1] + 1
 
 
-def vectored_inputs(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int], shape: tuple) -> frozenset[int]:
+Patterns = dict[int, tuple[int, int] | None]  # BROADCAST input → its block pattern
+
+
+def block_patterns(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int], shape: tuple) -> Patterns:
+    """Each BROADCAST input's block pattern (_block_pattern) against the iteration shape."""
+    return {k: _block_pattern(tuple(graph.tensors[inputs[k]].shape or ()), tuple(shape)) for k in bcast}
+
+
+def vectored_inputs(pats: Patterns, rank: int) -> frozenset[int]:
     """BROADCAST inputs that vary over a run of trailing axes (a bias [C] over [..., C]): a
     whole vector of them is contiguous, so it is loaded 16 bytes at a time, not element by
     element (checked per launch: whole vectors per run, contiguous strides, alignment)."""
-    pats = {k: _block_pattern(tuple(graph.tensors[inputs[k]].shape or ()), tuple(shape)) for k in bcast}
-    return frozenset(k for k, pq in pats.items() if pq is not None and pq[1] == len(shape))
+    return frozenset(k for k, pq in pats.items() if pq is not None and pq[1] == rank)
 
 
-def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[int],
+def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns,
                      shape: tuple, vectored: frozenset[int] = frozenset()) -> tuple[str, str, str]:
-    """Index code for BROADCAST inputs: (per thread, per vector, per element).
+    """Index code for the BROADCAST inputs of `pats` (block_patterns): (per thread, per vector,
+    per element).
 
     A vector's V elements stay inside one run of the innermost axis when that axis is a
     multiple of V (`runs`, uniform per launch): the vector's first element is decomposed once
@@ -219,10 +227,10 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], bcast: list[in
     the contiguous ones (checked once per thread) skip the decomposition. Otherwise every
     element is decomposed over all axes. `vectored` inputs (vectored_inputs) are gathered
     per vector into bv{k}: one vector load when the launch allows it, else element by element."""
+    bcast = list(pats)
     if not bcast:
         return "", "", ""
     rank = len(shape)
-    pats = {k: _block_pattern(tuple(graph.tensors[inputs[k]].shape or ()), tuple(shape)) for k in bcast}
     setup = [f"  const bool runs = (I)a.dims[{rank - 1}] % V == 0;"]
     for k, pq in pats.items():
         if pq is None:
@@ -288,7 +296,8 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
     vw = vec_width(graph, full)
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
-    vectored = vectored_inputs(graph, inputs, bcast, shape) if options.vector_broadcast else frozenset()
+    pats = block_patterns(graph, inputs, bcast, shape)
+    vectored = vectored_inputs(pats, len(shape)) if options.vector_broadcast else frozenset()
     p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored)
     compute = p.body()
 
@@ -315,7 +324,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     store = {k: view_stores.get(k, f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};")
              for k, t in enumerate(outputs)}
     stores = "\n".join(store.values())
-    setup, per_vector, index = _broadcast_index(graph, inputs, bcast, shape, vectored)
+    setup, per_vector, index = _broadcast_index(graph, inputs, pats, shape, vectored)
     elements = f"""{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
@@ -330,7 +339,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
 {stores}
 {rotate}
   }}"""
-    tiled = codegen_views.moving(out_views)
+    tiled = views.tiled(out_views)
     if tiled:  # outputs whose view moves the innermost axis go through a shared-memory tile
         direct = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
                            for k, t in full_in)

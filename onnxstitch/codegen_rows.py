@@ -372,37 +372,33 @@ class _RowPrinter:
                        f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {p}row * C;",
                        f"{ind}(void){p}base; (void){p}Cr;"]
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
-        # Inputs that are the same for every row (LayerNorm's scale and bias) start at 0: no
-        # per-row divisions for them.
-        fixed = [k for k in bcast if self.same_every_row(k)]
-        if fixed:
-            self.lines.append(f"{ind}const I {', '.join(f'{p}ro{k} = 0' for k in fixed)};")
-        moving = [k for k in bcast if k not in fixed]
-        if moving:
-            # (markers for tests/test_rows_index.py, which runs this code on the host)
-            self.lines += [f"{ind}// row offsets", *self.row_offsets(p, moving, ind), f"{ind}// end row offsets"]
+        self.lines += self.row_offsets(p, bcast, ind)
 
-    def row_offsets(self, p: str, moving: list[int], ind: str) -> list[str]:
-        """Row offsets of broadcast inputs that move with the row. Only the row axes where some
-        input has a dim other than 1 are decomposed (a dim of 1 in the model is 1 at run time,
-        so its stride is 0): an attention mask [B, 1, 1, S] over rows [B, H, S] costs one
-        division per row instead of a division and a remainder per axis. The outermost row
-        axis needs no remainder (the row index is in range)."""
+    def row_offsets(self, p: str, bcast: list[int], ind: str) -> list[str]:
+        """Row offsets of broadcast inputs. Only the row axes where some input has a dim other
+        than 1 are decomposed (a dim of 1 in the model is 1 at run time, so its stride is 0):
+        inputs the same for every row (LayerNorm's scale and bias) start at 0 with no per-row
+        division, and an attention mask [B, 1, 1, S] over rows [B, H, S] costs one division per
+        row instead of a division and a remainder per axis. The outermost row axis needs no
+        remainder (the row index is in range)."""
         lead = self.rank - self.geo.span
         varying: dict[int, list[int]] = {}
-        for k in moving:
+        for k in bcast:
             shape = self.g.tensors[self.ins[k].name].shape
             # unknown rank: every axis may vary
             aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
             for d in range(lead):
                 if aligned[d] != 1:
                     varying.setdefault(d, []).append(k)
-        zero = ", ".join(f"{p}ro{k} = 0" for k in moving)
-        if not varying:
-            return [f"{ind}const I {zero};"]
+        moving = [k for k in bcast if any(k in ks for ks in varying.values())]
+        fixed = [k for k in bcast if k not in moving]
+        lines = [f"{ind}const I {', '.join(f'{p}ro{k} = 0' for k in fixed)};"] if fixed else []
+        if not moving:
+            return lines
         hi, lo = max(varying), min(varying)
         inner = " * ".join(f"(I)a.dims[{d}]" for d in range(hi + 1, lead))
-        lines = [f"{ind}I {p}rr = {p}active ? {p}row : 0, {zero};"]
+        # (markers for tests/test_rows_index.py, which runs this code on the host)
+        lines += [f"{ind}// row offsets", f"{ind}I {p}rr = {p}active ? {p}row : 0, {', '.join(f'{p}ro{k} = 0' for k in moving)};"]
         if inner:
             lines.append(f"{ind}{p}rr /= {inner};")
         for d in range(hi, lo - 1, -1):
@@ -410,16 +406,7 @@ class _RowPrinter:
             step = f" {p}rr /= (I)a.dims[{d}];" if d > lo else ""
             acc = " ".join(f"{p}ro{k} += q * (I)a.strides[{k}][{d}];" for k in varying.get(d, []))
             lines.append(f"{ind}{{ const I q = {q};{step} {acc} }}")
-        return lines
-
-    def same_every_row(self, k: int) -> bool:
-        """Whether input k has size 1 (or no dim) on every row axis, so its row offset is 0."""
-        shape = self.g.tensors[self.ins[k].name].shape
-        if shape is None:
-            return False
-        s, lead = tuple(shape), self.rank - self.geo.span
-        aligned = (1,) * (self.rank - len(s)) + s
-        return all(d == 1 for d in aligned[:lead])
+        return lines + [f"{ind}// end row offsets"]
 
     def row_loop(self, regs: bool, ind: str) -> None:
         """Every group of T threads takes the same number of trips, so shuffles and barriers
@@ -459,9 +446,7 @@ class _RowPrinter:
         512 threads, ptxas) or cut occupancy (8 inputs × 4096: 182 registers, one block per SM)."""
         geo = self.geo
         chunk_regs = sum(max(1, geo.vec * dtype_size(x.dtype) // 4) for x in held) * max(geo.chunks, 1)
-        row_regs = geo.vec * max(geo.chunks, 1)  # hr, the cached row in float32
-        return (chunk_regs <= PREFETCH_REGISTERS
-                and chunk_regs + row_regs + rows.BASE_REGISTERS <= rows.register_bound(geo.block))
+        return chunk_regs <= PREFETCH_REGISTERS and rows.fits_registers(geo.vec, max(geo.chunks, 1), geo.block, chunk_regs)
 
     def body(self, static_row: bool) -> str:
         """The row loops; a row length fixed in the model that fits the registers needs no
@@ -556,11 +541,6 @@ __device__ __forceinline__ void stitch_row_argreduce(V& v, long long& i, V* smem
   __syncthreads();  // the next reduction may overwrite smem
 }
 """
-
-
-def has_rows(graph: FusionGraph, nodes: tuple[int, ...]) -> bool:
-    """True when the group needs the rows scheme (it contains a REDUCE-kind node)."""
-    return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in nodes)
 
 
 def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_half: bool = True,

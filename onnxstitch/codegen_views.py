@@ -17,13 +17,6 @@ TILE_A = 32  # elements along the output's innermost axis: one warp's store
 TILE_VECS = 8  # vectors along the source's innermost axis: with TILE_A, 256 threads per block
 
 
-def moving(out_views: list[views.View | None]) -> list[int]:
-    """The outputs that go through the tile: views that move the innermost axis and share the
-    first such view's split and output-innermost axis (others store element by element)."""
-    key = views.tile_key(out_views)
-    return [k for k, v in enumerate(out_views) if v is not None and key == (v.split, v.perm[-1])]
-
-
 def view_code(graph: FusionGraph, outputs: tuple[str, ...],
               out_views: list[views.View | None]) -> tuple[str, dict[int, str]]:
     """(per-thread setup, stores by output) for outputs written through a view.

@@ -53,7 +53,7 @@ def group_bytes(graph: FusionGraph, group: frozenset[int] | set[int]) -> int:
     pass (rows.loop_passes) instead."""
     ins, outs = graph.boundary(group)
     moved = _sum_bytes(graph, ins + outs)
-    if not any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in group):
+    if not rows.has_rows(graph, group):
         return moved
     plan = rows.row_plan(graph, frozenset(group))
     if plan.in_registers:

@@ -32,8 +32,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import ops, views
-from .cost import CostModel, group_us
+from . import rows, views
+from .cost import CostModel
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
 from .plan import Group, PackRefusal, Plan, contract, make_group, topological_groups
 from .shapes import fmt
@@ -58,10 +58,6 @@ def levels(graph: FusionGraph, groups: Sequence[Sequence[int]]) -> list[int]:
     return level[:len(groups)]
 
 
-def _rows(graph: FusionGraph, grp: Group) -> bool:
-    return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in grp.nodes)
-
-
 def _tile(graph: FusionGraph, grp: Group) -> tuple | None:
     """The tile the group's kernel would use (views.tile_key), if any."""
     return views.tile_key(views.group_views(graph, frozenset(grp.nodes), grp.outputs))
@@ -69,7 +65,7 @@ def _tile(graph: FusionGraph, grp: Group) -> tuple | None:
 
 def refusal(graph: FusionGraph, a: Group, b: Group, level_a: int, level_b: int) -> str | None:
     """None when groups `a` and `b` may share one launch, else why not (rules 1–5)."""
-    if _rows(graph, a) or _rows(graph, b):
+    if rows.has_rows(graph, a.nodes) or rows.has_rows(graph, b.nodes):
         return "row kernels are not packed (only elementwise groups share a launch)"
     if a.iteration_shape != b.iteration_shape:
         return f"iteration shapes differ: {fmt(a.iteration_shape)} and {fmt(b.iteration_shape)}"
@@ -127,7 +123,7 @@ def pack(graph: FusionGraph, plan: Plan, cost: CostModel = CostModel()) -> Plan:
     merged = [p.as_group(graph, cost) for p in packs]
     order = topological_groups(graph, [g.nodes for g in merged])
     groups = tuple(dataclasses.replace(merged[c], name=f"g{k}") for k, c in enumerate(order))
-    saved = sum(g.predicted_us for g in plan.groups) - sum(group_us(graph, cost, frozenset(g.nodes)) for g in groups)
+    saved = sum(g.predicted_us for g in plan.groups) - sum(g.predicted_us for g in groups)
     return dataclasses.replace(
         plan, groups=groups, predicted_us_after=plan.predicted_us_after - saved,
         kernels_after=plan.kernels_after - (len(plan.groups) - len(groups)), pack_refusals=tuple(refused))

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, pack as pack_mod, rewrite, views
+from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, pack as pack_mod, rewrite, rows, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
@@ -158,7 +158,7 @@ def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> 
 
 def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:
     """The elementwise scheme, or the rows scheme for a group with reductions."""
-    if codegen_rows.has_rows(g, nodes):
+    if rows.has_rows(g, nodes):
         return codegen_rows.generate_rows(g, name, nodes)
     return codegen.generate(g, name, nodes)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Iterable, Mapping, Union
 
 from onnx import TensorProto as TP
 
@@ -60,6 +60,11 @@ ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8}
 MANY_ROWS = 16384
 
 
+def has_rows(graph: FusionGraph, nodes: Iterable[int]) -> bool:
+    """True when a group needs the rows scheme (it contains a REDUCE-kind node)."""
+    return any(graph.nodes[i].kind == ops.OpKind.REDUCE for i in nodes)
+
+
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
                     rows: int | None = None, inputs: int = 1) -> RowGeometry:
     """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
@@ -85,8 +90,7 @@ def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
     # chunk's loads of each further per-element input (4 registers per 16-byte chunk); past
     # the launch's register bound that spills, and the loop path (re-reading the row from L2)
     # is the better deal.
-    need = vec * chunks + 4 * chunks * max(0, inputs - 1) + BASE_REGISTERS
-    fits = chunks <= MAX_CHUNKS and need <= register_bound(block)
+    fits = chunks <= MAX_CHUNKS and fits_registers(vec, chunks, block, 4 * chunks * max(0, inputs - 1))
     return RowGeometry(span, threads, block, chunks if fits else 0, vec)
 
 
@@ -100,6 +104,12 @@ BASE_REGISTERS = 48
 def register_bound(block: int) -> int:
     """Registers per thread a launch of `block` threads may use (65536 per SM, at most 255)."""
     return min(255, 65536 // block)
+
+
+def fits_registers(vec: int, chunks: int, block: int, extra: int) -> bool:
+    """Whether a register-path thread holding its cached row (`vec` floats per chunk) and
+    `extra` more registers stays within the launch's register bound."""
+    return vec * chunks + extra + BASE_REGISTERS <= register_bound(block)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ Shape = tuple[Dim, ...]
 DEFAULT_SYMBOLIC_DIM = 64
 
 
-
 def fmt(shape: Shape | None) -> str:
     """A shape as refusals print it: [8, seq, 768], or "unknown"."""
     return "unknown" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+
 
 @dataclass(frozen=True)
 class TensorInfo:

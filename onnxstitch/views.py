@@ -138,6 +138,13 @@ def tile_key(vs: Sequence[View | None]) -> tuple | None:
     return None if lead is None else (lead.split, lead.perm[-1])
 
 
+def tiled(vs: Sequence[View | None]) -> list[int]:
+    """The outputs the tile serves: views that agree with tile_key (the others that move the
+    innermost axis are stored element by element)."""
+    key = tile_key(vs)
+    return [k for k, v in enumerate(vs) if v is not None and key == (v.split, v.perm[-1])]
+
+
 def encode_all(views: Sequence[View | None]) -> list[int]:
     """The `output_views` attribute: each output's view, or [0] for a plain output."""
     out: list[int] = []
@@ -150,10 +157,10 @@ def describe(vs: Sequence[View | None]) -> list[dict]:
     """Each viewed output for the plan report: its permutation and how the kernel stores it
     ("vector" when the innermost axis stays, "tile" through the shared-memory tile, "element"
     for a moving view that does not share the tile's axes)."""
-    key = tile_key(vs)
+    in_tile = tiled(vs)
     return [{"output": v.tensor, "perm": list(v.perm),
-             "stores": "tile" if key == (v.split, v.perm[-1]) else "element" if v.moves_innermost else "vector"}
-            for v in vs if v is not None]
+             "stores": "tile" if k in in_tile else "element" if v.moves_innermost else "vector"}
+            for k, v in enumerate(vs) if v is not None]
 
 
 def onnx_shape(entries: Sequence[int]) -> list[int] | None:
