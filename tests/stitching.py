@@ -83,3 +83,18 @@ def as_float32(model: onnx.ModelProto) -> onnx.ModelProto:
         if init.data_type == TensorProto.FLOAT16:
             m.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
     return m
+
+
+def assert_matches_reference(got: np.ndarray, expected: np.ndarray, half: bool, what: str) -> None:
+    """A kernel's output (poisoned before the run) against an independent float64 reference:
+    same shape, integers and booleans exactly, every element written (finite), values within
+    1e-5 relative norm error in float32 and 1e-2 in float16/bfloat16."""
+    assert got.shape == expected.shape, (what, got.shape, expected.shape)
+    if expected.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+        return
+    g64, e64 = got.astype(np.float64), expected.astype(np.float64)
+    assert np.isfinite(g64).all(), f"{what}: unwritten (NaN) elements"
+    tol = 1e-2 if half else 1e-5
+    err = np.linalg.norm(g64 - e64) / max(np.linalg.norm(e64), 1e-30)
+    assert err <= tol, f"{what}: relative error {err:.2e} > {tol}"

@@ -22,7 +22,7 @@ from .host_kernels import HAVE_GXX, run_model
 from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
 from .op_models import op_models
 from .row_models import arg_models, channel_models, many_input_rows, row_models, trailing_models
-from .stitching import fresh_seed
+from .stitching import assert_matches_reference, fresh_seed
 from .test_codegen import _div_by
 
 pytestmark = pytest.mark.skipif(not HAVE_GXX, reason="needs g++ to build kernels for the host")
@@ -43,17 +43,8 @@ def _check(model, ref, dtype: int, plan: dict, run: dict, folder, name: str, wid
     names = [o.name for o in model.graph.output]
     like = {t: e if e.dtype.kind in "iub" else e.astype(_np(dtype)) for t, e in zip(names, expected)}
     got = run_model(model, feeds, like, plan, folder, wide=wide)
-    tol = 1e-5 if dtype == TP.FLOAT else 1e-2
     for t, e in zip(names, expected):
-        g = got[t]
-        assert g.shape == e.shape, (name, t, g.shape, e.shape)
-        if e.dtype.kind in "iub":
-            np.testing.assert_array_equal(g, e, err_msg=f"{name}: {t}")
-            continue
-        g64, e64 = g.astype(np.float64), e.astype(np.float64)
-        assert np.isfinite(g64).all(), f"{name}: {t} has unwritten (NaN) elements"
-        err = np.linalg.norm(g64 - e64) / max(np.linalg.norm(e64), 1e-30)
-        assert err <= tol, f"{name}: {t} relative error {err:.2e} > {tol}"
+        assert_matches_reference(got[t], e, dtype != TP.FLOAT, f"{name}: {t}")
 
 
 # -- elementwise ----------------------------------------------------------------------------
