@@ -266,7 +266,9 @@ def arg_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.Mod
 
 def many_input_rows(n: int, cols: int, dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
     """x0 + x1 + … + x{n-1} → Softmax over rows of `cols`: a row group with many per-element
-    inputs (register budget: prefetch and the register path give way to the loop path)."""
+    inputs (register budget: prefetch and the register path give way to the loop path). The
+    reference rounds the partial sums named in `written` (a1, a2, …) to the model's dtype, as
+    the model declares them: where a plan writes one between two kernels, it is rounded there."""
     ins = [helper.make_tensor_value_info(f"x{j}", dtype, ["batch", cols]) for j in range(n)]
     nodes, prev = [], "x0"
     for j in range(1, n):
@@ -275,8 +277,14 @@ def many_input_rows(n: int, cols: int, dtype: int = TP.FLOAT) -> tuple[onnx.Mode
     nodes.append(helper.make_node("Softmax", [prev], ["y"], axis=-1))
     model = _model(nodes, ins, [helper.make_tensor_value_info("y", dtype, ["batch", cols])])
 
-    def ref(f):
-        t = sum(f[f"x{j}"].astype(np.float64) for j in range(n))
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+
+    def ref(f, written: frozenset[str] = frozenset()):
+        t = f["x0"].astype(np.float64)
+        for j in range(1, n):
+            t = t + f[f"x{j}"].astype(np.float64)
+            if f"a{j}" in written:
+                t = t.astype(npd).astype(np.float64)
         e = np.exp(t - t.max(-1, keepdims=True))
         return [e / e.sum(-1, keepdims=True)]
 

@@ -177,6 +177,6 @@ def test_division_by_a_constant_matches_float64_numpy(c: float, dtype: int) -> N
         pytest.skip(f"{c} is not a finite nonzero {np.dtype(npd).name}")
     want = np.maximum(x.astype(np.float64) / cc, 0)
     if c == 4.0:
-        np.testing.assert_array_equal(got, np.maximum(x / npd(4), 0))
+        np.testing.assert_array_equal(got, np.maximum(x / np.array(4, npd), 0))
     err = np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-300)
     assert err <= (1e-2 if dtype == TP.FLOAT16 else 1e-6), err
