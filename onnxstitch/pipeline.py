@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, pack as pack_mod, rewrite, rows, views
+from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
+from . import pack as pack_mod, rewrite, rows, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
@@ -35,6 +36,9 @@ class Report:
     verification: verify_mod.Verification | None = None
     # Groups verification refused and left to ONNX Runtime: {"group", "reason"} each.
     dropped: tuple[Mapping[str, str], ...] = field(default_factory=tuple)
+    # Rewrites of the normalize stage (group norms into their stitchable form), and refusals.
+    normalized: tuple[str, ...] = ()
+    normalize_refusals: tuple[str, ...] = ()
 
     @property
     def wall_seconds(self) -> float:
@@ -63,6 +67,7 @@ class Report:
             "kernels": list(self.kernels),
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
+            "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "plan": plan,
         }
 
@@ -107,6 +112,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
+    before = m
+    normal = normalize_mod.Normalized(m)
+    if refusal is None and reductions:
+        normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
+        if normal.rewrites:
+            m = normal.model
+            _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
     cost = cost or CostModel()
     plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
@@ -125,7 +137,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
             stage("check", lambda: _check(out, m))
         try:
             checked = stage("verify", lambda: verify_mod.verify(m, out, g, [grp for grp, _ in built], seed=seed,
-                                                                 dim_values=dim_values)) if verify else None
+                                                                 dim_values=dim_values,
+                                                                 source=before if m is not before else None)) \
+                if verify else None
             break
         except verify_mod.VerifyError as e:
             # A group that differs is left to ONNX Runtime and the rest verified again; only the
@@ -139,8 +153,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in built)
-    report = Report(plan, len(m.graph.node), len(out.graph.node), tuple(kernels[0].archs) if kernels else tuple(archs),
-                    g.dim_values, times, kinfo, checked, tuple(dropped))
+    report = Report(plan, len(before.graph.node), len(out.graph.node),
+                    tuple(kernels[0].archs) if kernels else tuple(archs), g.dim_values, times, kinfo, checked,
+                    tuple(dropped), normal.rewrites, normal.refusals)
     return OptimizeResult(out, report)
 
 

@@ -50,7 +50,7 @@ class TensorInfo:
         for d in self.shape:
             if d is None:
                 return None
-            n *= d if isinstance(d, int) else (dim_values or {}).get(d, DEFAULT_SYMBOLIC_DIM)
+            n *= d if isinstance(d, int) else symbolic_value(d, dim_values or {})
         return n
 
     def nbytes(self, dim_values: Mapping[str, int] | None = None) -> int | None:
@@ -59,6 +59,20 @@ class TensorInfo:
 
     def is_static(self) -> bool:
         return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+
+def symbolic_value(dim: str, dim_values: Mapping[str, int]) -> int:
+    """A symbolic dim's planning value: from `dim_values`; a product that shape inference
+    wrote ('8*h*w', a Reshape's merged axes) from its factors; else DEFAULT_SYMBOLIC_DIM."""
+    if dim in dim_values:
+        return int(dim_values[dim])
+    factors = dim.split("*")
+    if len(factors) > 1 and all(f.strip() for f in factors):
+        n = 1
+        for f in (f.strip() for f in factors):
+            n *= int(f) if f.isdigit() else symbolic_value(f, dim_values)
+        return n
+    return DEFAULT_SYMBOLIC_DIM
 
 
 def dtype_size(dtype: int) -> int:

@@ -193,9 +193,11 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool):
 
 def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
            groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
-           device: str = "auto") -> Verification:
+           device: str = "auto", source: onnx.ModelProto | None = None) -> Verification:
     """Run both models on seeded random inputs and compare every graph output and every fused
-    group's outputs. Raises VerifyError naming the first group whose outputs differ."""
+    group's outputs. Raises VerifyError naming the first group whose outputs differ. `source`:
+    the model as the user gave it, when `original` is its normalized form (normalize.py); the
+    graph outputs are then compared against it as well."""
     if not groups:
         return Verification("none", 0, 0.0, skipped="nothing was fused")
     gpu = gpu_usable() if device == "auto" else device == "gpu"
@@ -208,8 +210,27 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         dims = {d: min(v, VERIFY_DIM) for d, v in dims.items()}
     feeds = random_feeds(original, seed, dims)
     with tempfile.TemporaryDirectory() as tmp:
-        return _run_and_compare(_source(ref_model, tmp, "original.onnx"), _source(new_model, tmp, "stitched.onnx"),
-                                original, graph, groups, feeds, gpu, exposed)
+        checked = _run_and_compare(_source(ref_model, tmp, "original.onnx"), _source(new_model, tmp, "stitched.onnx"),
+                                   original, graph, groups, feeds, gpu, exposed)
+        if source is not None and not checked.skipped:
+            _compare_outputs(_source(source, tmp, "source.onnx"), _source(new_model, tmp, "stitched.onnx"),
+                             source, feeds, gpu)
+        return checked
+
+
+def _compare_outputs(ref_src: bytes | str, new_src: bytes | str, reference: onnx.ModelProto, feeds: dict,
+                     gpu: bool) -> None:
+    """The graph outputs of the stitched model against the model as the user gave it."""
+    where = "gpu" if gpu else "cpu"
+    ref_sess = runtime_session(ref_src, gpu, stitched=False)
+    names = [o.name for o in reference.graph.output]
+    expected = ortio.run(ref_sess, names, feeds)
+    actual = ortio.run(runtime_session(new_src, gpu, stitched=True), names, feeds)
+    for name, got, want in zip(names, actual, expected):
+        ok, _, why = compare(got, want)
+        if not ok:
+            raise VerifyError(f"verification failed on {where}: graph output '{name}' against the model as given "
+                              f"(before normalization): {why}")
 
 
 def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.ModelProto, graph: FusionGraph,

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmark: stitched row kernels — LayerNorm over [B·S, 768] and attention Softmax over
-[B, 12, S, S] (B=8, S=512), float32 and float16 — against the device-to-device copy bandwidth,
+"""Benchmark: stitched row kernels — LayerNorm over [B·S, 768], attention Softmax over
+[B, 12, S, S] (B=8, S=512) and a UNet's GroupNorm + SiLU, float32 and float16 — against the
+device-to-device copy bandwidth,
 plus stock ORT vs stitched end to end. Kernels are launched from their embedded cubins and
 timed with CUDA events; bytes = every input read once + every output written once.
 
@@ -62,6 +63,26 @@ def softmax(dtype: int, s: int = S) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "sm", ins, [helper.make_tensor_value_info("p", dtype, ["batch", HEADS, s, s])],
                           [numpy_helper.from_array(np.array(0.125, npd), "k")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def group_norm(dtype: int, channels: int, side: int, groups: int = 32) -> onnx.ModelProto:
+    """GroupNorm + SiLU over [2, C, side, side] as torch.onnx exports it (a diffusion UNet's
+    ResNet block): Reshape → InstanceNormalization → Reshape(Shape(x)) → Mul → Add → SiLU."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "grouped"),
+             numpy_helper.from_array(np.ones(groups, npd), "ones"), numpy_helper.from_array(np.zeros(groups, npd), "zeros"),
+             numpy_helper.from_array(rng.standard_normal((channels, 1, 1)).astype(npd), "gamma"),
+             numpy_helper.from_array(rng.standard_normal((channels, 1, 1)).astype(npd), "beta")]
+    nodes = [helper.make_node("Reshape", ["x", "grouped"], ["r"]),
+             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["inorm"], epsilon=1e-5),
+             helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Reshape", ["inorm", "xs"], ["back"]),
+             helper.make_node("Mul", ["back", "gamma"], ["m"]), helper.make_node("Add", ["m", "beta"], ["gn"]),
+             helper.make_node("Sigmoid", ["gn"], ["sg"]), helper.make_node("Mul", ["gn", "sg"], ["y"])]
+    dims = ["batch", channels, side, side]
+    g = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("x", dtype, dims)],
+                          [helper.make_tensor_value_info("y", dtype, dims)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
@@ -132,8 +153,7 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
             codegen_rows.choose_geometry = original
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
     feeds = random_feeds(model, 0, dims)
-    inputs = [cp.asarray(feeds[t]) if t in feeds else cp.asarray(numpy_helper.to_array(
-        next(i for i in model.graph.initializer if i.name == t))) for t in fused[0].input]
+    inputs = [cp.asarray(a) for a in kernel_inputs(res.model, feeds, list(fused[0].input))]
     full = np.broadcast_shapes(*[a.shape for a in inputs])
     outs = [cp.empty(full, dtype=inputs[0].dtype) for _ in fused[0].output]
     ms = rows_kernel_ms(fused[0], inputs, outs)
@@ -142,6 +162,23 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
     return res.model, {"kernels_stitched": len(fused), "row_geometry": list(attrs.get("row_geometry", [])),
                        "kernel_ms": ms, "kernel_gbs": moved / (ms * 1e-3) / 1e9,
                        "fraction_of_copy": moved / (ms * 1e-3) / 1e9 / copy_gbs}
+
+
+def kernel_inputs(stitched: onnx.ModelProto, feeds: dict, names: list[str]) -> list[np.ndarray]:
+    """The arrays a kernel reads: feeds, initializers, or tensors the model computes before it
+    (a group norm's grouped view of x), from ORT CPU running the stitched model's fallback."""
+    inits = {i.name: numpy_helper.to_array(i) for i in stitched.graph.initializer}
+    computed = [t for t in names if t not in feeds and t not in inits]
+    if computed:
+        import onnxruntime as ort
+
+        m = onnx.ModelProto()
+        m.CopyFrom(stitched)
+        del m.graph.output[:]
+        m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in computed)
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {**feeds, **dict(zip(computed, sess.run(computed, feeds)))}
+    return [feeds[t] if t in feeds else inits[t] for t in names]
 
 
 def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
@@ -173,6 +210,10 @@ def main() -> int:
         # BERT-base at sequence 128: far fewer rows, the sizes the model runs
         rows.append(measure(f"LayerNorm op {name} S=128", layernorm(dt, False), {"rows": B * 128}, copy_gbs, args.iters))
         rows.append(measure(f"Softmax {name} S=128", softmax(dt, 128), {"batch": B}, copy_gbs, args.iters))
+        # GroupNorm + SiLU of a diffusion UNet (normalize.py): 64 rows of C/32·side² elements
+        for c, side in ((320, 64), (640, 32), (1280, 16)):
+            rows.append(measure(f"GroupNorm {name} {c}x{side}", group_norm(dt, c, side), {"batch": 2}, copy_gbs,
+                                args.iters))
     sweep = []
     if args.sweep:
         for dt in (TP.FLOAT, TP.FLOAT16):

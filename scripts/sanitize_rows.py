@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A workload for compute-sanitizer (racecheck, memcheck): one stitched model per rows scheme —
 a few lanes per row, a warp per row, a block per row (shared-memory reduction), and the loop
-path (rows longer than planned) — and the shared-memory tile of a layout view that moves the
+path (rows longer than planned), a group norm — and the shared-memory tile of a layout view that moves the
 innermost axis (whole and partial tiles, alone and packed with Q and V), each run once on small inputs through ONNX Runtime.
 
     compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
-from tests.row_models import dynamic_row_model, row_models, trailing_models  # noqa: E402
+from tests.row_models import dynamic_row_model, group_norm_models, row_models, trailing_models  # noqa: E402
 
 
 def cases():
@@ -32,6 +32,9 @@ def cases():
             yield name, model, {"batch": [5]}, {"batch": 5}
     model, _ = dynamic_row_model(TP.FLOAT)
     yield "dynamic-loop-path", model, {"batch": [5]}, {"batch": 3, "cols": 40000}
+    for name, model, _ in group_norm_models(64, 8, (9, 11), TP.FLOAT16):  # a row over two axes, γ per element
+        if name == "exported":
+            yield f"group-norm-{name}", model, {"batch": [2]}, {"batch": 2}
     for heads, head_dim in ((12, 64), (4, 12)):
         model, _ = attention_split(heads, head_dim, (0, 2, 3, 1))
         yield f"key-transpose-tile-{head_dim}", model, {"batch": [2], "seq": [40]}, {"batch": 2, "seq": 40}

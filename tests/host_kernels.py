@@ -130,12 +130,16 @@ def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Se
 
 def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     """(normalized model, graph, groups, kernel sources) as `optimize` plans them at `dims`."""
-    from onnxstitch import load, pack, plan, shapes
+    from onnxstitch import load, normalize, pack, plan, shapes
     from onnxstitch.pipeline import generate_kernel
 
     m = load.constants_to_initializers(load.load(model))
     m, dim_values = shapes.resolve_shapes(m, dims)
     _, infos = shapes.infer(m)
+    normal = normalize.normalize(m, infos)
+    if normal.rewrites:
+        m = normal.model
+        _, infos = shapes.infer(m)
     g = graph_mod.build(m, infos, dim_values, True)
     groups = pack.pack(g, plan.make_plan(g)).groups
     return m, g, groups, [generate_kernel(g, f"stitch_h{k}", grp.nodes) for k, grp in enumerate(groups)]
@@ -143,12 +147,21 @@ def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like: Mapping[str, np.ndarray],
               dims: Mapping[str, Sequence[int]], folder: Path, *, wide: bool | None = None) -> dict[str, np.ndarray]:
-    """Every group of a model run on the host in order (the groups may read only graph inputs,
-    constants and earlier groups' outputs); graph outputs are allocated like `out_like`
-    (poisoned), intermediates over their iteration shape."""
+    """Every group of a model run on the host in node order (the groups may read only graph
+    inputs, constants, earlier groups' outputs and views of them: Shape and Reshape nodes are
+    evaluated here); graph outputs are allocated like `out_like` (poisoned), intermediates over
+    their iteration shape."""
     m, g, groups, srcs = plan_sources(model, dims)
     values = dict(feeds)
-    for src in srcs:
+    first = {min(grp.nodes): src for grp, src in zip(groups, srcs)}
+    grouped = {i for grp in groups for i in grp.nodes}
+    for i, node in enumerate(g.nodes):
+        if i in grouped and i not in first:
+            continue
+        if i not in grouped:
+            _view(node, values, m)
+            continue
+        src = first[i]
         ins = group_inputs(g, m, src.inputs, values)
         shape = np.broadcast_shapes(*[x.shape for x in ins])
         outs = []
@@ -160,3 +173,21 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like:
         launch(src, ins, outs, folder, wide=wide)
         values.update(zip(src.outputs, outs))
     return {t: values[t] for t in out_like}
+
+
+def _view(node, values: dict, model: onnx.ModelProto) -> None:
+    """A node outside the groups: Shape and Reshape (views in ONNX Runtime) of known values
+    are evaluated; anything else a group reads fails in group_inputs."""
+    inits = {t.name: t for t in model.graph.initializer}
+    if node.op_type not in ("Shape", "Reshape") or not (node.inputs[0] in values or node.inputs[0] in inits):
+        return
+    x = values[node.inputs[0]] if node.inputs[0] in values else numpy_helper.to_array(inits[node.inputs[0]])
+    if node.op_type == "Shape":
+        values[node.outputs[0]] = np.array(x.shape, np.int64)
+        return
+    wanted = model.graph.node[node.index].input[1]  # (the graph keeps only a Reshape's data input)
+    if wanted not in values and wanted not in inits:
+        return
+    shape = values[wanted] if wanted in values else numpy_helper.to_array(inits[wanted])
+    target = [x.shape[k] if d == 0 else int(d) for k, d in enumerate(shape)]
+    values[node.outputs[0]] = x.reshape(target)

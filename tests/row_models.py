@@ -289,3 +289,48 @@ def many_input_rows(n: int, cols: int, dtype: int = TP.FLOAT) -> tuple[onnx.Mode
         return [e / e.sum(-1, keepdims=True)]
 
     return model, ref
+
+
+def group_norm_models(channels: int, groups: int, spatial: tuple[int, ...], dtype: int = TP.FLOAT
+                      ) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for GroupNorm followed by SiLU over [batch, channels, *spatial]:
+    as torch.onnx writes it (Reshape → InstanceNormalization → Reshape(Shape(x)) → Mul → Add),
+    the same with the normalized tensor also a graph output (it must be materialized), and
+    ONNX's GroupNormalization-21."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng()
+    dims = ["batch", channels, *spatial]
+    x = helper.make_tensor_value_info("x", dtype, dims)
+    ones = [1] * len(spatial)
+    gamma, beta = (rng.standard_normal(channels).astype(npd) for _ in range(2))
+    eps = 1e-5
+
+    def reference(gc: np.ndarray, bc: np.ndarray, both: bool = False) -> Reference:
+        def ref(f):
+            v = f["x"].astype(np.float64)
+            t = v.reshape(v.shape[0], groups, -1)
+            mu = t.mean(-1, keepdims=True)
+            var = ((t - mu) ** 2).mean(-1, keepdims=True)
+            shape = (channels, *ones)
+            gn = ((t - mu) / np.sqrt(var + eps)).reshape(v.shape) * gc.astype(np.float64).reshape(shape) + \
+                bc.astype(np.float64).reshape(shape)
+            silu = gn / (1 + np.exp(-gn))
+            return [silu, gn] if both else [silu]
+        return ref
+
+    silu = [helper.make_node("Sigmoid", ["gn"], ["sg"]), helper.make_node("Mul", ["gn", "sg"], ["y"])]
+    out = helper.make_tensor_value_info("y", dtype, dims)
+    inits = [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "grouped"),
+             numpy_helper.from_array(np.ones(groups, npd), "ones"), numpy_helper.from_array(np.zeros(groups, npd), "zeros"),
+             numpy_helper.from_array(gamma.reshape(channels, *ones), "gamma"),
+             numpy_helper.from_array(beta.reshape(channels, *ones), "beta")]
+    torch_like = [helper.make_node("Reshape", ["x", "grouped"], ["r"]),
+                  helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["inorm"], epsilon=eps),
+                  helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Reshape", ["inorm", "xs"], ["back"]),
+                  helper.make_node("Mul", ["back", "gamma"], ["m"]), helper.make_node("Add", ["m", "beta"], ["gn"])]
+    yield "exported", _model(torch_like + silu, [x], [out], inits, 17), reference(gamma, beta)
+    both = [out, helper.make_tensor_value_info("gn", dtype, dims)]
+    yield "exported-two-outputs", _model(torch_like + silu, [x], both, inits, 17), reference(gamma, beta, True)
+    node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["gn"], num_groups=groups, epsilon=eps)
+    params = [numpy_helper.from_array(gamma, "s"), numpy_helper.from_array(beta, "b")]
+    yield "GroupNormalization", _model([node] + silu, [x], [out], params, 21), reference(gamma, beta)

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from onnxstitch import compile as nvrtc, graph as graph_mod, load, rewrite, shapes
+from onnxstitch import compile as nvrtc, graph as graph_mod, load, normalize, rewrite, shapes
 from onnxstitch.pipeline import generate_kernel
 
 
@@ -19,6 +19,11 @@ def prepared(model: onnx.ModelProto, reductions: bool = True) -> tuple[onnx.Mode
     """The normalized model and its FusionGraph, as the pipeline builds them."""
     m = load.constants_to_initializers(load.load(model))
     _, infos = shapes.infer(m)
+    if reductions:
+        normal = normalize.normalize(m, infos)
+        if normal.rewrites:
+            m = normal.model
+            _, infos = shapes.infer(m)
     return m, graph_mod.build(m, infos, reductions=reductions)
 
 

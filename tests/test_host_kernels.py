@@ -21,7 +21,7 @@ from onnxstitch.inputs import random_feeds
 from .host_kernels import HAVE_GXX, run_model
 from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
 from .op_models import op_models
-from .row_models import arg_models, channel_models, many_input_rows, row_models, trailing_models
+from .row_models import arg_models, channel_models, group_norm_models, many_input_rows, row_models, trailing_models
 from .stitching import assert_matches_reference, fresh_seed
 from .test_codegen import _div_by
 
@@ -156,3 +156,16 @@ def test_many_inputs_and_long_rows(n, cols, dtype, folder) -> None:
     path, and plans that split a many-input producer from a long row."""
     model, ref = many_input_rows(n, cols, dtype)
     _check(model, ref, dtype, {"batch": [64]}, {"batch": 3}, folder, f"{n}x{cols}")
+
+
+GROUP_NORMS = [pytest.param(name, model, ref, dt, id=f"{name}-c{c}g{g}-{'x'.join(map(str, sp))}-{TP.DataType.Name(dt).lower()}")
+               for c, g, sp, dt in [(8, 4, (5, 6), TP.FLOAT), (6, 3, (7,), TP.FLOAT16), (32, 8, (40, 40), TP.FLOAT),
+                                    (32, 4, (64, 65), TP.FLOAT16)]
+               for name, model, ref in group_norm_models(c, g, sp, dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", GROUP_NORMS)
+def test_group_norm_kernels(name, model, ref, dtype, folder) -> None:
+    """Group norms in their [N, G, C/G, P] form (normalize.py) with the affine part and SiLU:
+    per-channel γ and β read per element across the row's two axes."""
+    _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)

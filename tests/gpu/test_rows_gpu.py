@@ -11,7 +11,7 @@ from onnx import helper
 import onnxstitch
 from onnxstitch.inputs import random_feeds
 
-from ..row_models import arg_models, channel_models, dynamic_row_model, row_models, trailing_models
+from ..row_models import arg_models, channel_models, dynamic_row_model, group_norm_models, row_models, trailing_models
 from ..stitching import assert_matches_reference, fresh_seed
 from .test_stitched_gpu import run_gpu
 
@@ -77,3 +77,23 @@ def test_many_inputs_and_long_rows_match_float64_numpy(n, cols, dtype) -> None:
     (want,) = ref(feeds, written)
     (got,) = run_gpu(res.model, feeds, [want.astype(helper.tensor_dtype_to_np_dtype(dtype))])
     assert_matches_reference(got, want, dtype != TP.FLOAT, f"{n} inputs x {cols}")
+
+
+GROUP_NORMS = [pytest.param(name, model, ref, dt, id=f"{name}-c{c}g{g}-{'x'.join(map(str, sp))}-{TP.DataType.Name(dt).lower()}")
+               for c, g, sp in [(8, 4, (5, 6)), (64, 32, (16, 16)), (320, 32, (64, 64)), (640, 32, (17, 19))]
+               for dt in (TP.FLOAT, TP.FLOAT16)
+               for name, model, ref in group_norm_models(c, g, sp, dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", GROUP_NORMS)
+def test_group_norm_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
+    """Group norms in their [N, G, C/G, P] form (normalize.py): one kernel with the affine part
+    and SiLU; outside it only Shape and the Reshapes ORT runs as views."""
+    res = onnxstitch.optimize(model, shapes={"batch": [2]}, verify=False)
+    kinds = [n.op_type for n in res.model.graph.node]
+    assert kinds.count("FusedKernel") == 1 and set(kinds) <= {"FusedKernel", "Shape", "Reshape"}, kinds
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 2})
+    expected = ref(feeds)
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    for got, want in zip(run_gpu(res.model, feeds, [e.astype(npd) for e in expected]), expected):
+        assert_matches_reference(got, want, dtype != TP.FLOAT, name)
