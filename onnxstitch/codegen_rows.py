@@ -32,6 +32,10 @@ from .shapes import dtype_size
 FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
 # Registers the next row's prefetched inputs may take (BERT's rows need 8–16).
 PREFETCH_REGISTERS = 64
+# Registers the loop path's chunk of 16-byte loads may take (the rest load element by element),
+# and how many chunks it unrolls (LOOP_UNROLL × 8 registers of loads in flight per thread).
+LOOP_VECTOR_REGISTERS = 8
+LOOP_UNROLL, LOOP_UNROLL_INPUTS = 4, 4
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class _RowPrinter:
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
                  geo: RowGeometry, full_chunks: bool = False) -> None:
-        self.g, self.outputs, self.rank, self.geo = graph, outputs, len(shape), geo
+        self.g, self.outputs, self.rank, self.geo, self.shape = graph, outputs, len(shape), geo, shape
         # Rows fixed in the model that fill every chunk: only rows past the end are empty,
         # and their sums are never stored, so reductions skip the per-element bounds test.
         self.full_chunks = full_chunks
@@ -113,9 +117,33 @@ class _RowPrinter:
         if x.access == "contig":
             return f"{p}ro{x.index} + {c}"
         if x.access == "mixed":
-            return f"{p}ro{x.index} + stitch_trail<{self.rank}, {self.geo.span}, I>(a, {x.index}, {c})"
+            return f"{p}ro{x.index} + {self.trail_offset(x, c)}"
         # Per-row: a FULL input is per-row only when rows have one element, at `base`.
         return f"{p}base" if self._kinds[x.index] == FULL else f"{p}ro{x.index}"
+
+    def trail_offset(self, x: _Input, c: str) -> str:
+        """Offset at row position `c` of an input broadcast inside the row: only the row axes
+        where it varies (a dim of 1 in the model is 1 at run time), the outermost without a
+        remainder (c is within the row), and dims fixed in the model as constants, so the
+        divisions fold into shifts or multiplies (a group norm's γ [G, C/G, 1] over rows
+        [C/G, H·W]: one shift per element instead of two divisions and two remainders)."""
+        k, lead = self.geo.span, self.rank - self.geo.span
+        shape = self.g.tensors[x.name].shape
+        aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
+
+        def dim(d: int) -> str:
+            v = self.shape[d]
+            return f"(I){v}" if isinstance(v, int) else f"(I)a.dims[{d}]"
+
+        terms = []
+        for d in range(lead, lead + k):
+            if aligned[d] == 1:
+                continue
+            inner = [dim(e) for e in range(d + 1, lead + k) if self.shape[e] != 1]
+            q = f"({c}) / ({' * '.join(inner)})" if inner else f"({c})"
+            q = f"({q}) % {dim(d)}" if d > lead else q
+            terms.append(f"({q}) * (I)a.strides[{x.index}][{d}]")
+        return "(" + " + ".join(terms) + ")" if terms else "(I)0"
 
     def ptr(self, x: _Input) -> str:
         return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
@@ -170,12 +198,13 @@ class _RowPrinter:
     # (i·T + l)·V … +V-1, read with one 16-byte access per input when `vec` holds. The first
     # reduction's input is computed once into registers `hr` (one read of the row); later
     # passes start from it, and inputs only they need are read chunk by chunk.
-    def chunk_loads(self, xs: list[_Input], ind: str, p: str = "", declare: bool = True) -> None:
-        """Chunk i of each input in `xs`, into xr<k>[i] (row variables with prefix `p`)."""
+    def chunk_loads(self, xs: list[_Input], ind: str, p: str = "", declare: bool = True, size: str = "NCH") -> None:
+        """Chunk i of each input in `xs`, into xr<k>[i] (row variables with prefix `p`; arrays
+        of `size` chunks when declared here)."""
         for x in xs:
             st = ops.CTYPES[x.dtype][0]
             if declare:
-                self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[NCH];")
+                self.lines.append(f"{ind}StitchVec<V, {st}> xr{x.index}[{size}];")
             scalar = (f"{ind}  for (int j = 0; j < V; ++j) xr{x.index}[i].v[j] = c0 + j < {p}Cr ? "
                       f"{self.ptr(x)}[{self.offset(x, 'c0 + j', p)}] : ({st})0;")
             if x.vectorizable:
@@ -190,15 +219,33 @@ class _RowPrinter:
 
     def chunks(self, targets: list[str], ind: str, cached: Mapping[str, str],
                body: Callable[[dict[str, ops.Arg]], list[str]], guard: bool, after: Callable[[], list[str]] | None = None,
-               held: frozenset[str] = frozenset()) -> None:
-        """for each chunk i: its loads (but not of `held` inputs, already in registers); for
-        each element jj: the cone of `targets`, then `body` (inside `c < Cr` when `guard`);
-        then `after` once per chunk."""
-        raw = lambda x: f"xr{x.index}[i].v[jj]"  # noqa: E731
+               held: frozenset[str] = frozenset(), loop: bool = False, prologue: list[str] | None = None) -> None:
+        """for each chunk i: `prologue`, its loads (but not of `held` inputs, already in
+        registers); for each element jj: the cone of `targets`, then `body` (inside `c < Cr`
+        when `guard`); then `after` once per chunk. The register path walks its NCH chunks; the
+        loop path (`loop`) walks the whole row a chunk at a time, re-reading it from memory."""
+        loads = [x for x in self.cone_inputs(targets, cached) if x.name not in held]
+        # A pass of many inputs is not unrolled: their hoisted loads would spill (16 float16
+        # inputs × 8192 at 1024 threads: 152 bytes, ptxas).
+        unroll = LOOP_UNROLL if len(loads) <= LOOP_UNROLL_INPUTS else 1
+        if loop:  # 16-byte loads for the first few inputs; the rest element by element
+            loads = self.loop_vectors(loads)
+
+        def raw(x: _Input) -> str:
+            return f"xr{x.index}[i].v[jj]" if x in loads or x.name in held else \
+                f"{self.ptr(x)}[{self.offset(x, 'c0 + jj')}]"
+
         lines, scope = self.element_lines(targets, raw, ind + ("      " if guard else "    "), cached)
-        self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
-                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
-        self.chunk_loads([x for x in self.cone_inputs(targets, cached) if x.name not in held], ind + "  ")
+        if loop:
+            # Unrolled so that several chunks' loads are in flight per thread: a long row of a
+            # few rows (a group norm: 64 rows of 40 960) has one block per SM to hide latency.
+            self.lines += [f"#pragma unroll {unroll}", f"{ind}for (I c0 = (I)lane * V; c0 < Cr; c0 += (I)T * V) {{",
+                           f"{ind}  constexpr int i = 0;"]
+        else:
+            self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
+                           f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+        self.lines += prologue or []
+        self.chunk_loads(loads, ind + "  ", size="1" if loop else "NCH")
         self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
         if guard:
             self.lines += [f"{ind}    if (c0 + jj < Cr) {{"] + lines + body(scope) + [f"{ind}    }}"]
@@ -208,12 +255,17 @@ class _RowPrinter:
         self.lines += after() if after else []
         self.lines.append(f"{ind}}}")
 
-    def loop(self, targets: list[str], ind: str, body: Callable[[dict[str, ops.Arg]], list[str]]) -> None:
-        """The loop path's pass: each of the thread's row positions c, re-read from memory; the
-        cone of `targets`, then `body`."""
-        raw = lambda x: f"{self.ptr(x)}[{self.offset(x, 'c')}]"  # noqa: E731
-        lines, scope = self.element_lines(targets, raw, ind + "  ")
-        self.lines += [f"{ind}for (I c = lane; c < Cr; c += T) {{"] + lines + body(scope) + [f"{ind}}}"]
+    def loop_vectors(self, xs: list[_Input]) -> list[_Input]:
+        """The inputs the loop path reads a chunk at a time (16-byte accesses): vectorizable
+        ones, within LOOP_VECTOR_REGISTERS (16 float16 inputs × 8 per chunk spilled 3.3 KB
+        per thread at 1024 threads, ptxas)."""
+        out, budget = [], LOOP_VECTOR_REGISTERS
+        for x in xs:
+            regs = max(1, self.geo.vec * dtype_size(x.dtype) // 4)
+            if x.vectorizable and regs <= budget:
+                out.append(x)
+                budget -= regs
+        return out
 
     def held_loads(self, held: list[_Input], ind: str, p: str) -> None:
         """Every chunk of the `held` inputs, into their row-long registers (row prefix `p`)."""
@@ -249,10 +301,8 @@ class _RowPrinter:
             return [f"{pad}{{ const {vt} v = {v}; if (acci{j} < 0 || v {better} accv{j}{tie}) {{ accv{j} = v; "
                     f"acci{j} = (long long)({pos}); }} }}"]
 
-        if regs:
-            self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"), not self.full_chunks)
-        else:
-            self.loop([src], ind, lambda scope: take(scope, ind + "  ", "c"))
+        self.chunks([src], ind, cached, lambda scope: take(scope, ind + "      ", "c0 + jj"),
+                    not (regs and self.full_chunks), loop=not regs)
         is_max = "true" if s.op == "ArgMax" else "false"
         self.lines.append(f"{ind}stitch_row_argreduce<T, {is_max}, {last}>(accv{j}, acci{j}, reinterpret_cast<{vt}*>(stitch_smem));")
         return f"acci{j}"
@@ -275,39 +325,33 @@ class _RowPrinter:
             held = [f"{pad}{keep}[i].v[jj] = {self.arg(src, scope, self.ctype(src)).expr};"] if keep else []
             return held + [f"{pad}{{ const {ct} u = acc{j}, v = {value}; acc{j} = {red.combine}; }}"]
 
-        if regs:
-            self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "),  # type: ignore[list-item]
-                        not self.full_chunks)
-        else:
-            self.loop([src], ind, lambda scope: combine(scope, ind + "  "))  # type: ignore[list-item]
+        self.chunks([src], ind, cached, lambda scope: combine(scope, ind + "      "),  # type: ignore[list-item]
+                    not (regs and self.full_chunks), loop=not regs)
         fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
         self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
 
     def output_pass(self, elem_outs: list[str], regs: bool, ind: str, cached: Mapping[str, str]) -> None:
-        if regs:
-            decl = [f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};" for t in elem_outs]
+        """The per-element outputs, a chunk at a time: computed into vectors, stored with one
+        16-byte access each when `vec` holds (element by element otherwise)."""
+        pad = ind + ("    " if regs else "      ")
 
-            def body(scope: Mapping[str, ops.Arg]) -> list[str]:
-                return [f"{ind}    o{self.outputs.index(t)}.v[jj] = "
-                        f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};" for t in elem_outs]
+        def body(scope: Mapping[str, ops.Arg]) -> list[str]:
+            return [f"{pad}o{self.outputs.index(t)}.v[jj] = "
+                    f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};" for t in elem_outs]
 
-            def stores() -> list[str]:
-                out = []
-                for t in elem_outs:
-                    m, st = self.outputs.index(t), self.stype(t)
-                    ptr = f"static_cast<{st}*>(a.out[{m}])"
-                    out.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
-                    out.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
-                return out
+        def stores() -> list[str]:
+            out = []
+            for t in elem_outs:
+                m, st = self.outputs.index(t), self.stype(t)
+                ptr = f"static_cast<{st}*>(a.out[{m}])"
+                out.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
+                out.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
+            return out
 
-            mark = len(self.lines)
-            self.chunks(elem_outs, ind, cached, body, False, stores)  # type: ignore[arg-type]
-            # the output vectors are declared at the top of the chunk loop
-            self.lines[mark + 3:mark + 3] = decl
-        else:
-            self.loop(elem_outs, ind, lambda scope: [
-                f"{ind}  static_cast<{self.stype(t)}*>(a.out[{self.outputs.index(t)}])[base + c] = "
-                f"{_store_expr(self.dtype[t], self.arg(t, scope, self.ctype(t)).expr)};" for t in elem_outs])
+        decl = [f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};" for t in elem_outs]
+        # The loop path tests each element (its last chunk may be partial); the register
+        # path computes whole chunks and bounds only the stores.
+        self.chunks(elem_outs, ind, cached, body, not regs, stores, loop=not regs, prologue=decl)  # type: ignore[arg-type]
 
     def cached(self) -> str | None:
         """The tensor the register path holds for the whole row: the first reduction's input."""
@@ -480,14 +524,6 @@ class _RowPrinter:
 ROWS_PRELUDE = r"""
 __device__ __forceinline__ bool stitch_aligned(const void* p, unsigned long long n) {
   return reinterpret_cast<unsigned long long>(p) % n == 0;
-}
-// Offset of row position c over the K trailing dims (inputs broadcast inside the row).
-template <int RANK, int K, typename I>
-__device__ __forceinline__ I stitch_trail(const StitchArgs& a, int k, I c) {
-  I o = 0;
-#pragma unroll
-  for (int d = RANK - 1; d >= RANK - K; --d) { const I q = c % (I)a.dims[d]; c /= (I)a.dims[d]; o += q * (I)a.strides[k][d]; }
-  return o;
 }
 // The row's total for each of its T threads: shuffles within an aligned group of T <= 32
 // lanes, or (T == blockDim.x > 32) shuffles then one partial per warp in smem.
