@@ -1,6 +1,7 @@
 """Hand-written torch modules for zoo architectures that transformers does not ship:
-MobileNetV3-Large (Howard et al., "Searching for MobileNetV3", Table 1) and a YOLO-style
-detector (Conv-BN-SiLU, C2f bottleneck stages, SPPF, a decoupled anchor-free detect head).
+MobileNetV3-Large (Howard et al., "Searching for MobileNetV3", Table 1), a YOLO-style
+detector (Conv-BN-SiLU, C2f bottleneck stages, SPPF, a decoupled anchor-free detect head) and
+a stage of a latent-diffusion UNet (GroupNorm + SiLU ResNet blocks, spatial self-attention).
 
 Imported only by models/zoo.py builders, so torch is needed only when a model is built.
 """
@@ -273,3 +274,54 @@ def init_bias_prior(model: nn.Module, prior: float = 0.01) -> None:
                 last = seq[-1]
                 assert isinstance(last, nn.Conv2d) and last.bias is not None
                 nn.init.constant_(last.bias, -math.log((1 - prior) / prior))
+
+
+class ResnetBlock(nn.Module):
+    """A diffusion UNet's ResNet block: GroupNorm → SiLU → 3×3 conv, twice, plus the input
+    (through a 1×1 conv when the width changes)."""
+
+    def __init__(self, cin: int, cout: int, groups: int) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(groups, cin, eps=1e-6), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.conv2 = nn.GroupNorm(groups, cout, eps=1e-6), nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        return self.skip(x) + self.conv2(F.silu(self.norm2(h)))
+
+
+class SpatialAttention(nn.Module):
+    """Single-head self-attention over the H·W positions after a GroupNorm, with a residual."""
+
+    def __init__(self, channels: int, groups: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels, eps=1e-6)
+        self.qkv, self.proj = nn.Conv2d(channels, 3 * channels, 1), nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, c, h * w).unbind(1)
+        a = torch.softmax(q.transpose(1, 2) @ k / math.sqrt(c), dim=-1)  # [b, hw, hw]
+        return x + self.proj((v @ a.transpose(1, 2)).reshape(b, c, h, w))
+
+
+class UNetStage(nn.Module):
+    """Stem conv, two ResNet blocks with self-attention after each, a strided downsample and a
+    ResNet block at twice the width, then GroupNorm → SiLU → conv out (as a UNet's down path)."""
+
+    def __init__(self, width: int = 320, groups: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.ModuleList([ResnetBlock(width, width, groups), SpatialAttention(width, groups),
+                                     ResnetBlock(width, width, groups), SpatialAttention(width, groups)])
+        self.down = nn.Conv2d(width, width, 3, stride=2, padding=1)
+        self.wide = ResnetBlock(width, 2 * width, groups)
+        self.norm_out, self.conv_out = nn.GroupNorm(groups, 2 * width, eps=1e-6), nn.Conv2d(2 * width, 4, 3, padding=1)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        h = self.stem(pixel_values)
+        for block in self.blocks:
+            h = block(h)
+        h = self.wide(self.down(h))
+        return self.conv_out(F.silu(self.norm_out(h)))

@@ -227,6 +227,16 @@ def yolo(size: Size = "full") -> Built:
     return _calibrated(_vision(m, 640 if size == "full" else 64, ("detections",), size))
 
 
+def unet_stage(size: Size = "full") -> Built:
+    """A stage of a latent-diffusion UNet at Stable Diffusion's first width (320 channels,
+    32 groups) on a 64×64 latent, hand-written in models/blocks.py: GroupNorm + SiLU ResNet
+    blocks and spatial self-attention."""
+    from .blocks import UNetStage
+
+    m = UNetStage() if size == "full" else UNetStage(width=16, groups=4)
+    return _vision(m, 64 if size == "full" else 16, ("sample",), size)
+
+
 # name -> builder; names are file stems.
 MODELS: dict[str, Callable[[Size], Built]] = {
     "bert-base": bert_base,
@@ -238,6 +248,7 @@ MODELS: dict[str, Callable[[Size], Built]] = {
     "mobilenetv3-large": mobilenet_v3_large,
     "llama-block": llama_block,
     "yolo": yolo,
+    "unet-stage": unet_stage,
 }
 
 
