@@ -14,7 +14,8 @@ business (plan.py). A node set is legal when
    space), and the broadcast of its runtime input shapes is that shape too (the custom op
    derives the iteration shape from its inputs at run time, docs/abi.md);
 5. it has at most MAX_INPUTS runtime inputs and MAX_OUTPUTS outputs (the kernel ABI);
-6. reductions reduce one trailing run of axes, the same for all (the rows scheme);
+6. reductions reduce one run of consecutive axes, the same for all (the rows scheme:
+   trailing rows, or columns when axes follow the run);
 7. layout ops (Reshape, Flatten, Squeeze, Unsqueeze, Transpose) appear only as tails from a
    member's output to a group output, at most one Transpose per chain, never after a
    reduction, and a chain that only reshapes is refused (ORT relabels it without a kernel);
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from . import views
-from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_span
+from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
 
@@ -183,27 +184,28 @@ LONG_ROW, FEW_ROWS = 65536, 1024
 
 
 def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | None:
-    """Rules of a group with reductions: one row (the same trailing axes) for every reduction,
+    """Rules of a group with reductions: one row (the same run of axes) for every reduction,
     each over the whole iteration space; reduced-away outputs leave the group."""
     assert st.shape is not None
     if not st.shape:
         return "a group with reductions needs an iteration shape of rank 1 or more"
-    spans = {row_span(graph, i) for i in reducers}
-    if len(spans) > 1:
-        return (f"its reductions reduce different numbers of trailing axes ({', '.join(map(str, sorted(spans)))}); "
-                f"a row kernel has one row")
+    runs = {row_run(graph, i) for i in reducers}
+    if len(runs) > 1:
+        text = ", ".join(f"{k} axes with {m} after" for k, m in sorted(runs))
+        return f"its reductions reduce different runs of axes ({text}); a row kernel has one row"
     for i in reducers:
         n = graph.nodes[i]
         data = _shape(graph, n.inputs[0])
         if data != st.shape:
             return (f"{n.label} reduces a tensor of shape {fmt(data)}, not the group's iteration shape "
-                    f"{fmt(st.shape)}; a row kernel reduces trailing axes of its iteration space")
+                    f"{fmt(st.shape)}; a row kernel reduces axes of its iteration space")
         if n.attrs.get("keepdims", 1) == 0 and any((st.mask >> c) & 1 for c in graph.consumers.get(n.outputs[0], ())):
             return (f"{n.label} drops the reduced dims (keepdims=0) and is read inside the group; "
                     f"broadcasting its output there would not follow rows")
-    k = spans.pop()
-    cols = TensorInfo("row", 1, st.shape[-k:]).numel(graph.dim_values) or 0
-    rows = TensorInfo("rows", 1, st.shape[:-k]).numel(graph.dim_values) or 0
+    k, m = runs.pop()
+    start = len(st.shape) - k - m
+    cols = TensorInfo("row", 1, st.shape[start:start + k]).numel(graph.dim_values) or 0
+    rows = TensorInfo("rows", 1, st.shape[:start] + st.shape[start + k:]).numel(graph.dim_values) or 0
     if cols > LONG_ROW and rows < FEW_ROWS:
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
                 f"(split reductions are not implemented)")
@@ -255,8 +257,9 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         reason = _row_verdict(graph, st, reducers)
         if reason:
             return reason
-        k = row_span(graph, reducers[0])
-        row_shapes = (st.shape[:-k] + (1,) * k, st.shape[:-k])
+        k, m = row_run(graph, reducers[0])
+        start = len(st.shape) - k - m
+        row_shapes = (st.shape[:start] + (1,) * k + st.shape[start + k:], st.shape[:start] + st.shape[start + k:])
     for t in st.outs:
         s = _shape(graph, t)
         if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:

@@ -48,10 +48,11 @@ class KernelSource:
     output_dtypes: tuple[int, ...]
     shape_rule: str = "broadcast"  # or "rows" (codegen_rows)
     output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims), 2 without
-    row_axes: int = 1  # rows only: trailing axes that form a row
+    row_axes: int = 1  # rows only: axes that form a row
     row_threads: int = 256  # rows only: threads per row
     block_threads: int = 256  # rows only: threads per block (a multiple of row_threads)
     output_views: tuple[int, ...] = ()  # broadcast only: views.encode_all, empty when no view
+    row_inner: int = 0  # rows only: axes after the row's (0: trailing rows; else columns)
 
     @property
     def entries(self) -> tuple[str, ...]:

@@ -1,9 +1,12 @@
-"""Stage 6, stitched form: one kernel for a group that reduces a trailing run of axes of its
+"""Stage 6, stitched form: one kernel for a group that reduces a run of consecutive axes of its
 iteration space (Reduce*, Softmax, LogSoftmax, LayerNormalization, global pools) together with
 the elementwise work before and after the reductions (FusionStitching's warp and block
 composition).
 
-The row is the product of the trailing axes the group's reductions reduce. Every tensor of the
+The row is the product of the axes the group's reductions reduce: trailing axes, or a run
+followed by others — a column reduction, where one thread owns a column whose elements lie S
+apart (S the product of the axes after the run), so that neighbouring threads read neighbouring
+addresses. Every tensor of the
 group is either per-element (varies along the row) or per-row (constant along it). A row
 belongs to `T` threads: a few lanes or a warp for short rows (reductions by shuffles only), a
 whole block for long ones (shuffles, then shared memory). When the row fits, each thread
@@ -58,23 +61,26 @@ class _RowPrinter:
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
-                 geo: RowGeometry, full_chunks: bool = False) -> None:
+                 geo: RowGeometry, full_chunks: bool = False, inner: int = 0) -> None:
         self.g, self.outputs, self.rank, self.geo, self.shape = graph, outputs, len(shape), geo, shape
+        # The row's axes [start, stop); a column reduction has `inner` axes after them, and its
+        # elements lie S apart (S: the product of those axes' dims).
+        self.start, self.stop, self.inner = len(shape) - geo.span - inner, len(shape) - inner, inner
         # Rows fixed in the model that fill every chunk: only rows past the end are empty,
         # and their sums are never stored, so reductions skip the per-element bounds test.
         self.full_chunks = full_chunks
         self._kinds, self._out_kinds = kinds, out_kinds
-        k = geo.span
-        trailing = tuple(shape[-k:])
+        run = tuple(shape[self.start:self.stop])
         self.ins: list[_Input] = []
         for idx, t in enumerate(inputs):
             s = tuple(graph.tensors[t].shape or ())
-            tail = ((1,) * k + s)[-k:]  # right-aligned, missing dims are 1
+            tail = ((1,) * self.rank + s)[-self.rank:][self.start:self.stop]  # right-aligned, missing dims are 1
             if all(d == 1 for d in tail):
                 access, level = "row", "row"
             else:
                 level = "elem"
-                access = "full" if kinds[idx] == FULL else ("contig" if tail == trailing else "mixed")
+                # (a column's elements are S apart in every input: never contiguous)
+                access = "full" if kinds[idx] == FULL else ("contig" if tail == run and not inner else "mixed")
             self.ins.append(_Input(idx, t, graph.tensors[t].dtype, level, access))
         raw = [s for i in nodes for s in rows.expand(graph, i)]
         self.level = rows.levels(raw, {x.name: x.level for x in self.ins})
@@ -113,7 +119,7 @@ class _RowPrinter:
         """Element offset of input `x` at row position `c` (of the row whose variables carry
         prefix `p`: "" the current row, "n_" the next one)."""
         if x.access == "full":
-            return f"{p}base + {c}"
+            return f"{p}base + {self.along(c)}"
         if x.access == "contig":
             return f"{p}ro{x.index} + {c}"
         if x.access == "mixed":
@@ -121,29 +127,33 @@ class _RowPrinter:
         # Per-row: a FULL input is per-row only when rows have one element, at `base`.
         return f"{p}base" if self._kinds[x.index] == FULL else f"{p}ro{x.index}"
 
+    def along(self, c: str) -> str:
+        """Offset of row position `c` from the row's first element: c, or c·S in a column."""
+        return f"({c}) * S" if self.inner else c
+
     def trail_offset(self, x: _Input, c: str) -> str:
         """Offset at row position `c` of an input broadcast inside the row: only the row axes
         where it varies (a dim of 1 in the model is 1 at run time), the outermost without a
         remainder (c is within the row), and dims fixed in the model as constants, so the
         divisions fold into shifts or multiplies (a group norm's γ [G, C/G, 1] over rows
         [C/G, H·W]: one shift per element instead of two divisions and two remainders)."""
-        k, lead = self.geo.span, self.rank - self.geo.span
         shape = self.g.tensors[x.name].shape
         aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
-
-        def dim(d: int) -> str:
-            v = self.shape[d]
-            return f"(I){v}" if isinstance(v, int) else f"(I)a.dims[{d}]"
-
+        dim = self.dim
         terms = []
-        for d in range(lead, lead + k):
+        for d in range(self.start, self.stop):
             if aligned[d] == 1:
                 continue
-            inner = [dim(e) for e in range(d + 1, lead + k) if self.shape[e] != 1]
+            inner = [dim(e) for e in range(d + 1, self.stop) if self.shape[e] != 1]
             q = f"({c}) / ({' * '.join(inner)})" if inner else f"({c})"
-            q = f"({q}) % {dim(d)}" if d > lead else q
+            q = f"({q}) % {dim(d)}" if d > self.start else q
             terms.append(f"({q}) * (I)a.strides[{x.index}][{d}]")
         return "(" + " + ".join(terms) + ")" if terms else "(I)0"
+
+    def dim(self, d: int) -> str:
+        """Iteration dim d: a constant when the model fixes it, else read at run time."""
+        v = self.shape[d]
+        return f"(I){v}" if isinstance(v, int) else f"(I)a.dims[{d}]"
 
     def ptr(self, x: _Input) -> str:
         return f"static_cast<const {ops.CTYPES[x.dtype][0]}*>(a.in[{x.index}])"
@@ -344,8 +354,8 @@ class _RowPrinter:
             for t in elem_outs:
                 m, st = self.outputs.index(t), self.stype(t)
                 ptr = f"static_cast<{st}*>(a.out[{m}])"
-                out.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + c0) = o{m}; }}")
-                out.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + c0 + jj] = o{m}.v[jj]; }}")
+                out.append(f"{ind}  if (vec) {{ if (c0 < Cr) *reinterpret_cast<StitchVec<V, {st}>*>({ptr} + base + {self.along('c0')}) = o{m}; }}")
+                out.append(f"{ind}  else {{ for (int jj = 0; jj < V; ++jj) if (c0 + jj < Cr) {ptr}[base + {self.along('c0 + jj')}] = o{m}.v[jj]; }}")
             return out
 
         decl = [f"{ind}  StitchVec<V, {self.stype(t)}> o{self.outputs.index(t)};" for t in elem_outs]
@@ -403,17 +413,18 @@ class _RowPrinter:
             st = self.stype(t)
             store = (f"static_cast<{st}*>(a.out[{self.outputs.index(t)}])[row] = "
                      f"{_store_expr(self.dtype[t], self.row_vars[t].expr)};")
-            # Row-shaped outputs that keep the dims stay empty with empty rows (as in ORT).
-            guard = "" if self._out_kinds[self.outputs.index(t)] == ROW_DROPPED_OUTPUT else "if (C > 0) "
-            self.lines.append(f"{ind}  {guard}{store}")
+            # (an empty row stores the reduction's identity, as ONNX and ORT's CPU kernels do)
+            self.lines.append(f"{ind}  {store}")
         self.lines.append(f"{ind}}}")
 
     def row_setup(self, p: str, row0: str, ind: str) -> None:
         """Variables of the row at group start `row0` (prefix `p`): the thread's row, whether it
         exists, its length (0 past the end), its first element and broadcast inputs' offsets."""
         kinds = self._kinds
+        # A column's row r is column r % S of the r / S-th block of C·S elements.
+        base = f"({p}row / S) * C * S + {p}row % S" if self.inner else f"{p}row * C"
         self.lines += [f"{ind}const I {p}row = {row0} + sub;", f"{ind}const bool {p}active = {p}row < rows;",
-                       f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {p}row * C;",
+                       f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {base};",
                        f"{ind}(void){p}base; (void){p}Cr;"]
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
         self.lines += self.row_offsets(p, bcast, ind)
@@ -425,13 +436,15 @@ class _RowPrinter:
         division, and an attention mask [B, 1, 1, S] over rows [B, H, S] costs one division per
         row instead of a division and a remainder per axis. The outermost row axis needs no
         remainder (the row index is in range)."""
-        lead = self.rank - self.geo.span
+        # The axes a row index runs over: those before the row (and, in a column reduction,
+        # those after it), in order.
+        axes = [d for d in range(self.rank) if not self.start <= d < self.stop]
         varying: dict[int, list[int]] = {}
         for k in bcast:
             shape = self.g.tensors[self.ins[k].name].shape
             # unknown rank: every axis may vary
             aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
-            for d in range(lead):
+            for d in axes:
                 if aligned[d] != 1:
                     varying.setdefault(d, []).append(k)
         moving = [k for k in bcast if any(k in ks for ks in varying.values())]
@@ -440,13 +453,13 @@ class _RowPrinter:
         if not moving:
             return lines
         hi, lo = max(varying), min(varying)
-        inner = " * ".join(f"(I)a.dims[{d}]" for d in range(hi + 1, lead))
+        inner = " * ".join(f"(I)a.dims[{d}]" for d in axes if d > hi)
         # (markers for tests/test_rows_index.py, which runs this code on the host)
         lines += [f"{ind}// row offsets", f"{ind}I {p}rr = {p}active ? {p}row : 0, {', '.join(f'{p}ro{k} = 0' for k in moving)};"]
         if inner:
             lines.append(f"{ind}{p}rr /= {inner};")
-        for d in range(hi, lo - 1, -1):
-            q = f"{p}rr" if d == 0 else f"{p}rr % (I)a.dims[{d}]"
+        for d in [d for d in reversed(axes) if lo <= d <= hi]:
+            q = f"{p}rr" if d == axes[0] else f"{p}rr % (I)a.dims[{d}]"
             step = f" {p}rr /= (I)a.dims[{d}];" if d > lo else ""
             acc = " ".join(f"{p}ro{k} += q * (I)a.strides[{k}][{d}];" for k in varying.get(d, []))
             lines.append(f"{ind}{{ const I q = {q};{step} {acc} }}")
@@ -581,25 +594,29 @@ __device__ __forceinline__ void stitch_row_argreduce(V& v, long long& i, V* smem
 
 def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_half: bool = True,
                   threads: int | None = None) -> KernelSource:
-    """CUDA source of a legal group with reductions over trailing axes (see candidates);
+    """CUDA source of a legal group with reductions over a run of axes (see candidates);
     `threads` overrides the threads per row (choose_geometry)."""
     inputs, outputs = graph.boundary(frozenset(nodes))
     rp = rows.row_plan(graph, nodes, threads)
     shape, span, geo, static_row = rp.shape, rp.span, rp.geometry, rp.static
+    start, stop = rp.run
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
-    lead = tuple(shape[:-span])
+    lead = tuple(shape[:start]) + tuple(shape[stop:])
     out_kinds = tuple(FULL_OUTPUT if graph.tensors[t].shape == shape else
                       ROW_DROPPED_OUTPUT if tuple(graph.tensors[t].shape or ()) == lead else ROW_OUTPUT
                       for t in outputs)
-    trailing = tuple(shape[-span:])
-    full = static_row and math.prod(trailing) == geo.capacity
-    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full)
+    run = tuple(shape[start:stop])
+    full = static_row and math.prod(run) == geo.capacity  # type: ignore[arg-type]
+    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full, rp.inner)
     body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
-    rank, lead_n = len(shape), len(shape) - span
+    rank = len(shape)
     # A row length fixed in the model is a constant: bounds tests against it fold away.
-    row_length = (f"  constexpr I C = (I){math.prod(trailing)};\n  I rows = 1;" if static_row else
-                  f"  I C = 1, rows = 1;\n  for (int d = {lead_n}; d < {rank}; ++d) C *= (I)a.dims[d];")
+    row_length = (f"  constexpr I C = (I){math.prod(run)};\n  I rows = 1;" if static_row else  # type: ignore[arg-type]
+                  f"  I C = 1, rows = 1;\n  for (int d = {start}; d < {stop}; ++d) C *= (I)a.dims[d];")
+    if rp.inner:  # a column reduction: rows over the axes before and after the run; S apart
+        row_length += (f"\n  for (int d = {stop}; d < {rank}; ++d) rows *= (I)a.dims[d];\n"
+                       f"  const I S = {' * '.join(p.dim(d) for d in range(stop, rank))};")
     smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
     src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes, rows scheme ({geo.threads} threads per row)
 {ops.PRELUDE}
@@ -613,7 +630,7 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {smem}  const int lane = threadIdx.x % T;
   const I sub = threadIdx.x / T, per_block = blockDim.x / T;
 {row_length}
-  for (int d = 0; d < {lead_n}; ++d) rows *= (I)a.dims[d];
+  for (int d = 0; d < {start}; ++d) rows *= (I)a.dims[d];
   const bool vec = {p.vec_condition()};
   (void)vec;
 {body}
@@ -625,4 +642,4 @@ extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const Stit
 extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long>(a); }}
 """
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
-                        "rows", out_kinds, span, geo.threads, geo.block)
+                        "rows", out_kinds, span, geo.threads, geo.block, row_inner=rp.inner)

@@ -192,18 +192,25 @@ def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: M
 
 
 def row_span(graph: "FusionGraph", i: int) -> int:
-    """How many trailing axes REDUCE-kind node `i` reduces (its row is their product); only
+    """How many axes REDUCE-kind node `i` reduces (its row is their product); only
     meaningful for nodes `_row_reason` accepted."""
+    return row_run(graph, i)[0]
+
+
+def row_run(graph: "FusionGraph", i: int) -> tuple[int, int]:
+    """(axes reduced, axes after them) of REDUCE-kind node `i`: (k, 0) for a row over the
+    trailing k axes, (k, m) for a column reduction with m axes after the run."""
     n = graph.nodes[i]
     rank = len(graph.tensors[n.inputs[0]].shape or ())
-    axes = row_axes(n, n.attrs, graph.constants, graph.opset, rank)
-    return len(axes or ())
+    axes = row_axes(n, n.attrs, graph.constants, graph.opset, rank) or []
+    return len(axes), (rank - 1 - axes[-1] if axes else 0)
 
 
 def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object],
                 constants: Mapping[str, onnx.TensorProto], opset: int) -> str | None:
-    """Why a REDUCE-kind node cannot be stitched: its axes must be a trailing run of the input's
-    axes (the row); keepdims either way; no extra outputs."""
+    """Why a REDUCE-kind node cannot be stitched: its axes must be one run of consecutive axes
+    (the row: trailing, or followed by other axes for a column reduction); keepdims either
+    way; no extra outputs."""
     shape = tensors[n.input[0]].shape or ()
     if not shape:
         return f"{n.op_type} of a scalar"
@@ -213,12 +220,12 @@ def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Map
     if n.op_type.startswith("Reduce") and attrs.get("noop_with_empty_axes", 0) and "axes" not in attrs and \
             (len(n.input) < 2 or not n.input[1] or numpy_helper.to_array(constants[n.input[1]]).size == 0):
         return f"{n.op_type} with noop_with_empty_axes=1 and no axes is an identity"
-    if not axes or axes != list(range(len(shape) - len(axes), len(shape))):
-        return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only a trailing run of axes "
-                f"is stitched (column reductions are not implemented)")
-    lead = tuple(shape[:len(shape) - len(axes)])
+    if not axes or axes != list(range(axes[0], axes[0] + len(axes))):
+        return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only one run of consecutive "
+                f"axes is stitched")
+    start, stop = axes[0], axes[-1] + 1
     keep = attrs.get("keepdims", 1) if n.op_type.startswith(("Reduce", "Arg")) else 1
-    expected = lead + (1,) * len(axes) if keep else lead
+    expected = tuple(shape[:start]) + ((1,) * len(axes) if keep else ()) + tuple(shape[stop:])
     if n.op_type in ops.ROW_COMPOSITES and not n.op_type.startswith("Reduce"):
         expected = tuple(shape)
     if n.op_type == "InstanceNormalization" and len(shape) < 3:

@@ -3,7 +3,8 @@
 Kinds form an ordered lattice (TVM's FuseOps): ELEMENTWISE < BROADCAST < INJECTIVE < REDUCE <
 OPAQUE. ELEMENTWISE/BROADCAST ops map to a C expression printer over already-loaded operand
 values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce a
-trailing run of their input's axes (the row; keepdims either way) and are stitched with the
+run of consecutive axes of their input (the row, trailing or followed by others: a column;
+keepdims either way) and are stitched with the
 elementwise work around them (codegen_rows); each names its reducer in REDUCERS or its
 expansion there. INJECTIVE ops here are the layout ops (LAYOUT): they join a group only as
 a tail on one of its outputs, which the kernel then writes reshaped and transposed
@@ -318,7 +319,7 @@ class Reducer:
 
 REDUCERS: dict[str, Reducer] = {
     "ReduceSum": Reducer("T(0)", "u + v"),
-    "ReduceMean": Reducer("T(0)", "u + v", "acc / T(C)"),
+    "ReduceMean": Reducer("T(0)", "u + v", "(C > 0 ? acc / T(C) : T(0))"),  # an empty row: 0, as ORT
     "ReduceMax": Reducer("-stitch_inf<T>()", "stitch_pickmax(u, v)"),
     "ReduceMin": Reducer("stitch_inf<T>()", "stitch_pickmin(u, v)"),
     "ReduceProd": Reducer("T(1)", "u * v"),

@@ -91,7 +91,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     whose outputs differ is left to ONNX Runtime and the rest verified again (the report's
     `dropped`), or with `strict` the first mismatch raises VerifyError naming the group.
     Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel.
-    `reductions` (on by default) also stitches reductions over trailing axes, Softmax,
+    `reductions` (on by default) also stitches reductions over a run of consecutive axes, Softmax,
     LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
     their neighbours. `pack` (on by default) runs independent elementwise groups over one
     iteration space in one kernel (pack.py)."""

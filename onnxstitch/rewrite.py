@@ -53,7 +53,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         node.attribute.append(helper.make_attribute("output_kinds", list(k.source.output_kinds),
                                                     attr_type=onnx.AttributeProto.INTS))
         node.attribute.append(helper.make_attribute(
-            "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]))
+            "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]
+            + ([k.source.row_inner] if k.source.row_inner else [])))
     if k.source.output_views:
         node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
     node.overload = group.name

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Union
 from onnx import TensorProto as TP
 
 from . import ops
-from .graph import FusionGraph, row_span
+from .graph import FusionGraph, row_run
 from .shapes import Shape, TensorInfo, dtype_size
 
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
@@ -112,12 +112,19 @@ def fits_registers(vec: int, chunks: int, block: int, extra: int) -> bool:
     return vec * chunks + extra + BASE_REGISTERS <= register_bound(block)
 
 
+# Column reductions (a run of axes followed by `inner` others): one thread per column, so
+# that neighbouring threads read neighbouring addresses; each holds up to this many elements
+# of its column in registers (longer columns re-read them, from L1/L2).
+COLUMN_BLOCK, COLUMN_CHUNKS = 256, 16
+
+
 @dataclass(frozen=True)
 class RowPlan:
-    """A row group's shape at planning sizes: its iteration shape, the trailing `span` axes
-    that form a row, the row length `cols`, the number of rows (None when not known) and the
-    geometry. `static`: the row length is fixed in the model and fits the registers (the
-    kernel then has no loop path)."""
+    """A row group's shape at planning sizes: its iteration shape, the `span` axes that form
+    a row and the `inner` axes after them (0: the row is trailing; else a column reduction),
+    the row length `cols`, the number of rows (None when not known) and the geometry.
+    `static`: the row length is fixed in the model and fits the registers (the kernel then
+    has no loop path)."""
 
     shape: Shape
     span: int
@@ -125,6 +132,13 @@ class RowPlan:
     rows: int | None
     geometry: RowGeometry
     static: bool
+    inner: int = 0
+
+    @property
+    def run(self) -> tuple[int, int]:
+        """The row's axes: [start, stop) of the iteration shape."""
+        start = len(self.shape) - self.span - self.inner
+        return start, start + self.span
 
     @property
     def in_registers(self) -> bool:
@@ -138,18 +152,22 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     members = frozenset(nodes)
     shape = graph.iteration_shape(members)
     assert shape, "a rows kernel needs an iteration shape of rank >= 1"
-    span = row_span(graph, next(i for i in sorted(members) if graph.nodes[i].kind == ops.OpKind.REDUCE))
+    span, inner = row_run(graph, next(i for i in sorted(members) if graph.nodes[i].kind == ops.OpKind.REDUCE))
     inputs, outputs = graph.boundary(members)
-    cols = TensorInfo("row", TP.FLOAT, tuple(shape[-span:])).numel(graph.dim_values) or 1
+    start = len(shape) - span - inner
+    run = tuple(shape[start:start + span])
+    cols = TensorInfo("row", TP.FLOAT, run).numel(graph.dim_values) or 1
     # 16-byte chunks of the widest per-element tensor.
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
-    rows = TensorInfo("rows", TP.FLOAT, tuple(shape[:-span])).numel(graph.dim_values)
+    rows = TensorInfo("rows", TP.FLOAT, tuple(shape[:start]) + tuple(shape[start + span:])).numel(graph.dim_values)
     per_element = sum(graph.tensors[t].shape == shape for t in inputs)
-    geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows, per_element)
-    trailing = tuple(shape[-span:])
-    static = all(isinstance(d, int) for d in trailing) and math.prod(trailing) <= geo.capacity  # type: ignore[arg-type]
-    return RowPlan(tuple(shape), span, cols, rows, geo, static)
+    if inner:
+        geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
+    else:
+        geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows, per_element)
+    static = all(isinstance(d, int) for d in run) and math.prod(run) <= geo.capacity  # type: ignore[arg-type]
+    return RowPlan(tuple(shape), span, cols, rows, geo, static, inner)
 
 
 def loop_passes(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int]) -> int:

@@ -85,6 +85,19 @@ def group_norm(dtype: int, channels: int, side: int, groups: int = 32) -> onnx.M
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
+def dfl(dtype: int, bins: int = 16, anchors: int = 8400) -> onnx.ModelProto:
+    """YOLOv8's distribution focal loss decode over [batch, 4, bins, anchors]: Softmax over the
+    bins (axis 2), weighted by the bin positions, summed away — a column reduction."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    inits = [numpy_helper.from_array(np.arange(bins, dtype=npd).reshape(bins, 1), "bins"),
+             numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=2), helper.make_node("Mul", ["p", "bins"], ["t"]),
+             helper.make_node("ReduceSum", ["t", "axes"], ["y"], keepdims=0)]
+    g = helper.make_graph(nodes, "dfl", [helper.make_tensor_value_info("x", dtype, ["batch", 4, bins, anchors])],
+                          [helper.make_tensor_value_info("y", dtype, ["batch", 4, anchors])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
 def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
     """docs/abi.md strides of a contiguous input against the iteration shape."""
     out, own = [0] * len(full), 1
@@ -116,8 +129,9 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     for d, v in enumerate(full):
         args.dims[d] = v
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    span, threads, block = attrs.get("row_geometry", [1, 256, 256])
-    rows = int(np.prod(full[:len(full) - span]))
+    span, threads, block, *after = attrs.get("row_geometry", [1, 256, 256])
+    stop = len(full) - (after[0] if after else 0)  # the row's axes: [stop - span, stop)
+    rows = int(np.prod(full[:stop - span])) * int(np.prod(full[stop:]))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     per_block = block // threads  # as the runtime launches (docs/abi.md): one wave of resident blocks
     resident = ctypes.c_int(0)
@@ -155,7 +169,10 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
     feeds = random_feeds(model, 0, dims)
     inputs = [cp.asarray(a) for a in kernel_inputs(res.model, feeds, list(fused[0].input))]
     full = np.broadcast_shapes(*[a.shape for a in inputs])
-    outs = [cp.empty(full, dtype=inputs[0].dtype) for _ in fused[0].output]
+    # outputs at the graph's shapes (a reduction's output is smaller than the iteration space)
+    shapes = {o.name: [d.dim_value or dims.get(d.dim_param, 1) for d in o.type.tensor_type.shape.dim]
+              for o in res.model.graph.output}
+    outs = [cp.empty(shapes.get(t, full), dtype=inputs[0].dtype) for t in fused[0].output]
     ms = rows_kernel_ms(fused[0], inputs, outs)
     moved = sum(a.nbytes for a in inputs) + sum(o.nbytes for o in outs)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in fused[0].attribute}
@@ -210,6 +227,7 @@ def main() -> int:
         # BERT-base at sequence 128: far fewer rows, the sizes the model runs
         rows.append(measure(f"LayerNorm op {name} S=128", layernorm(dt, False), {"rows": B * 128}, copy_gbs, args.iters))
         rows.append(measure(f"Softmax {name} S=128", softmax(dt, 128), {"batch": B}, copy_gbs, args.iters))
+        rows.append(measure(f"DFL decode {name} [8,4,16,8400]", dfl(dt), {"batch": 8}, copy_gbs, args.iters))
         # GroupNorm + SiLU of a diffusion UNet (normalize.py): 64 rows of C/32·side² elements
         for c, side in ((320, 64), (640, 32), (1280, 16)):
             rows.append(measure(f"GroupNorm {name} {c}x{side}", group_norm(dt, c, side), {"batch": 2}, copy_gbs,

@@ -90,7 +90,10 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
     inputs = [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs]
     shape = np.broadcast_shapes(*[x.shape for x in inputs]) if inputs else ()
     n = math.prod(shape)
-    if n == 0:
+    stop = len(shape) - src.row_inner  # rows kernels: the row's axes are [stop - row_axes, stop)
+    rows = math.prod(shape[:stop - src.row_axes]) * math.prod(shape[stop:])
+    # Nothing to launch for empty outputs, except row-shaped outputs of empty rows (docs/abi.md).
+    if n == 0 and not (src.shape_rule == "rows" and rows > 0 and any(k != 0 for k in src.output_kinds)):
         return
     a = _Args()
     a.n, a.rank = n, len(shape)
@@ -105,7 +108,6 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
         assert y.flags.c_contiguous
         a.out[k] = y.ctypes.data
     if src.shape_rule == "rows":
-        rows = math.prod(shape[:len(shape) - src.row_axes])
         threads = src.block_threads
         grid = max(1, min(math.ceil(rows / (threads // src.row_threads)), grid_cap))
         use_wide = n >= 2 ** 30 if wide is None else wide

@@ -334,3 +334,65 @@ def group_norm_models(channels: int, groups: int, spatial: tuple[int, ...], dtyp
     node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["gn"], num_groups=groups, epsilon=eps)
     params = [numpy_helper.from_array(gamma, "s"), numpy_helper.from_array(beta, "b")]
     yield "GroupNormalization", _model([node] + silu, [x], [out], params, 21), reference(gamma, beta)
+
+
+def column_models(length: int, inner: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
+    """(id, model, reference) for reductions over a run of axes followed by others (column
+    reductions): Softmax over axis 1 of [batch, length, inner], a weighted ReduceSum dropping
+    axis 1, LayerNorm over the channels of [batch, length, inner] as exporters write it, YOLO's
+    distribution focal loss decode (Softmax over axis 2 of [batch, 4, length, inner], weighted
+    by the bin positions, summed away), ArgMax over axis 1, and ReduceMax over two middle axes."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng()
+    f64 = lambda f, k="x": f[k].astype(np.float64)  # noqa: E731
+    x = helper.make_tensor_value_info("x", dtype, ["batch", length, inner])
+    half = numpy_helper.from_array(np.array(0.5, npd), "s")
+    axis1 = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    w = rng.standard_normal((length, 1)).astype(npd)
+    out = lambda dims, t=dtype: helper.make_tensor_value_info("y", t, dims)  # noqa: E731
+
+    def softmax(t, axis):
+        e = np.exp(t - t.max(axis, keepdims=True))
+        return e / e.sum(axis, keepdims=True)
+
+    nodes = [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Softmax", ["t"], ["y"], axis=1)]
+    yield "Softmax-axis1", _model(nodes, [x], [out(["batch", length, inner])], [half], 18), \
+        lambda f: [softmax(f64(f) * 0.5, 1)]
+    nodes = [helper.make_node("Mul", ["x", "w"], ["t"]), helper.make_node("ReduceSum", ["t", "axes"], ["y"], keepdims=0)]
+    yield "ReduceSum-axis1-dropped", _model(nodes, [x], [out(["batch", inner])],
+                                            [numpy_helper.from_array(w, "w"), axis1], 18), \
+        lambda f: [(f64(f) * w.astype(np.float64)).sum(1)]
+    g, b = (rng.standard_normal((length, 1)).astype(npd) for _ in range(2))
+    inits = [axis1, numpy_helper.from_array(np.array(2.0, npd), "two"), numpy_helper.from_array(np.array(1e-5, npd), "eps"),
+             numpy_helper.from_array(g, "g"), numpy_helper.from_array(b, "b")]
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["mu"]), helper.make_node("Sub", ["x", "mu"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["d2"]), helper.make_node("ReduceMean", ["d2", "axes"], ["var"]),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "g"], ["ng"]),
+             helper.make_node("Add", ["ng", "b"], ["y"])]
+
+    def channel_norm(f):
+        v = f64(f)
+        mu = v.mean(1, keepdims=True)
+        var = ((v - mu) ** 2).mean(1, keepdims=True)
+        return [(v - mu) / np.sqrt(var + 1e-5) * g.astype(np.float64) + b.astype(np.float64)]
+
+    yield "LayerNorm-channels", _model(nodes, [x], [out(["batch", length, inner])], inits, 18), channel_norm
+    x4 = helper.make_tensor_value_info("x", dtype, ["batch", 4, length, inner])
+    bins = np.arange(length, dtype=npd).reshape(length, 1)
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=2), helper.make_node("Mul", ["p", "bins"], ["t"]),
+             helper.make_node("ReduceSum", ["t", "axes"], ["y"], keepdims=0)]
+    yield "DFL-decode", _model(nodes, [x4], [out(["batch", 4, inner])],
+                               [numpy_helper.from_array(bins, "bins"), numpy_helper.from_array(np.array([2], np.int64), "axes")],
+                               18), \
+        lambda f: [(softmax(f64(f), 2) * bins.astype(np.float64)).sum(2)]
+    nodes = [helper.make_node("Mul", ["x", "two"], ["t"]), helper.make_node("Floor", ["t"], ["u"]),
+             helper.make_node("ArgMax", ["u"], ["y"], axis=1, keepdims=1)]
+    yield "ArgMax-axis1", _model(nodes, [x], [out(["batch", 1, inner], TP.INT64)],
+                                 [numpy_helper.from_array(np.array(2.0, npd), "two")], 18), \
+        lambda f: [np.argmax(np.floor(f64(f) * 2), axis=1)[:, None, :].astype(np.int64)]
+    x4 = helper.make_tensor_value_info("x", dtype, ["batch", length, 3, inner])
+    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1), helper.make_node("Sub", ["x", "m"], ["y"])]
+    yield "ReduceMax-2axes-middle", _model(nodes, [x4], [out(["batch", length, 3, inner])],
+                                           [numpy_helper.from_array(np.array([1, 2], np.int64), "axes")], 18), \
+        lambda f: [f64(f) - f64(f).max((1, 2), keepdims=True)]

@@ -21,7 +21,8 @@ from onnxstitch.inputs import random_feeds
 from .host_kernels import HAVE_GXX, run_model
 from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
 from .op_models import op_models
-from .row_models import arg_models, channel_models, group_norm_models, many_input_rows, row_models, trailing_models
+from .row_models import (arg_models, channel_models, column_models, group_norm_models, many_input_rows, row_models,
+                         trailing_models)
 from .stitching import assert_matches_reference, fresh_seed
 from .test_codegen import _div_by
 
@@ -169,3 +170,49 @@ def test_group_norm_kernels(name, model, ref, dtype, folder) -> None:
     """Group norms in their [N, G, C/G, P] form (normalize.py) with the affine part and SiLU:
     per-channel γ and β read per element across the row's two axes."""
     _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)
+
+
+COLUMNS = [pytest.param(name, model, ref, dt, id=f"{name}-r{length}x{inner}-{TP.DataType.Name(dt).lower()}")
+           for length, inner, dt in [(16, 33, TP.FLOAT), (7, 300, TP.FLOAT16), (40, 5, TP.FLOAT), (1, 9, TP.FLOAT),
+                                     (16, 20, TP.BFLOAT16)]
+           for name, model, ref in column_models(length, inner, dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", COLUMNS)
+def test_column_reduction_kernels(name, model, ref, dtype, folder) -> None:
+    """Reductions over a run of axes followed by others: one thread per column, elements S
+    apart; columns held in registers (up to 16) or re-read (40)."""
+    _check(model, ref, dtype, {"batch": [3]}, {"batch": 3}, folder, name)
+
+
+@pytest.mark.parametrize("name", ["Softmax-axis1", "LayerNorm-channels"])
+def test_column_kernels_through_the_64_bit_entry(name, folder) -> None:
+    _, model, ref = next(c for c in column_models(16, 33) if c[0] == name)
+    _check(model, ref, TP.FLOAT, {"batch": [3]}, {"batch": 3}, folder, name, wide=True)
+
+
+def _empty_row_model(op: str, shape: list[int], axes: list[int], keepdims: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TP.FLOAT, shape)
+    out = [1 if d in axes else n for d, n in enumerate(shape)] if keepdims else \
+        [n for d, n in enumerate(shape) if d not in axes]
+    y = helper.make_tensor_value_info("y", TP.FLOAT, out)
+    nodes = [helper.make_node("Neg", ["x"], ["t"]), helper.make_node(op, ["t", "axes"], ["y"], keepdims=keepdims)]
+    g = helper.make_graph(nodes, "empty", [x], [y], [onnx.numpy_helper.from_array(np.array(axes, np.int64), "axes")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("op,identity", [("ReduceSum", 0.0), ("ReduceMax", -np.inf), ("ReduceMean", 0.0),
+                                         ("ReduceProd", 1.0)])
+@pytest.mark.parametrize("shape,axes", [([3, 4, 0], [2]), ([3, 0, 4], [1])], ids=["row", "column"])
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_empty_rows_hold_the_identity(op, identity, shape, axes, keepdims, folder) -> None:
+    """A reduction over an empty run of axes gives one identity value per row (ONNX's rule,
+    as ORT's CPU kernels: ReduceMean gives 0), in rows and in columns."""
+    model = _empty_row_model(op, shape, axes, keepdims)
+    want = np.full([1 if (d in axes and keepdims) else n for d, n in enumerate(shape) if keepdims or d not in axes],
+                   identity, np.float32)
+    (ort_cpu,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.zeros(shape, np.float32)})
+    np.testing.assert_array_equal(ort_cpu, want)  # the rule the kernel follows is ORT CPU's
+    got = run_model(model, {"x": np.zeros(shape, np.float32)}, {"y": np.empty_like(want)}, {}, folder)
+    np.testing.assert_array_equal(got["y"], want)

@@ -11,7 +11,8 @@ from onnx import helper
 import onnxstitch
 from onnxstitch.inputs import random_feeds
 
-from ..row_models import arg_models, channel_models, dynamic_row_model, group_norm_models, row_models, trailing_models
+from ..row_models import (arg_models, channel_models, column_models, dynamic_row_model, group_norm_models, row_models,
+                          trailing_models)
 from ..stitching import assert_matches_reference, fresh_seed
 from .test_stitched_gpu import run_gpu
 
@@ -97,3 +98,16 @@ def test_group_norm_kernel_matches_float64_numpy(name, model, ref, dtype) -> Non
     npd = helper.tensor_dtype_to_np_dtype(dtype)
     for got, want in zip(run_gpu(res.model, feeds, [e.astype(npd) for e in expected]), expected):
         assert_matches_reference(got, want, dtype != TP.FLOAT, name)
+
+
+COLUMNS = [pytest.param(name, model, ref, dt, id=f"{name}-r{length}x{inner}-{TP.DataType.Name(dt).lower()}")
+           for length, inner in [(16, 8400), (7, 300), (40, 5), (300, 7), (1, 9)]
+           for dt in (TP.FLOAT, TP.FLOAT16)
+           for name, model, ref in column_models(length, inner, dt)]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", COLUMNS)
+def test_column_reduction_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
+    """Reductions over a run of axes followed by others (YOLO's DFL decode over 16 bins of 8400
+    anchors among them): one thread per column, in registers up to 16 elements, re-read beyond."""
+    _check_gpu(model, ref, dtype, {"batch": [3]}, {"batch": 3}, name)

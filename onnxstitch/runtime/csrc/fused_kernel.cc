@@ -191,6 +191,7 @@ class Kernel {
   bool rows_ = false;                  // shape_rule "rows"
   std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims), 2 row (dims dropped)
   int64_t row_axes_ = 1, row_threads_ = 256, block_threads_ = 256;  // rows only: "row_geometry"
+  int64_t row_inner_ = 0;  // rows only: axes after the row (a column reduction when > 0)
   std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
@@ -244,17 +245,19 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     std::vector<int64_t> geo;
     if (Error e = r.Ints("row_geometry", &geo, &present)) return e;
     if (present) {
-      // [row axes, threads per row, threads per block] (docs/abi.md)
+      // [row axes, threads per row, threads per block(, axes after the row)] (docs/abi.md)
       // Threads per row: a power of two up to a warp (lanes share shuffles), whole warps beyond.
-      const bool lanes_ok = geo.size() == 3 && geo[1] >= 1 && geo[1] <= 1024 &&
+      const bool lanes_ok = (geo.size() == 3 || (geo.size() == 4 && geo[3] >= 0 && geo[0] + geo[3] <= STITCH_MAX_RANK)) &&
+                            geo[1] >= 1 && geo[1] <= 1024 &&
                             (geo[1] <= 32 ? (geo[1] & (geo[1] - 1)) == 0 : geo[1] % 32 == 0);
       // A row of more than a warp reduces across the whole block: then the block is the row.
       const bool ok = lanes_ok && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[2] >= geo[1] && geo[2] <= 1024 &&
                       geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]);
       if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two up to "
                                                  "32, else a multiple of 32), threads per block (a multiple up to 1024; "
-                                                 "the same beyond 32)]");
+                                                 "the same beyond 32), optionally the axes after the row]");
       row_axes_ = geo[0], row_threads_ = geo[1], block_threads_ = geo[2];
+      row_inner_ = geo.size() == 4 ? geo[3] : 0;
     }
   }
 
@@ -570,27 +573,33 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   args.rank = static_cast<int>(rank);
   for (size_t d = 0; d < rank; ++d) args.dims[d] = dims[d];
 
-  if (rows_ && rank < static_cast<size_t>(row_axes_)) {
-    return Fail(ORT_INVALID_ARGUMENT, "a rows kernel over " + std::to_string(row_axes_) +
-                                          " trailing axes got inputs of rank " + std::to_string(rank));
+  if (rows_ && rank < static_cast<size_t>(row_axes_ + row_inner_)) {
+    return Fail(ORT_INVALID_ARGUMENT, "a rows kernel over " + std::to_string(row_axes_) + " axes with " +
+                                          std::to_string(row_inner_) + " after them got inputs of rank " +
+                                          std::to_string(rank));
   }
-  // Rows: the trailing row_axes dims are the row (C elements); R rows (which may exist even
-  // when C is 0).
-  const size_t lead = rows_ ? rank - static_cast<size_t>(row_axes_) : rank;
-  long long n_rows = 1, row_len = 1;
-  for (size_t d = 0; rows_ && d < rank; ++d) (d < lead ? n_rows : row_len) *= dims[d];
-  bool dropped_outputs = false;
+  // Rows: the row_axes dims [lead, stop) are the row (C elements), trailing or followed by
+  // row_inner others (columns); R rows over the other dims (which may exist when C is 0).
+  const size_t stop = rows_ ? rank - static_cast<size_t>(row_inner_) : rank;
+  const size_t lead = rows_ ? stop - static_cast<size_t>(row_axes_) : rank;
+  long long n_rows = 1;
+  for (size_t d = 0; rows_ && d < rank; ++d) n_rows *= (d >= lead && d < stop) ? 1 : dims[d];
+  bool row_outputs = false;
   for (size_t o = 0; o < n_out; ++o) {
     OrtValue* v = nullptr;
     int64_t out_dims[STITCH_MAX_RANK];
     size_t out_rank = rank;
     for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
-    // ONNX Runtime's own reductions give an empty result for an empty row when they keep the
-    // dims (not the spec's identity value); the stitched node does what the nodes it replaces do.
-    if (rows_ && output_kinds_[o] == 1 && row_len != 0) {
-      for (size_t d = lead; d < rank; ++d) out_dims[d] = 1;
+    // Row-shaped outputs hold one value per row, the reduction's identity for an empty row
+    // (ONNX's rule; ORT's CPU kernels do the same).
+    if (rows_ && output_kinds_[o] == 1) {
+      for (size_t d = lead; d < stop; ++d) out_dims[d] = 1;
+      row_outputs = true;
     }
-    if (rows_ && output_kinds_[o] == 2) out_rank = lead, dropped_outputs = true;
+    if (rows_ && output_kinds_[o] == 2) {  // the row's dims dropped
+      for (size_t d = stop; d < rank; ++d) out_dims[d - (stop - lead)] = dims[d];
+      out_rank = rank - (stop - lead), row_outputs = true;
+    }
     if (views_[o].present) {
       std::vector<ShapeDim> iter, shape;
       for (size_t d = 0; d < rank; ++d) iter.push_back(ShapeDim{dims[d], ""});
@@ -608,9 +617,9 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
     args.out[o] = data;
   }
-  // Empty outputs allocated (an empty row reduces to nothing), nothing to launch; except rows
-  // with dropped dims, which still get one value per row.
-  if (n == 0 && !(dropped_outputs && n_rows > 0)) return {};
+  // Empty outputs allocated, nothing to launch; except row-shaped outputs of empty rows, which
+  // still get one value per row.
+  if (n == 0 && !(row_outputs && n_rows > 0)) return {};
 
   void* stream_handle = nullptr;
   STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
@@ -762,10 +771,11 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::vector<int64_t> out_kinds(dtypes.size(), 0);
   if (rule == "rows" && (!ReadInts(api, ctx, "output_kinds", &out_kinds) || out_kinds.size() != dtypes.size())) return;
   std::vector<int64_t> geo;
-  size_t row_axes = 1;
+  size_t row_axes = 1, row_inner = 0;
   if (rule == "rows" && ReadInts(api, ctx, "row_geometry", &geo)) {
-    if (geo.size() != 3 || geo[0] < 1) return;
+    if ((geo.size() != 3 && geo.size() != 4) || geo[0] < 1 || (geo.size() == 4 && geo[3] < 0)) return;
     row_axes = static_cast<size_t>(geo[0]);
+    row_inner = geo.size() == 4 ? static_cast<size_t>(geo[3]) : 0;
   }
 
   size_t n_in = 0;
@@ -807,8 +817,9 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::string view_error;
   if (!ReadInts(api, ctx, "output_views", &view_attr)) view_attr.assign(dtypes.size(), 0);
   if (!ParseOutputViews(view_attr, dtypes.size(), &views, &view_error)) return;
-  if (rule == "rows" && shape.size() < row_axes) return;
-  const size_t lead = rule == "rows" ? shape.size() - row_axes : shape.size();
+  if (rule == "rows" && shape.size() < row_axes + row_inner) return;
+  const size_t stop = rule == "rows" ? shape.size() - row_inner : shape.size();
+  const size_t lead = rule == "rows" ? stop - row_axes : shape.size();
 
   for (size_t o = 0; o < dtypes.size(); ++o) {
     std::vector<int64_t> values;
@@ -819,12 +830,13 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
     }
-    bool empty_row = false;
-    for (size_t d = lead; d < values.size(); ++d) empty_row = empty_row || values[d] == 0;
-    if (out_kinds[o] == 1 && !empty_row) {  // row-shaped output: keepdims (empty rows stay empty)
-      for (size_t d = lead; d < values.size(); ++d) values[d] = 1, names[d] = "";
+    if (out_kinds[o] == 1) {  // row-shaped output: keepdims
+      for (size_t d = lead; d < stop && d < values.size(); ++d) values[d] = 1, names[d] = "";
     }
-    if (out_kinds[o] == 2) values.resize(lead), names.resize(lead);  // the row's dims dropped
+    if (out_kinds[o] == 2 && stop <= values.size()) {  // the row's dims dropped
+      values.erase(values.begin() + lead, values.begin() + stop);
+      names.erase(names.begin() + lead, names.begin() + stop);
+    }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&info)) {
       api->ReleaseStatus(st);
