@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 
@@ -45,7 +46,35 @@ def test_fuzz_model_kernels_match_cpu(case: FuzzCase) -> None:
     # Half-precision kernels compute in float32: the reference is the float32 model on CPU.
     ref = run_cpu(float32_reference(case.model), float32_feeds(feeds)) if half else run_cpu(case.model, feeds)
     dtypes = [np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)) for o in case.model.graph.output]
-    got = run_gpu(stitched, feeds, [r.astype(d) for r, d in zip(ref, dtypes)])
-    for out, a, b in zip(case.model.graph.output, got, ref):
+    like = [r.astype(d) for r, d in zip(ref, dtypes)]
+    skip = _empty_reduction_quirks(stitched, feeds, like)
+    got = run_gpu(stitched, feeds, like)
+    for k, (out, a, b) in enumerate(zip(case.model.graph.output, got, ref)):
+        if k in skip:
+            continue
         why = tolerant_mismatch(a, b, half)
         assert why is None, f"output {out.name}: {why}"
+
+
+def _ort_keeps_empty_reductions() -> bool:
+    """ONNX Runtime before 1.32 returns an empty tensor for a keepdims reduction over a run of
+    size 0 of an all-empty input, where ONNX (and ORT 1.32's CPU kernels) give one identity
+    value per row; the kernels follow ONNX (tests/test_host_kernels.py checks that rule
+    against ORT 1.32)."""
+    major, minor = (int(v) for v in ort.__version__.split(".")[:2])
+    return (major, minor) < (1, 32)
+
+
+def _empty_reduction_quirks(stitched: onnx.ModelProto, feeds: dict, like: list) -> set[int]:
+    """Outputs where an older ORT reference is empty and the stitched model is not: they are
+    bound at the stitched model's shape and not compared (`like` is updated in place)."""
+    if not any(r.size == 0 for r in like) or not _ort_keeps_empty_reductions():
+        return set()
+    shapes = [o.shape for o in onnxstitch.session(stitched.SerializeToString()).run(None, feeds)]
+    out = set()
+    for k, (r, s) in enumerate(zip(like, shapes)):
+        if r.size == 0 and tuple(s) != r.shape:
+            event("reference from ORT < 1.32 keeps an empty reduced dim; the kernel gives ONNX's identity")
+            like[k] = np.zeros(s, r.dtype)
+            out.add(k)
+    return out

@@ -591,7 +591,7 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     size_t out_rank = rank;
     for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
     // Row-shaped outputs hold one value per row, the reduction's identity for an empty row
-    // (ONNX's rule; ORT's CPU kernels do the same).
+    // (ONNX's rule, and ORT 1.32's CPU kernels; ORT 1.31 kept the empty dim of an all-empty input).
     if (rows_ && output_kinds_[o] == 1) {
       for (size_t d = lead; d < stop; ++d) out_dims[d] = 1;
       row_outputs = true;
