@@ -37,9 +37,6 @@ class Normalized:
     rewrites: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
 
-    def to_json(self) -> dict:
-        return {"rewrites": list(self.rewrites), "refusals": list(self.refusals)}
-
 
 @dataclass
 class _Space:

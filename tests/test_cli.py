@@ -146,3 +146,16 @@ def test_optimize_says_what_it_packed_and_no_pack_keeps_groups_apart(tmp_path: P
                   "--no-verify", "--no-pack")
     assert res.exit_code == 0 and "packed" not in res.output
     assert [n.op_type for n in onnx.load(tmp_path / "b.onnx").graph.node] == ["FusedKernel"] * 3
+
+
+def test_optimize_says_how_many_group_norms_it_rewrote(tmp_path: Path) -> None:
+    from .row_models import group_norm_models
+
+    src = tmp_path / "gn.onnx"
+    onnx.save(next(m for name, m, _ in group_norm_models(8, 4, (5, 6)) if name == "exported"), src)
+    res = _invoke("optimize", str(src), "-o", str(tmp_path / "gn.stitched.onnx"), "--shape", "batch=2",
+                  "--report", str(tmp_path / "report.json"), "--no-verify")
+    assert res.exit_code == 0, res.output
+    assert "1 rewritten into [N, G, C/G, P]" in " ".join(res.output.split())
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["normalize"]["rewrites"]) == 1 and report["normalize"]["refusals"] == []
