@@ -199,15 +199,16 @@ def _native(i: int, n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], consta
         if t in constants:
             work.constants[name] = numpy_helper.from_array(numpy_helper.to_array(constants[t]).reshape(view), name)
         else:
-            reshapes.append(_node("Reshape", [t, names["view"]], [name], f"{n.name}~{role}_view"))
+            reshapes.append(_node("Reshape", [t, names["view"]], [name], f"{n.name or out}~{role}_view"))
         params.append(name)
     twin = f"{out}{SUFFIX}"
-    norm = _node("InstanceNormalization", [names["in"], names["ones"], names["zeros"]], [names["norm"]], n.name)
+    base = n.name or out  # node names must stay unique (ORT refuses a model with two alike)
+    norm = _node("InstanceNormalization", [names["in"], names["ones"], names["zeros"]], [names["norm"]], base)
     norm.attribute.append(helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))))  # type: ignore[arg-type]
-    work.replace[i] = [_node("Shape", [x], [names["xshape"]], f"{n.name}~shape"), *reshapes,
-                       _node("Reshape", [x, names["shape4"]], [names["in"]], f"{n.name}~group"), norm,
-                       _node("Mul", [names["norm"], params[0]], [names["scaled"]], f"{n.name}~scale"),
-                       _node("Add", [names["scaled"], params[1]], [twin], f"{n.name}~bias")]
+    work.replace[i] = [_node("Shape", [x], [names["xshape"]], f"{base}~shape"), *reshapes,
+                       _node("Reshape", [x, names["shape4"]], [names["in"]], f"{base}~group"), norm,
+                       _node("Mul", [names["norm"], params[0]], [names["scaled"]], f"{base}~scale"),
+                       _node("Add", [names["scaled"], params[1]], [twin], f"{base}~bias")]
     work.twin[out] = twin
     work.space[twin] = _Space(tuple(xs), groups, names["xshape"])
     work.anchor[twin] = i

@@ -146,3 +146,37 @@ def test_backend_group_normalization_cases(case) -> None:
         for got, want in zip(_run(out.model, feeds), expected):
             want = numpy_helper.to_array(want) if isinstance(want, onnx.TensorProto) else np.asarray(want)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_two_group_norms_in_a_row_and_a_shared_input() -> None:
+    """x feeds a group norm and a residual Add; the first norm's SiLU feeds a second group norm
+    of another group count: both rewrite, the values stay (ORT CPU against float64 numpy)."""
+    c, eps = 8, 1e-5
+    rng = np.random.default_rng()
+    g1, b1, g2, b2 = (rng.standard_normal(c).astype(np.float32) for _ in range(4))
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["batch", c, 5, 3])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, ["batch", c, 5, 3])
+    nodes = [helper.make_node("GroupNormalization", ["x", "g1", "b1"], ["n1"], num_groups=4, epsilon=eps),
+             helper.make_node("Sigmoid", ["n1"], ["s1"]), helper.make_node("Mul", ["n1", "s1"], ["h"]),
+             helper.make_node("GroupNormalization", ["h", "g2", "b2"], ["n2"], num_groups=2, epsilon=eps),
+             helper.make_node("Add", ["n2", "x"], ["y"])]
+    inits = [numpy_helper.from_array(v, k) for k, v in (("g1", g1), ("b1", b1), ("g2", g2), ("b2", b2))]
+    model = helper.make_model(helper.make_graph(nodes, "gn2", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    out = _normalized(model)
+    assert len(out.rewrites) == 2, (out.rewrites, out.refusals)
+
+    def gn(v, groups, gamma, beta):
+        t = v.reshape(v.shape[0], groups, -1)
+        t = (t - t.mean(-1, keepdims=True)) / np.sqrt(t.var(-1, keepdims=True) + eps)
+        return t.reshape(v.shape) * gamma.reshape(c, 1, 1) + beta.reshape(c, 1, 1)
+
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 2})
+    v = feeds["x"].astype(np.float64)
+    n1 = gn(v, 4, g1, b1)
+    want = gn(n1 / (1 + np.exp(-n1)), 2, g2, b2) + v
+    (got,) = _run(out.model, feeds)
+    assert_matches_reference(got, want, False, "two group norms")
+    m, g = prepared(model)
+    rows = [grp for grp in make_plan(g).groups if any(g.nodes[i].op_type == "InstanceNormalization" for i in grp.nodes)]
+    assert len(rows) == 2, [grp.labels for grp in make_plan(g).groups]
