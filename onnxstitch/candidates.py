@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from . import views
-from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, row_run
+from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
 
@@ -191,7 +191,8 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
         return "a group with reductions needs an iteration shape of rank 1 or more"
     runs = {row_run(graph, i) for i in reducers}
     if len(runs) > 1:
-        text = ", ".join(f"{k} axes with {m} after" for k, m in sorted(runs))
+        rank = len(st.shape)
+        text = ", ".join(f"{stop - start} axes with {rank - stop} after" for start, stop in sorted(runs))
         return f"its reductions reduce different runs of axes ({text}); a row kernel has one row"
     for i in reducers:
         n = graph.nodes[i]
@@ -202,10 +203,9 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
         if n.attrs.get("keepdims", 1) == 0 and any((st.mask >> c) & 1 for c in graph.consumers.get(n.outputs[0], ())):
             return (f"{n.label} drops the reduced dims (keepdims=0) and is read inside the group; "
                     f"broadcasting its output there would not follow rows")
-    k, m = runs.pop()
-    start = len(st.shape) - k - m
-    cols = TensorInfo("row", 1, st.shape[start:start + k]).numel(graph.dim_values) or 0
-    rows = TensorInfo("rows", 1, st.shape[:start] + st.shape[start + k:]).numel(graph.dim_values) or 0
+    start, stop = runs.pop()
+    cols = TensorInfo("row", 1, st.shape[start:stop]).numel(graph.dim_values) or 0
+    rows = TensorInfo("rows", 1, reduced_shape(st.shape, start, stop, False)).numel(graph.dim_values) or 0
     if cols > LONG_ROW and rows < FEW_ROWS:
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
                 f"(split reductions are not implemented)")
@@ -257,9 +257,8 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         reason = _row_verdict(graph, st, reducers)
         if reason:
             return reason
-        k, m = row_run(graph, reducers[0])
-        start = len(st.shape) - k - m
-        row_shapes = (st.shape[:start] + (1,) * k + st.shape[start + k:], st.shape[:start] + st.shape[start + k:])
+        start, stop = row_run(graph, reducers[0])
+        row_shapes = (reduced_shape(st.shape, start, stop, True), reduced_shape(st.shape, start, stop, False))
     for t in st.outs:
         s = _shape(graph, t)
         if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:

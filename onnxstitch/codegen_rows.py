@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 from . import ops, rows
 from .codegen import (ARGS_STRUCT, BROADCAST, FULL, KernelSource, _load_expr, _store_expr, baked_arg,
                       half_only)
-from .graph import FusionGraph
+from .graph import FusionGraph, reduced_shape
 from .rows import Operand, RowGeometry, Step
 from .shapes import dtype_size
 
@@ -235,8 +235,8 @@ class _RowPrinter:
         when `guard`); then `after` once per chunk. The register path walks its NCH chunks; the
         loop path (`loop`) walks the whole row a chunk at a time, re-reading it from memory."""
         loads = [x for x in self.cone_inputs(targets, cached) if x.name not in held]
-        # A pass of many inputs is not unrolled: their hoisted loads would spill (16 float16
-        # inputs × 8192 at 1024 threads: 152 bytes, ptxas).
+        # A loop pass of many inputs is not unrolled: their hoisted loads would spill (16
+        # float16 inputs × 8192 at 1024 threads: 152 bytes, ptxas).
         unroll = LOOP_UNROLL if len(loads) <= LOOP_UNROLL_INPUTS else 1
         if loop:  # 16-byte loads for the first few inputs; the rest element by element
             loads = self.loop_vectors(loads)
@@ -601,7 +601,7 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     shape, span, geo, static_row = rp.shape, rp.span, rp.geometry, rp.static
     start, stop = rp.run
     kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
-    lead = tuple(shape[:start]) + tuple(shape[stop:])
+    lead = reduced_shape(tuple(shape), start, stop, False)
     out_kinds = tuple(FULL_OUTPUT if graph.tensors[t].shape == shape else
                       ROW_DROPPED_OUTPUT if tuple(graph.tensors[t].shape or ()) == lead else ROW_OUTPUT
                       for t in outputs)

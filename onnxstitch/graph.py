@@ -191,19 +191,19 @@ def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: M
     return sorted({a % rank for a in axes}) if axes else list(range(rank))
 
 
-def row_span(graph: "FusionGraph", i: int) -> int:
-    """How many axes REDUCE-kind node `i` reduces (its row is their product); only
-    meaningful for nodes `_row_reason` accepted."""
-    return row_run(graph, i)[0]
-
-
 def row_run(graph: "FusionGraph", i: int) -> tuple[int, int]:
-    """(axes reduced, axes after them) of REDUCE-kind node `i`: (k, 0) for a row over the
-    trailing k axes, (k, m) for a column reduction with m axes after the run."""
+    """[start, stop) of the axes REDUCE-kind node `i` reduces (its row is their product):
+    stop is the rank for a row over trailing axes, less for a column reduction; only
+    meaningful for nodes `_row_reason` accepted."""
     n = graph.nodes[i]
     rank = len(graph.tensors[n.inputs[0]].shape or ())
     axes = row_axes(n, n.attrs, graph.constants, graph.opset, rank) or []
-    return len(axes), (rank - 1 - axes[-1] if axes else 0)
+    return (axes[0], axes[-1] + 1) if axes else (rank, rank)
+
+
+def reduced_shape(shape: Shape, start: int, stop: int, keepdims: bool) -> Shape:
+    """`shape` with the axes [start, stop) reduced: kept as 1s, or dropped."""
+    return tuple(shape[:start]) + ((1,) * (stop - start) if keepdims else ()) + tuple(shape[stop:])
 
 
 def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Mapping[str, object],
@@ -223,9 +223,8 @@ def _row_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Map
     if not axes or axes != list(range(axes[0], axes[0] + len(axes))):
         return (f"{n.op_type} over axes {axes} of a rank-{len(shape)} tensor: only one run of consecutive "
                 f"axes is stitched")
-    start, stop = axes[0], axes[-1] + 1
     keep = attrs.get("keepdims", 1) if n.op_type.startswith(("Reduce", "Arg")) else 1
-    expected = tuple(shape[:start]) + ((1,) * len(axes) if keep else ()) + tuple(shape[stop:])
+    expected = reduced_shape(tuple(shape), axes[0], axes[-1] + 1, bool(keep))
     if n.op_type in ops.ROW_COMPOSITES and not n.op_type.startswith("Reduce"):
         expected = tuple(shape)
     if n.op_type == "InstanceNormalization" and len(shape) < 3:

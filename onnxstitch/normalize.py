@@ -102,13 +102,6 @@ def _shape_values(t: str, constants: Mapping[str, onnx.TensorProto]) -> list[int
     return [int(v) for v in numpy_helper.to_array(constants[t]).reshape(-1)] if t in constants else None
 
 
-def _space_shape(x: Shape, groups: int) -> Shape:
-    """[N, G, C/G, P] for x [N, C, *S]; P symbolic when some spatial dim is."""
-    spatial = x[2:]
-    p = math.prod(spatial) if all(isinstance(d, int) for d in spatial) else "*".join(map(str, spatial))  # type: ignore[arg-type]
-    return (x[0], groups, int(x[1]) // groups, p)  # type: ignore[arg-type,return-value]
-
-
 def _group_reason(x: Shape | None, groups: int) -> str | None:
     if x is None or len(x) < 3:
         return "its input is not of known rank >= 3"
@@ -143,8 +136,8 @@ def _decomposed(i: int, nodes, tensors: Mapping[str, TensorInfo], constants, pro
     assert xs is not None
     groups = int(mid[1])
     back = tensors[y].shape if y in tensors else None
-    shape_of_x = r2.input[1] in producer and nodes[producer[r2.input[1]]].op_type == "Shape" and \
-        nodes[producer[r2.input[1]]].input[0] == x and not nodes[producer[r2.input[1]]].attribute
+    made_by = nodes[producer[r2.input[1]]] if r2.input[1] in producer else None
+    shape_of_x = made_by is not None and made_by.op_type == "Shape" and made_by.input[0] == x and not made_by.attribute
     if tuple(back or ()) != tuple(xs) and not shape_of_x:
         return "the Reshape after it does not restore its input's shape"
     target = _shape_values(r1.input[1], constants)
@@ -193,16 +186,16 @@ def _native(i: int, n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], consta
     for k, v in (("shape4", np.array([0, groups, c // groups, -1], np.int64)), ("view", np.array(view, np.int64)),
                  ("ones", np.ones(groups, dt)), ("zeros", np.zeros(groups, dt))):
         work.constants[names[k]] = numpy_helper.from_array(v, names[k])
+    base = n.name or out  # node names must stay unique (ORT refuses a model with two alike)
     params, reshapes = [], []
     for role, t in zip(("scale", "bias"), n.input[1:3]):
         name = f"{out}{SUFFIX}_{role}"
         if t in constants:
             work.constants[name] = numpy_helper.from_array(numpy_helper.to_array(constants[t]).reshape(view), name)
         else:
-            reshapes.append(_node("Reshape", [t, names["view"]], [name], f"{n.name or out}~{role}_view"))
+            reshapes.append(_node("Reshape", [t, names["view"]], [name], f"{base}~{role}_view"))
         params.append(name)
     twin = f"{out}{SUFFIX}"
-    base = n.name or out  # node names must stay unique (ORT refuses a model with two alike)
     norm = _node("InstanceNormalization", [names["in"], names["ones"], names["zeros"]], [names["norm"]], base)
     norm.attribute.append(helper.make_attribute("epsilon", float(attrs.get("epsilon", 1e-5))))  # type: ignore[arg-type]
     work.replace[i] = [_node("Shape", [x], [names["xshape"]], f"{base}~shape"), *reshapes,

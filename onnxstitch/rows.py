@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Union
 from onnx import TensorProto as TP
 
 from . import ops
-from .graph import FusionGraph, row_run
+from .graph import FusionGraph, reduced_shape, row_run
 from .shapes import Shape, TensorInfo, dtype_size
 
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
@@ -152,15 +152,15 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     members = frozenset(nodes)
     shape = graph.iteration_shape(members)
     assert shape, "a rows kernel needs an iteration shape of rank >= 1"
-    span, inner = row_run(graph, next(i for i in sorted(members) if graph.nodes[i].kind == ops.OpKind.REDUCE))
+    start, stop = row_run(graph, next(i for i in sorted(members) if graph.nodes[i].kind == ops.OpKind.REDUCE))
+    span, inner = stop - start, len(shape) - stop
     inputs, outputs = graph.boundary(members)
-    start = len(shape) - span - inner
-    run = tuple(shape[start:start + span])
+    run = tuple(shape[start:stop])
     cols = TensorInfo("row", TP.FLOAT, run).numel(graph.dim_values) or 1
     # 16-byte chunks of the widest per-element tensor.
     widest = max([dtype_size(graph.tensors[t].dtype) for t in inputs + outputs
                   if graph.tensors[t].shape == shape] or [4])
-    rows = TensorInfo("rows", TP.FLOAT, tuple(shape[:start]) + tuple(shape[start + span:])).numel(graph.dim_values)
+    rows = TensorInfo("rows", TP.FLOAT, reduced_shape(tuple(shape), start, stop, False)).numel(graph.dim_values)
     per_element = sum(graph.tensors[t].shape == shape for t in inputs)
     if inner:
         geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
