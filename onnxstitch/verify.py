@@ -210,31 +210,17 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         dims = {d: min(v, VERIFY_DIM) for d, v in dims.items()}
     feeds = random_feeds(original, seed, dims)
     with tempfile.TemporaryDirectory() as tmp:
-        checked = _run_and_compare(_source(ref_model, tmp, "original.onnx"), _source(new_model, tmp, "stitched.onnx"),
-                                   original, graph, groups, feeds, gpu, exposed)
-        if source is not None and not checked.skipped:
-            _compare_outputs(_source(source, tmp, "source.onnx"), _source(new_model, tmp, "stitched.onnx"),
-                             source, feeds, gpu)
-        return checked
-
-
-def _compare_outputs(ref_src: bytes | str, new_src: bytes | str, reference: onnx.ModelProto, feeds: dict,
-                     gpu: bool) -> None:
-    """The graph outputs of the stitched model against the model as the user gave it."""
-    where = "gpu" if gpu else "cpu"
-    ref_sess = runtime_session(ref_src, gpu, stitched=False)
-    names = [o.name for o in reference.graph.output]
-    expected = ortio.run(ref_sess, names, feeds)
-    actual = ortio.run(runtime_session(new_src, gpu, stitched=True), names, feeds)
-    for name, got, want in zip(names, actual, expected):
-        ok, _, why = compare(got, want)
-        if not ok:
-            raise VerifyError(f"verification failed on {where}: graph output '{name}' against the model as given "
-                              f"(before normalization): {why}")
+        return _run_and_compare(_source(ref_model, tmp, "original.onnx"), _source(new_model, tmp, "stitched.onnx"),
+                                original, graph, groups, feeds, gpu, exposed,
+                                _source(source, tmp, "source.onnx") if source is not None else None)
 
 
 def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.ModelProto, graph: FusionGraph,
-                     groups: Sequence[Group], feeds: dict, gpu: bool, exposed: list[str]) -> Verification:
+                     groups: Sequence[Group], feeds: dict, gpu: bool, exposed: list[str],
+                     source_src: bytes | str | None = None) -> Verification:
+    """Run the reference and the stitched model once each and compare; with `source_src`
+    (the model as given, before normalization) its graph outputs are compared with the
+    stitched run too."""
     where = "gpu" if gpu else "cpu"
     try:
         ref_sess = runtime_session(ref_src, gpu, stitched=False)
@@ -262,6 +248,13 @@ def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.
         worst = max(worst, rel)
         if not ok:
             raise VerifyError(f"verification failed on {where}: graph output '{o.name}': {why}")
+    if source_src is not None:
+        outs = [o.name for o in original.graph.output]
+        for name, want in zip(outs, ortio.run(runtime_session(source_src, gpu, stitched=False), outs, feeds)):
+            ok, _, why = compare(actual[name], want)
+            if not ok:
+                raise VerifyError(f"verification failed on {where}: graph output '{name}' against the model as given "
+                                  f"(before normalization): {why}")
     return Verification(where, len(set(exposed) | {o.name for o in original.graph.output}), worst)
 
 

@@ -180,3 +180,20 @@ def test_two_group_norms_in_a_row_and_a_shared_input() -> None:
     m, g = prepared(model)
     rows = [grp for grp in make_plan(g).groups if any(g.nodes[i].op_type == "InstanceNormalization" for i in grp.nodes)]
     assert len(rows) == 2, [grp.labels for grp in make_plan(g).groups]
+
+
+def test_verification_also_compares_against_the_model_as_given() -> None:
+    """The stitched model's graph outputs are checked against the user's model, not only the
+    normalized one: a source that computes something else is caught and named."""
+    from onnxstitch import verify
+
+    _, model, _ = next(c for c in group_norm_models(8, 4, (5, 6)) if c[0] == "exported")
+    res = onnxstitch.optimize(model, shapes={"batch": [2]}, verify=False)
+    m, g = prepared(model)
+    verify.verify(m, res.model, g, res.report.plan.groups, source=model, device="cpu")  # passes as given
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    beta = next(t for t in other.graph.initializer if t.name == "beta")
+    beta.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(beta) + 1, "beta"))
+    with pytest.raises(verify.VerifyError, match="before normalization"):
+        verify.verify(m, res.model, g, res.report.plan.groups, source=other, device="cpu")
