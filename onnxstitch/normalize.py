@@ -23,17 +23,18 @@ from onnx import helper, numpy_helper
 
 from . import ops
 from .graph import implicit_inputs
-from .shapes import Shape, TensorInfo
+from .shapes import Shape, TensorInfo, infer
 
 SUFFIX = "~gn"  # names of tensors in the group-norm space
 
 
 @dataclass(frozen=True)
 class Normalized:
-    """The rewritten model (the input itself when nothing applied), one line per rewrite, and
-    the patterns seen but left as they were, with why."""
+    """The rewritten model (the input itself when nothing applied) and its inferred tensor
+    facts, one line per rewrite, and the patterns seen but left as they were, with why."""
 
     model: onnx.ModelProto
+    tensors: Mapping[str, TensorInfo]
     rewrites: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
 
@@ -67,7 +68,8 @@ class _Rewrite:
 
 def normalize(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Normalized:
     """Rewrite every group normalization of `model`'s main graph into its stitchable form
-    (module docstring); `tensors` are the inferred tensor facts of `model`."""
+    (module docstring); `tensors` are the inferred tensor facts of `model`, inferred again for
+    a rewritten model."""
     g = model.graph
     inputs = {i.name for i in g.input}
     constants = {t.name: t for t in g.initializer if t.name not in inputs}
@@ -93,9 +95,10 @@ def normalize(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Norm
         elif why:
             refused.append(f"{n.name or n.op_type} ({n.op_type}): {why}")
     if not work.replace:
-        return Normalized(model, (), tuple(refused))
+        return Normalized(model, tensors, (), tuple(refused))
     _sink(g.node, tensors, constants, consumers, work)
-    return Normalized(_rebuild(model, work, consumers, outputs), tuple(done), tuple(refused))
+    out = _rebuild(model, work, consumers, outputs)
+    return Normalized(out, infer(out)[1], tuple(done), tuple(refused))
 
 
 def _shape_values(t: str, constants: Mapping[str, onnx.TensorProto]) -> list[int] | None:

@@ -113,12 +113,10 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     before = m
-    normal = normalize_mod.Normalized(m)
+    normal = normalize_mod.Normalized(m, infos)
     if refusal is None and reductions:
         normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
-        if normal.rewrites:
-            m = normal.model
-            _, infos = stage("shapes", lambda: shapes_mod.infer(m))
+        m, infos = normal.model, normal.tensors
     g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
     cost = cost or CostModel()
     plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))

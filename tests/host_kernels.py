@@ -139,9 +139,7 @@ def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     m, dim_values = shapes.resolve_shapes(m, dims)
     _, infos = shapes.infer(m)
     normal = normalize.normalize(m, infos)
-    if normal.rewrites:
-        m = normal.model
-        _, infos = shapes.infer(m)
+    m, infos = normal.model, normal.tensors
     g = graph_mod.build(m, infos, dim_values, True)
     groups = pack.pack(g, plan.make_plan(g)).groups
     return m, g, groups, [generate_kernel(g, f"stitch_h{k}", grp.nodes) for k, grp in enumerate(groups)]

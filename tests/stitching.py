@@ -21,9 +21,7 @@ def prepared(model: onnx.ModelProto, reductions: bool = True) -> tuple[onnx.Mode
     _, infos = shapes.infer(m)
     if reductions:
         normal = normalize.normalize(m, infos)
-        if normal.rewrites:
-            m = normal.model
-            _, infos = shapes.infer(m)
+        m, infos = normal.model, normal.tensors
     return m, graph_mod.build(m, infos, reductions=reductions)
 
 
