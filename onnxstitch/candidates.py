@@ -38,7 +38,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from . import views
+from . import ops, rows as rows_mod, views
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
@@ -178,8 +178,9 @@ def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
     return text + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
 
 
-# Rows longer than this with fewer rows than FEW_ROWS need a split reduction (not implemented):
-# one block per row would leave most of the GPU idle.
+# Rows longer than this with fewer rows than FEW_ROWS need a split reduction (rows.split_factor):
+# one block per row would leave most of the GPU idle. Column reductions and ArgMax/ArgMin are
+# not split.
 LONG_ROW, FEW_ROWS = 65536, 1024
 
 
@@ -206,9 +207,10 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
     start, stop = runs.pop()
     cols = TensorInfo("row", 1, st.shape[start:stop]).numel(graph.dim_values) or 0
     rows = TensorInfo("rows", 1, reduced_shape(st.shape, start, stop, False)).numel(graph.dim_values) or 0
-    if cols > LONG_ROW and rows < FEW_ROWS:
+    trailing = stop == len(st.shape) and not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in reducers)
+    if cols > LONG_ROW and rows < FEW_ROWS and not (trailing and rows_mod.split_factor(cols, rows) > 1):
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
-                f"(split reductions are not implemented)")
+                f"(only trailing rows without ArgMax/ArgMin are split across blocks)")
     return None
 
 

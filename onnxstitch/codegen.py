@@ -53,6 +53,7 @@ class KernelSource:
     block_threads: int = 256  # rows only: threads per block (a multiple of row_threads)
     output_views: tuple[int, ...] = ()  # broadcast only: views.encode_all, empty when no view
     row_inner: int = 0  # rows only: axes after the row's (0: trailing rows; else columns)
+    row_split: int = 1  # rows only: blocks per row on GPUs with clusters (entries *_cl, docs/abi.md)
 
     @property
     def entries(self) -> tuple[str, ...]:

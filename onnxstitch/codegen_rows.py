@@ -61,8 +61,14 @@ class _RowPrinter:
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
-                 geo: RowGeometry, full_chunks: bool = False, inner: int = 0) -> None:
+                 geo: RowGeometry, full_chunks: bool = False, inner: int = 0, split: int = 1) -> None:
         self.g, self.outputs, self.rank, self.geo, self.shape = graph, outputs, len(shape), geo, shape
+        # A split row (rows.split_factor): KS blocks per row, block `rank` takes the row's
+        # elements [cb, cb + Cs); rows are indexed by cluster.
+        self.split = split > 1
+        self.cb = "cb + " if self.split else ""
+        self.first_row, self.row_step = (("(I)(blockIdx.x / KS)", "(I)(gridDim.x / KS)") if self.split else
+                                         ("(I)blockIdx.x * per_block", "(I)gridDim.x * per_block"))
         # The row's axes [start, stop); a column reduction has `inner` axes after them, and its
         # elements lie S apart (S: the product of those axes' dims).
         self.start, self.stop, self.inner = len(shape) - geo.span - inner, len(shape) - inner, inner
@@ -249,11 +255,11 @@ class _RowPrinter:
         if loop:
             # Unrolled so that several chunks' loads are in flight per thread: a long row of a
             # few rows (a group norm: 64 rows of 40 960) has one block per SM to hide latency.
-            self.lines += [f"#pragma unroll {unroll}", f"{ind}for (I c0 = (I)lane * V; c0 < Cr; c0 += (I)T * V) {{",
+            self.lines += [f"#pragma unroll {unroll}", f"{ind}for (I c0 = {self.cb}(I)lane * V; c0 < Cr; c0 += (I)T * V) {{",
                            f"{ind}  constexpr int i = 0;"]
         else:
             self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
-                           f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+                           f"{ind}  const I c0 = {self.cb}((I)i * T + lane) * V;"]
         self.lines += prologue or []
         self.chunk_loads(loads, ind + "  ", size="1" if loop else "NCH")
         self.lines += ["#pragma unroll", f"{ind}  for (int jj = 0; jj < V; ++jj) {{"]
@@ -280,7 +286,7 @@ class _RowPrinter:
     def held_loads(self, held: list[_Input], ind: str, p: str) -> None:
         """Every chunk of the `held` inputs, into their row-long registers (row prefix `p`)."""
         self.lines += ["#pragma unroll", f"{ind}for (int i = 0; i < NCH; ++i) {{",
-                       f"{ind}  const I c0 = ((I)i * T + lane) * V;"]
+                       f"{ind}  const I c0 = {self.cb}((I)i * T + lane) * V;"]
         self.chunk_loads(held, ind + "  ", p, declare=False)
         self.lines.append(f"{ind}}}")
 
@@ -292,7 +298,7 @@ class _RowPrinter:
         names = frozenset(x.name for x in held)
         self.chunks([src], ind, {}, lambda scope: [f"{ind}    hr[i].v[jj] = {self.arg(src, scope, ct).expr};"], False,
                     held=names)
-        self.row_setup("n_", "row0 + (I)gridDim.x * per_block", ind)
+        self.row_setup("n_", f"row0 + {self.row_step}", ind)
         self.held_loads(held, ind, "n_")
 
     def arg_pass(self, j: int, s: Step, regs: bool, ind: str, cached: Mapping[str, str]) -> str:
@@ -339,6 +345,9 @@ class _RowPrinter:
                     not (regs and self.full_chunks), loop=not regs)
         fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
         self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
+        if self.split:  # then across the cluster's blocks
+            self.lines.append(f"{ind}acc{j} = stitch_cluster_reduce<KS>(acc{j}, {fn}, "
+                              f"reinterpret_cast<{ct}*>(&stitch_slots[trip][{j}]));")
 
     def output_pass(self, elem_outs: list[str], regs: bool, ind: str, cached: Mapping[str, str]) -> None:
         """The per-element outputs, a chunk at a time: computed into vectors, stored with one
@@ -408,7 +417,8 @@ class _RowPrinter:
         row_outs = [t for t in self.outputs if self.level[t] == "row"]
         if not row_outs:
             return
-        self.lines.append(f"{ind}if (lane == 0 && active) {{")
+        # (a split row: block 0 of the cluster stores)
+        self.lines.append(f"{ind}if (lane == 0 && {'rank == 0 && ' if self.split else ''}active) {{")
         for t in row_outs:
             st = self.stype(t)
             store = (f"static_cast<{st}*>(a.out[{self.outputs.index(t)}])[row] = "
@@ -424,7 +434,8 @@ class _RowPrinter:
         # A column's row r is column r % S of the r / S-th block of C·S elements.
         base = f"({p}row / S) * C * S + {p}row % S" if self.inner else f"{p}row * C"
         self.lines += [f"{ind}const I {p}row = {row0} + sub;", f"{ind}const bool {p}active = {p}row < rows;",
-                       f"{ind}const I {p}Cr = {p}active ? C : 0, {p}base = {base};",
+                       f"{ind}const I {p}Cr = {p}active ? {'(C < cb + Cs ? C : cb + Cs)' if self.split else 'C'} : 0, "
+                       f"{p}base = {base};",
                        f"{ind}(void){p}base; (void){p}Cr;"]
         bcast = [x.index for x in self.ins if x.access in ("contig", "mixed") or (x.access == "row" and kinds[x.index] != FULL)]
         self.lines += self.row_offsets(p, bcast, ind)
@@ -470,10 +481,12 @@ class _RowPrinter:
         see all their threads; a trip past the last row runs with an empty row. The register
         path holds the next row's loads in xr (issued during this row)."""
         held = self.cone_inputs([self.cached()]) if regs and self.cached() else []  # type: ignore[list-item]
-        if not self.prefetch_fits(held):
-            held = []  # loaded when the row starts instead: no registers held across the row
+        if not self.prefetch_fits(held) or self.split:
+            # loaded when the row starts instead: no registers held across the row (a split
+            # row's blocks mostly take one row each; the registers would cost residency)
+            held = []
         self.held = held
-        start = "(I)blockIdx.x * per_block"
+        start = self.first_row
         if held:
             for x in held:
                 self.lines.append(f"{ind}StitchVec<V, {ops.CTYPES[x.dtype][0]}> xr{x.index}[NCH];")
@@ -481,8 +494,10 @@ class _RowPrinter:
             self.row_setup("", start, ind + "  ")
             self.held_loads(held, ind + "  ", "")
             self.lines.append(f"{ind}}}")
-        self.lines.append(f"{ind}for (I row0 = {start}; row0 < rows; row0 += (I)gridDim.x * per_block) {{")
+        self.lines.append(f"{ind}for (I row0 = {start}; row0 < rows; row0 += {self.row_step}) {{")
         inner = ind + "  "
+        if self.split:  # cluster slots alternate between a block's consecutive rows
+            self.lines.append(f"{inner}const int trip = (int)((row0 / {self.row_step}) & 1);")
         self.row_setup("", "row0", inner)
         saved = dict(self.row_vars)
         for x in self.ins:
@@ -495,6 +510,8 @@ class _RowPrinter:
         self.path(regs, inner)
         self.row_vars = saved
         self.lines.append(f"{ind}}}")
+        if self.split:
+            self.lines.append(f"{ind}stitch_cluster_done<KS>();")
 
     def prefetch_fits(self, held: list[_Input]) -> bool:
         """Whether holding the next row's `held` inputs (NCH chunks each) leaves the register
@@ -513,7 +530,8 @@ class _RowPrinter:
             self.lines.append(f"{ind}// the row length is fixed in the model and fits the registers: no loop path")
             self.row_loop(True, ind)
         elif self.geo.chunks:
-            self.lines.append(f"{ind}if (C <= (I)(NCH * T * V)) {{  // uniform: every row of the launch takes one path")
+            length = "Cs" if self.split else "C"
+            self.lines.append(f"{ind}if ({length} <= (I)(NCH * T * V)) {{  // uniform: every row of the launch takes one path")
             self.row_loop(True, ind + "  ")
             self.lines.append(f"{ind}}} else {{")
             self.row_loop(False, ind + "  ")
@@ -553,6 +571,61 @@ __device__ __forceinline__ V stitch_row_reduce(V v, F f, V ident, V* smem) {
   for (int o = 16; o > 0; o >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();  // the next reduction may overwrite smem
   return v;
+}
+"""
+
+
+CLUSTER_PRELUDE = r"""
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STITCH_CLUSTERS 1
+__device__ __forceinline__ unsigned stitch_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void stitch_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The address of *p in the shared memory of the cluster's block `rank` (distributed shared memory).
+template <typename V>
+__device__ __forceinline__ const V* stitch_cluster_ptr(const V* p, unsigned rank) {
+  unsigned long long out;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+  return reinterpret_cast<const V*>(out);
+}
+#endif
+template <int KS>
+__device__ __forceinline__ unsigned stitch_rank() {
+#ifdef STITCH_CLUSTERS
+  if constexpr (KS > 1) return stitch_cluster_rank();
+#endif
+  return 0;
+}
+// A split row's total: each block's total (in every thread) goes to its `slot`; after a
+// cluster barrier every thread combines the KS slots in rank order, so all blocks hold the same
+// value. Callers alternate slots between rows: a block running ahead into the next row writes
+// the other slot, and reaches this one again only after the next barrier, which the slower
+// blocks pass only once they have read it.
+template <int KS, typename V, typename F>
+__device__ __forceinline__ V stitch_cluster_reduce(V v, F f, V* slot) {
+#ifdef STITCH_CLUSTERS
+  if constexpr (KS > 1) {
+    if (threadIdx.x == 0) *slot = v;
+    stitch_cluster_sync();
+    V r = *stitch_cluster_ptr(slot, 0);
+#pragma unroll
+    for (unsigned k = 1; k < KS; ++k) r = f(r, *stitch_cluster_ptr(slot, k));
+    return r;
+  }
+#endif
+  return v;
+}
+// No block of a cluster may exit while another may still read its slots.
+template <int KS>
+__device__ __forceinline__ void stitch_cluster_done() {
+#ifdef STITCH_CLUSTERS
+  if constexpr (KS > 1) stitch_cluster_sync();
+#endif
 }
 """
 
@@ -606,24 +679,37 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
                       ROW_DROPPED_OUTPUT if tuple(graph.tensors[t].shape or ()) == lead else ROW_OUTPUT
                       for t in outputs)
     run = tuple(shape[start:stop])
-    full = static_row and math.prod(run) == geo.capacity  # type: ignore[arg-type]
-    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full, rp.inner)
+    fixed = all(isinstance(d, int) for d in run)
+    split = rp.split
+    # Rows fixed in the model whose every chunk is full (a split row: every block's slice).
+    full = fixed and rp.slice * split == math.prod(run) and rp.slice == geo.capacity if split > 1 else \
+        static_row and math.prod(run) == geo.capacity  # type: ignore[arg-type]
+    p = _RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full, rp.inner, split)
     body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
     rank = len(shape)
     # A row length fixed in the model is a constant: bounds tests against it fold away.
-    row_length = (f"  constexpr I C = (I){math.prod(run)};\n  I rows = 1;" if static_row else  # type: ignore[arg-type]
+    row_length = (f"  constexpr I C = (I){math.prod(run)};\n  I rows = 1;" if static_row or (split > 1 and fixed) else  # type: ignore[arg-type]
                   f"  I C = 1, rows = 1;\n  for (int d = {start}; d < {stop}; ++d) C *= (I)a.dims[d];")
     if rp.inner:  # a column reduction: rows over the axes before and after the run; S apart
         row_length += (f"\n  for (int d = {stop}; d < {rank}; ++d) rows *= (I)a.dims[d];\n"
                        f"  const I S = {' * '.join(p.dim(d) for d in range(stop, rank))};")
+    plain = ", 1" if split > 1 else ""
     smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
+    if split > 1:
+        reductions = sum(s.reduces for s in p.steps)
+        row_length += ("\n  // this block's slice of the row: [cb, cb + Cs), whole vectors"
+                       "\n  const unsigned rank = stitch_rank<KS>();"
+                       "\n  const I Cs = ((C + KS - 1) / KS + V - 1) / V * V, cb = (I)rank * Cs;")
+        smem += (f"  __shared__ double stitch_slots[2][{reductions}];  "
+                 "// each block's row totals, read by the cluster (2: by row parity)\n")
     src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes, rows scheme ({geo.threads} threads per row)
 {ops.PRELUDE}
 {ARGS_STRUCT}
 {ROWS_PRELUDE}
 {ARG_PRELUDE if any(s.op in ops.ARG_REDUCERS for s in p.steps) else ""}
-template <typename I>
+{CLUSTER_PRELUDE if split > 1 else ""}
+template <typename I{", int KS" if split > 1 else ""}>
 __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {fast}  constexpr int T = {geo.threads}, NCH = {max(geo.chunks, 1)}, V = {geo.vec};
   (void)NCH;
@@ -638,8 +724,22 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 // Two entries (docs/abi.md): 32-bit index arithmetic whenever the tensors allow it (the
 // per-row divisions cost several times more in 64 bits, and a shared entry would carry the
 // 64-bit body's registers), 64-bit otherwise.
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<int>(a); }}
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long>(a); }}
-"""
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<int{plain}>(a); }}
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long{plain}>(a); }}
+{cluster_entries(name, geo.block, split)}"""
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
-                        "rows", out_kinds, span, geo.threads, geo.block, row_inner=rp.inner)
+                        "rows", out_kinds, span, geo.threads, geo.block, row_inner=rp.inner, row_split=split)
+
+
+def cluster_entries(name: str, block: int, split: int) -> str:
+    """A split kernel's entries for GPUs with thread-block clusters: `split` blocks per row, the
+    cluster size fixed at compile time (a plain cuLaunchKernel then launches clusters). Absent
+    from images for older GPUs, where the runtime uses the one-block-per-row entries."""
+    if split <= 1:
+        return ""
+    return (f"#ifdef STITCH_CLUSTERS\n"
+            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
+            f"{name}_rows_cl(const StitchArgs a) {{ {name}_body<int, {split}>(a); }}\n"
+            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
+            f"{name}_rows64_cl(const StitchArgs a) {{ {name}_body<long long, {split}>(a); }}\n"
+            f"#endif\n")

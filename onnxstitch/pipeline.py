@@ -162,7 +162,8 @@ def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> 
     if src.shape_rule == "rows":
         per_block = src.block_threads // src.row_threads
         return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,
-                "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block}
+                "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block,
+                **({"blocks_per_row": src.row_split} if src.row_split > 1 else {})}
     out = {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
     if src.output_views:
         out["views"] = views.describe(views.group_views(g, frozenset(grp.nodes), src.outputs))

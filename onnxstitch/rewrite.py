@@ -54,7 +54,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
                                                     attr_type=onnx.AttributeProto.INTS))
         node.attribute.append(helper.make_attribute(
             "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]
-            + ([k.source.row_inner] if k.source.row_inner else [])))
+            + ([k.source.row_inner] if k.source.row_inner or k.source.row_split > 1 else [])
+            + ([k.source.row_split] if k.source.row_split > 1 else [])))
     if k.source.output_views:
         node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
     node.overload = group.name

@@ -117,6 +117,27 @@ def fits_registers(vec: int, chunks: int, block: int, extra: int) -> bool:
 # of its column in registers (longer columns re-read them, from L1/L2).
 COLUMN_BLOCK, COLUMN_CHUNKS = 256, 16
 
+# Split rows (FusionStitching's split reductions), for few long rows: on sm_90 a row belongs to
+# a thread-block cluster of `split` blocks, each holding a slice of it in registers; partial
+# reductions meet through distributed shared memory. Split when the rows alone would give fewer
+# than SPLIT_TARGET_BLOCKS blocks (a UNet group norm: 64 rows at batch 2, on 132 SMs), into up
+# to MAX_SPLIT blocks (the portable cluster size), each slice at least SPLIT_MIN_SLICE elements
+# (a cluster barrier per reduction is worth it only for a long slice).
+SPLIT_TARGET_BLOCKS, MAX_SPLIT, SPLIT_MIN_SLICE = 512, 8, 2048
+# Elements per thread of a slice: fewer, wider blocks than ELEMENTS_PER_THREAD would give, so
+# that rows × split blocks stay resident together (640-thread slices of float16 would not).
+SPLIT_ELEMENTS_PER_THREAD = 16
+
+
+def split_factor(cols: int, rows: int | None) -> int:
+    """Blocks per row (a power of two, 1 when the row is not split): enough for
+    SPLIT_TARGET_BLOCKS blocks in all, within MAX_SPLIT, each slice ≥ SPLIT_MIN_SLICE elements."""
+    if rows is None or rows <= 0 or rows >= SPLIT_TARGET_BLOCKS or cols < 2 * SPLIT_MIN_SLICE:
+        return 1
+    want = 1 << math.ceil(math.log2(SPLIT_TARGET_BLOCKS / rows))
+    room = 1 << int(math.log2(cols // SPLIT_MIN_SLICE))
+    return max(1, min(MAX_SPLIT, want, room))
+
 
 @dataclass(frozen=True)
 class RowPlan:
@@ -124,7 +145,8 @@ class RowPlan:
     a row and the `inner` axes after them (0: the row is trailing; else a column reduction),
     the row length `cols`, the number of rows (None when not known) and the geometry.
     `static`: the row length is fixed in the model and fits the registers (the kernel then
-    has no loop path)."""
+    has no loop path). `split`: blocks per row on GPUs with thread-block clusters (sm_90+),
+    the geometry then being a slice's; elsewhere one block per row walks the whole row."""
 
     shape: Shape
     span: int
@@ -133,6 +155,7 @@ class RowPlan:
     geometry: RowGeometry
     static: bool
     inner: int = 0
+    split: int = 1
 
     @property
     def run(self) -> tuple[int, int]:
@@ -144,7 +167,14 @@ class RowPlan:
     def in_registers(self) -> bool:
         """Whether a row of the planned length is held in registers (read once) rather than
         re-read by every pass of the loop path."""
-        return self.geometry.chunks > 0 and self.cols <= self.geometry.capacity
+        return self.geometry.chunks > 0 and self.cols <= self.geometry.capacity * self.split
+
+    @property
+    def slice(self) -> int:
+        """Elements of the row each block of a split row takes (whole vectors; the row when
+        not split)."""
+        vec = self.geometry.vec
+        return -(-(-(-self.cols // self.split)) // vec) * vec if self.split > 1 else self.cols
 
 
 def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], threads: int | None = None) -> RowPlan:
@@ -162,12 +192,21 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
                   if graph.tensors[t].shape == shape] or [4])
     rows = TensorInfo("rows", TP.FLOAT, reduced_shape(tuple(shape), start, stop, False)).numel(graph.dim_values)
     per_element = sum(graph.tensors[t].shape == shape for t in inputs)
+    vec = max(1, 16 // widest)
+    # (ArgMax/ArgMin carry positions across threads: not split)
+    split = 1 if inner or threads or any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
+        else split_factor(cols, rows)
     if inner:
         geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
+    elif split > 1:
+        piece = -(-cols // split)
+        want = max(64, 32 * math.ceil(piece / SPLIT_ELEMENTS_PER_THREAD / 32))
+        geo = choose_geometry(piece, vec, span, min(1024, want), None, per_element)
     else:
-        geo = choose_geometry(cols, max(1, 16 // widest), span, threads, rows, per_element)
-    static = all(isinstance(d, int) for d in run) and math.prod(run) <= geo.capacity  # type: ignore[arg-type]
-    return RowPlan(tuple(shape), span, cols, rows, geo, static, inner)
+        geo = choose_geometry(cols, vec, span, threads, rows, per_element)
+    # A split kernel's one-block-per-row entry (GPUs without clusters) keeps the loop path.
+    static = split == 1 and all(isinstance(d, int) for d in run) and math.prod(run) <= geo.capacity  # type: ignore[arg-type]
+    return RowPlan(tuple(shape), span, cols, rows, geo, static, inner, split)
 
 
 def loop_passes(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int]) -> int:

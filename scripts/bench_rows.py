@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Benchmark: stitched row kernels — LayerNorm over [B·S, 768], attention Softmax over
-[B, 12, S, S] (B=8, S=512) and a UNet's GroupNorm + SiLU, float32 and float16 — against the
-device-to-device copy bandwidth,
+[B, 12, S, S] (B=8, S=512), a UNet's GroupNorm + SiLU and a language model's Softmax over its
+vocabulary, float32 and float16 — against the device-to-device copy bandwidth,
 plus stock ORT vs stitched end to end. Kernels are launched from their embedded cubins and
-timed with CUDA events; bytes = every input read once + every output written once.
+timed with CUDA events; bytes = every input read once + every output written once. Split rows
+(few long rows, a cluster of blocks per row) are also timed unsplit, in the same run.
 
     python scripts/bench_rows.py --out rows.json
 """
@@ -24,7 +25,7 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
-from onnxstitch import bench, codegen_rows  # noqa: E402
+from onnxstitch import bench, codegen_rows, rows as rows_mod  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from scripts.bench_elementwise import _Args, copy_bandwidth, node_image  # noqa: E402
 
@@ -98,6 +99,16 @@ def dfl(dtype: int, bins: int = 16, anchors: int = 8400) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
+def logits_softmax(dtype: int, vocab: int = 50257) -> onnx.ModelProto:
+    """Softmax over a language model's vocabulary, scaled by a temperature: few long rows."""
+    x = helper.make_tensor_value_info("x", dtype, ["batch", vocab])
+    y = helper.make_tensor_value_info("y", dtype, ["batch", vocab])
+    nodes = [helper.make_node("Mul", ["x", "t"], ["s"]), helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    g = helper.make_graph(nodes, "logits", [x], [y], [numpy_helper.from_array(np.array(1.25, npd), "t")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
     """docs/abi.md strides of a contiguous input against the iteration shape."""
     out, own = [0] * len(full), 1
@@ -116,7 +127,10 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     cuda = ctypes.CDLL("libcuda.so.1")
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
-    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, (name + "_rows").encode()) == 0
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    span, threads, block, *after = attrs.get("row_geometry", [1, 256, 256])
+    split = after[1] if len(after) > 1 else 1  # a split row: its cluster entry (sm_90), as the runtime
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, (name + ("_rows_cl" if split > 1 else "_rows")).encode()) == 0
     full = tuple(int(d) for d in np.broadcast_shapes(*[a.shape for a in arrays]))
     args = _Args()
     for k, a in enumerate(arrays):
@@ -128,8 +142,6 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     args.n, args.rank = int(np.prod(full)), len(full)
     for d, v in enumerate(full):
         args.dims[d] = v
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    span, threads, block, *after = attrs.get("row_geometry", [1, 256, 256])
     stop = len(full) - (after[0] if after else 0)  # the row's axes: [stop - span, stop)
     rows = int(np.prod(full[:stop - span])) * int(np.prod(full[stop:]))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -138,6 +150,8 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     if cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(resident), fn, block, ctypes.c_size_t(0)) != 0:
         resident.value = 2048 // block
     grid = max(1, min(-(-rows // per_block), resident.value * sms))
+    if split > 1:  # whole clusters, one wave
+        grid = max(1, min(rows, resident.value * sms // split)) * split
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
     for _ in range(5):
         assert cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None) == 0
@@ -151,12 +165,19 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
 
 
 def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
-                 threads: int | None = None) -> tuple[onnx.ModelProto, dict]:
+                 threads: int | None = None, unsplit: bool = False) -> tuple[onnx.ModelProto, dict]:
     """The stitched model and its one rows kernel's time alone (threads per row forced when
-    given, as choose_geometry takes it)."""
+    given, as choose_geometry takes it; `unsplit`: one block per row, as before split rows)."""
     import cupy as cp
 
-    if threads is None:
+    if unsplit:
+        original_split = rows_mod.split_factor
+        rows_mod.split_factor = lambda cols, n: 1
+        try:
+            res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
+        finally:
+            rows_mod.split_factor = original_split
+    elif threads is None:
         res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
     else:  # a sweep: the planner's kernel regenerated with other threads per row
         original = codegen_rows.choose_geometry
@@ -166,6 +187,8 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
         finally:
             codegen_rows.choose_geometry = original
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    if not fused:
+        return res.model, {"kernels_stitched": 0}
     feeds = random_feeds(model, 0, dims)
     inputs = [cp.asarray(a) for a in kernel_inputs(res.model, feeds, list(fused[0].input))]
     full = np.broadcast_shapes(*[a.shape for a in inputs])
@@ -201,6 +224,10 @@ def kernel_inputs(stitched: onnx.ModelProto, feeds: dict, names: list[str]) -> l
 def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, iters: int) -> dict:
     stitched, alone = kernel_alone(model, dims, copy_gbs)
     row = {"case": label, "nodes_before": len(model.graph.node), **alone}
+    geometry = alone.get("row_geometry", [])
+    if len(geometry) == 5 and geometry[4] > 1:  # the same group unsplit, in the same run
+        _, one = kernel_alone(model, dims, copy_gbs, unsplit=True)
+        row["unsplit"] = one
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "m.onnx", Path(tmp) / "m.stitched.onnx"
         onnx.save(model, src)
@@ -229,9 +256,10 @@ def main() -> int:
         rows.append(measure(f"Softmax {name} S=128", softmax(dt, 128), {"batch": B}, copy_gbs, args.iters))
         rows.append(measure(f"DFL decode {name} [8,4,16,8400]", dfl(dt), {"batch": 8}, copy_gbs, args.iters))
         # GroupNorm + SiLU of a diffusion UNet (normalize.py): 64 rows of C/32·side² elements
-        for c, side in ((320, 64), (640, 32), (1280, 16)):
+        for c, side in ((320, 64), (640, 32), (1280, 16), (320, 128)):
             rows.append(measure(f"GroupNorm {name} {c}x{side}", group_norm(dt, c, side), {"batch": 2}, copy_gbs,
                                 args.iters))
+        rows.append(measure(f"Softmax logits {name} [8,50257]", logits_softmax(dt), {"batch": 8}, copy_gbs, args.iters))
     sweep = []
     if args.sweep:
         for dt in (TP.FLOAT, TP.FLOAT16):
@@ -253,8 +281,14 @@ def main() -> int:
     print(f"GPU {bench.gpu_name()}: device-to-device copy {copy_gbs:.0f} GB/s (CUDA graphs for end to end)")
     print(f"{'case':28} {'kernel ms':>9} {'GB/s':>6} {'of copy':>8} {'stock ms':>9} {'stitched ms':>11} {'speedup':>8} {'nodes':>5}")
     for r in rows:
+        if "kernel_ms" not in r:
+            print(f"{r['case']:28} {'(not stitched)':>26} {r['stock_ms']:9.4f} {r['stitched_ms']:11.4f}")
+            continue
         print(f"{r['case']:28} {r['kernel_ms']:9.4f} {r['kernel_gbs']:6.0f} {r['fraction_of_copy']:8.1%} "
               f"{r['stock_ms']:9.4f} {r['stitched_ms']:11.4f} {r['speedup']:8.2f} {r['nodes_before']:5d}")
+        if "kernel_ms" in r.get("unsplit", {}):
+            u = r["unsplit"]
+            print(f"{'  unsplit (one block per row)':28} {u['kernel_ms']:9.4f} {u['kernel_gbs']:6.0f} {u['fraction_of_copy']:8.1%}")
     return 0
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
-from tests.row_models import dynamic_row_model, group_norm_models, row_models, trailing_models  # noqa: E402
+from tests.row_models import dynamic_row_model, group_norm_models, long_row_model, row_models, trailing_models  # noqa: E402
 
 
 def cases():
@@ -32,6 +32,11 @@ def cases():
             yield name, model, {"batch": [5]}, {"batch": 5}
     model, _ = dynamic_row_model(TP.FLOAT)
     yield "dynamic-loop-path", model, {"batch": [5]}, {"batch": 3, "cols": 40000}
+    for name, model, _ in row_models(3, 8192, dtype=TP.FLOAT):  # split rows: clusters of 4 blocks per row
+        if name in ("Softmax", "LayerNormalization-bias"):
+            yield f"split-{name}", model, {"batch": [3]}, {"batch": 7}
+    model, _ = long_row_model(TP.FLOAT)
+    yield "split-loop-path", model, {"batch": [3], "cols": [8192]}, {"batch": 4, "cols": 30001}
     for name, model, _ in group_norm_models(64, 8, (9, 11), TP.FLOAT16):  # a row over two axes, γ per element
         if name == "exported":
             yield f"group-norm-{name}", model, {"batch": [2]}, {"batch": 2}

@@ -34,19 +34,30 @@ _PTX = {"cvt.f32.f16": "stitch_host::h2f({a})", "cvt.rn.f16.f32": "stitch_host::
 _ASM = re.compile(r'asm\("([\w.]+) %0, %1(?:, %2)?;" : "=\w"\((\w+)\) : "\w"\((\w+)\)(?:, "\w"\((\w+)\))?\);')
 
 
+_SHARED = re.compile(r"__shared__ ([\w ]+?) (\w+)((?:\[[^\]]+\])+);")
+
+
 def host_source(src: KernelSource) -> str:
-    """The kernel's CUDA source as host C++ with a launcher for both entries."""
+    """The kernel's CUDA source as host C++ with a launcher for its entries (a split kernel's
+    cluster entries when `clusters` is set)."""
     def swap(m: re.Match) -> str:
         op, out, a, b = m.groups()
         return f"{out} = {_PTX[op].format(a=a, b=b)};"
 
+    ids = iter(range(1 << 20))
     body = _ASM.sub(swap, src.source)
-    assert "asm(" not in body, "a PTX instruction without a host form"
+    # Shared memory per block (host_cuda.h): the blocks of a cluster run at the same time.
+    body = _SHARED.sub(lambda m: f"auto& {m[2]} = stitch_host::shared<{m[1]}{m[3]}>({next(ids)});", body)
+    assert "asm(" not in body and "__shared__" not in body, "a device construct without a host form"
     fast, wide = src.entries
+    plain = f"if (wide) stitch_host_launch({wide}, *a, grid, threads); else stitch_host_launch({fast}, *a, grid, threads);"
+    if src.row_split > 1:
+        ks = src.row_split
+        plain = (f"if (clusters && wide) stitch_host_launch_clusters({wide}_cl, *a, grid, threads, {ks});\n"
+                 f"  else if (clusters) stitch_host_launch_clusters({fast}_cl, *a, grid, threads, {ks});\n  else {plain}")
     return (f'#include "host_cuda.h"\n{body}\n'
-            f'extern "C" void stitch_host_run(const StitchArgs* a, int grid, int threads, int wide) {{\n'
-            f'  if (wide) stitch_host_launch({wide}, *a, grid, threads); else stitch_host_launch({fast}, *a, grid, threads);\n'
-            f'}}\n')
+            f'extern "C" void stitch_host_run(const StitchArgs* a, int grid, int threads, int wide, int clusters) {{\n'
+            f'  (void)clusters;\n  {plain}\n}}\n')
 
 
 _FLAGS = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-fno-strict-aliasing", "-Wno-unknown-pragmas"]
@@ -84,9 +95,10 @@ class _Args(ctypes.Structure):
 
 
 def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], folder: Path, *,
-           grid_cap: int = 3, wide: bool | None = None) -> None:
+           grid_cap: int = 3, wide: bool | None = None, clusters: bool = True) -> None:
     """Run `src` on the host over `inputs`, writing `outputs` (preallocated, contiguous), as
-    the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice)."""
+    the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice);
+    `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row."""
     inputs = [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs]
     shape = np.broadcast_shapes(*[x.shape for x in inputs]) if inputs else ()
     n = math.prod(shape)
@@ -110,6 +122,8 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
     if src.shape_rule == "rows":
         threads = src.block_threads
         grid = max(1, min(math.ceil(rows / (threads // src.row_threads)), grid_cap))
+        if clusters and src.row_split > 1:
+            grid *= src.row_split  # whole clusters, rows grid-strided by cluster
         use_wide = n >= 2 ** 30 if wide is None else wide
     else:
         aligned = all(x.ctypes.data % 16 == 0 for x, kind in zip(inputs, src.input_kinds) if kind == 0) and \
@@ -118,7 +132,7 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
         work = n if use_wide else n // src.vec_width
         threads = 256
         grid = max(1, min(math.ceil(work / threads), grid_cap))
-    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, threads, int(use_wide))
+    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, threads, int(use_wide), int(clusters))
 
 
 def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Sequence[str],
@@ -146,7 +160,8 @@ def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like: Mapping[str, np.ndarray],
-              dims: Mapping[str, Sequence[int]], folder: Path, *, wide: bool | None = None) -> dict[str, np.ndarray]:
+              dims: Mapping[str, Sequence[int]], folder: Path, *, wide: bool | None = None,
+              clusters: bool = True) -> dict[str, np.ndarray]:
     """Every group of a model run on the host in node order (the groups may read only graph
     inputs, constants, earlier groups' outputs and views of them: Shape and Reshape nodes are
     evaluated here); graph outputs are allocated like `out_like` (poisoned), intermediates over
@@ -170,7 +185,7 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like:
             dtype = like.dtype if like is not None else onnx.helper.tensor_dtype_to_np_dtype(g.tensors[t].dtype)
             outs.append(np.full(like.shape if like is not None else shape, np.nan if dtype.kind == "f" or
                                 dtype.name == "bfloat16" else 77, dtype))
-        launch(src, ins, outs, folder, wide=wide)
+        launch(src, ins, outs, folder, wide=wide, clusters=clusters)
         values.update(zip(src.outputs, outs))
     return {t: values[t] for t in out_like}
 

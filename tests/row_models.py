@@ -205,6 +205,28 @@ def dynamic_row_model(dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference
                   [numpy_helper.from_array(np.array(0.5, npd), "s")], 18), ref
 
 
+def long_row_model(dtype: int = TP.FLOAT) -> tuple[onnx.ModelProto, Reference]:
+    """A residual add, LayerNorm over a symbolic row length and a row-shaped output (the row's
+    max, keepdims): per-element and per-row outputs of one kernel, for split rows."""
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    x, r = (helper.make_tensor_value_info(n, dtype, ["batch", "cols"]) for n in ("x", "r"))
+    nodes = [helper.make_node("Add", ["x", "r"], ["t"]), helper.make_node("ReduceMax", ["t", "axes"], ["m"], keepdims=1),
+             helper.make_node("ReduceMean", ["t", "axes"], ["mu"], keepdims=1), helper.make_node("Sub", ["t", "mu"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["d2"]), helper.make_node("ReduceMean", ["d2", "axes"], ["var"], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["y"])]
+
+    def ref(f):
+        t = f["x"].astype(np.float64) + f["r"].astype(np.float64)
+        mu = t.mean(-1, keepdims=True)
+        d = t - mu
+        return [d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5), t.max(-1, keepdims=True)]
+
+    outs = [helper.make_tensor_value_info("y", dtype, ["batch", "cols"]), helper.make_tensor_value_info("m", dtype, ["batch", 1])]
+    inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"), numpy_helper.from_array(np.array(1e-5, npd), "eps")]
+    return _model(nodes, [x, r], outs, inits, 18), ref
+
+
 def channel_models(cols: int, dtype: int = TP.FLOAT) -> Iterator[tuple[str, onnx.ModelProto, Reference]]:
     """(id, model, reference) for the per-channel normalizations over [batch, 4, 5, cols]:
     InstanceNormalization (a row op over axes 2…) and inference BatchNormalization (elementwise),

@@ -18,11 +18,11 @@ from onnx import helper
 
 from onnxstitch.inputs import random_feeds
 
-from .host_kernels import HAVE_GXX, run_model
+from .host_kernels import HAVE_GXX, plan_sources, run_model
 from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
 from .op_models import op_models
-from .row_models import (arg_models, channel_models, column_models, group_norm_models, many_input_rows, row_models,
-                         trailing_models)
+from .row_models import (arg_models, channel_models, column_models, group_norm_models, long_row_model, many_input_rows,
+                         row_models, trailing_models)
 from .stitching import assert_matches_reference, fresh_seed
 from .test_codegen import _div_by
 
@@ -38,12 +38,13 @@ def _np(dtype: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
 
 
-def _check(model, ref, dtype: int, plan: dict, run: dict, folder, name: str, wide: bool | None = None) -> None:
+def _check(model, ref, dtype: int, plan: dict, run: dict, folder, name: str, wide: bool | None = None,
+           clusters: bool = True) -> None:
     feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
     expected = ref(feeds)
     names = [o.name for o in model.graph.output]
     like = {t: e if e.dtype.kind in "iub" else e.astype(_np(dtype)) for t, e in zip(names, expected)}
-    got = run_model(model, feeds, like, plan, folder, wide=wide)
+    got = run_model(model, feeds, like, plan, folder, wide=wide, clusters=clusters)
     for t, e in zip(names, expected):
         assert_matches_reference(got[t], e, dtype != TP.FLOAT, f"{name}: {t}")
 
@@ -169,6 +170,58 @@ GROUP_NORMS = [pytest.param(name, model, ref, dt, id=f"{name}-c{c}g{g}-{'x'.join
 def test_group_norm_kernels(name, model, ref, dtype, folder) -> None:
     """Group norms in their [N, G, C/G, P] form (normalize.py) with the affine part and SiLU:
     per-channel γ and β read per element across the row's two axes."""
+    _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)
+
+
+# -- split rows (few long rows: a cluster of blocks per row) -------------------------------
+
+def _splits(model, plan: dict) -> list[int]:
+    return [src.row_split for src in plan_sources(model, plan)[3]]
+
+
+SPLIT_ROWS = [pytest.param(name, model, ref, dt, id=f"{name}-{TP.DataType.Name(dt).lower()}")
+              for dt in (TP.FLOAT, TP.FLOAT16) for name, model, ref in row_models(3, 8192, dt)
+              if name != "ReduceProd"  # (a product of 8192 values leaves float range)
+              and (dt == TP.FLOAT or name in ("Softmax", "LayerNormalization-bias", "RMSNorm", "ReduceMax"))]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", SPLIT_ROWS)
+def test_split_row_kernels(name, model, ref, dtype, folder) -> None:
+    """3 rows of 8192 planned: each row split across a cluster of 4 blocks, partial totals
+    combined through the cluster's shared memory; run at 5 rows on a grid of 3 clusters (rows
+    grid-strided by cluster, the last trip partly empty)."""
+    assert _splits(model, {"batch": [3]}) == [4], name
+    _check(model, ref, dtype, {"batch": [3]}, {"batch": 5}, folder, name)
+
+
+@pytest.mark.parametrize("name", ["Softmax", "LayerNormalization-bias", "ReduceSum"])
+def test_split_row_kernels_without_clusters(name, folder) -> None:
+    """The same kernels' entries for GPUs without clusters: one block walks the whole row."""
+    _, model, ref = next(c for c in row_models(3, 8192) if c[0] == name)
+    _check(model, ref, TP.FLOAT, {"batch": [3]}, {"batch": 5}, folder, name, clusters=False)
+
+
+@pytest.mark.parametrize("cols", [3, 5000, 8192, 30001])
+@pytest.mark.parametrize("clusters", [True, False], ids=["clusters", "one-block"])
+def test_split_rows_longer_or_shorter_than_planned(cols, clusters, folder) -> None:
+    """Planned at 8192 per row (split in 4), run shorter (blocks of the cluster without
+    elements) and longer (each block's slice past its registers: the loop path)."""
+    model, ref = long_row_model()
+    plan = {"batch": [3], "cols": [8192]}
+    assert _splits(model, plan) == [4]
+    _check(model, ref, TP.FLOAT, plan, {"batch": 4, "cols": cols}, folder, f"cols={cols}", clusters=clusters)
+
+
+def test_split_rows_through_the_64_bit_entry(folder) -> None:
+    model, ref = long_row_model()
+    _check(model, ref, TP.FLOAT, {"batch": [3], "cols": [8192]}, {"batch": 4, "cols": 8192}, folder, "wide", wide=True)
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+def test_split_group_norm_kernels(dtype, folder) -> None:
+    """A group norm of 8 rows of 16 384 (64 channels in 4 groups, 32 × 32): 8 blocks per row."""
+    name, model, ref = next(iter(group_norm_models(64, 4, (32, 32), dtype)))
+    assert _splits(model, {"batch": [2]}) == [8]
     _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)
 
 

@@ -128,24 +128,24 @@ def test_many_input_rows_keep_outputs_through_the_fallback(n: int, cols: int) ->
     assert_close(got, ref(feeds)[0].astype(got.dtype))
 
 
-def _sum_then_softmax(cols: int) -> onnx.ModelProto:
-    """x0 + x1 + x2 + x3 → Softmax over rows of `cols`."""
+def _sum_then_softmax(cols: int, rows: int | str = "rows") -> onnx.ModelProto:
+    """x0 + x1 + x2 + x3 → Softmax over `rows` rows of `cols`."""
     h = onnx.helper
-    ins = [h.make_tensor_value_info(f"x{j}", onnx.TensorProto.FLOAT, ["rows", cols]) for j in range(4)]
+    ins = [h.make_tensor_value_info(f"x{j}", onnx.TensorProto.FLOAT, [rows, cols]) for j in range(4)]
     nodes = [h.make_node("Add", ["x0", "x1"], ["a"]), h.make_node("Add", ["a", "x2"], ["b"]),
              h.make_node("Add", ["b", "x3"], ["c"]), h.make_node("Softmax", ["c"], ["y"], axis=-1)]
-    out = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["rows", cols])
+    out = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, cols])
     return h.make_model(h.make_graph(nodes, "g", ins, [out]), opset_imports=[h.make_opsetid("", 17)], ir_version=10)
 
 
-@pytest.mark.parametrize("cols,passes", [(1000, 1), (65536, 3)])
-def test_the_cost_model_counts_the_loop_paths_passes(cols: int, passes: int) -> None:
-    # Softmax's loop path reads its row for the max, the sum and the output: three times.
+@pytest.mark.parametrize("cols,n_rows,passes", [(1000, 64, 1), (65536, 1024, 3), (65536, 64, 1)])
+def test_the_cost_model_counts_the_loop_paths_passes(cols: int, n_rows: int, passes: int) -> None:
+    # Softmax's loop path reads its row for the max, the sum and the output: three times; 64
+    # rows of 65536 are split across blocks (rows.split_factor), each slice in registers.
     from onnxstitch import cost
 
-    _, g = prepared(_sum_then_softmax(cols))
-    rows_planned = shapes.DEFAULT_SYMBOLIC_DIM
-    unit = rows_planned * cols * 4  # one [rows, cols] float32 tensor
+    _, g = prepared(_sum_then_softmax(cols, n_rows))
+    unit = n_rows * cols * 4  # one [rows, cols] float32 tensor
     softmax_only = frozenset({3})
     assert cost.group_bytes(g, frozenset({2, 3})) == (2 * passes + 1) * unit  # b, x3 in; y out
     assert rows.row_plan(g, softmax_only).in_registers == (passes == 1)
@@ -156,5 +156,76 @@ def test_long_rows_keep_a_many_input_producer_out_of_the_row_kernel() -> None:
     from onnxstitch.plan import make_plan
 
     for cols, want in ((1000, [[0, 1, 2, 3]]), (65536, [[0, 1, 2]])):
-        _, g = prepared(_sum_then_softmax(cols))
+        _, g = prepared(_sum_then_softmax(cols, 1024))
         assert [list(grp.nodes) for grp in make_plan(g).groups] == want, cols
+
+
+# -- split rows (few long rows) ---------------------------------------------------------------
+
+@given(cols=st.integers(1, 1 << 22), n_rows=st.none() | st.integers(0, 1 << 16))
+@settings(max_examples=300, deadline=None)
+def test_split_factor_fills_the_gpu_within_a_portable_cluster(cols: int, n_rows: int | None) -> None:
+    k = rows.split_factor(cols, n_rows)
+    assert 1 <= k <= rows.MAX_SPLIT and k & (k - 1) == 0
+    if k > 1:  # only few rows are split, into slices worth a cluster barrier
+        assert n_rows is not None and n_rows * k // 2 < rows.SPLIT_TARGET_BLOCKS
+        assert cols // k >= rows.SPLIT_MIN_SLICE
+    elif n_rows and n_rows * 2 <= rows.SPLIT_TARGET_BLOCKS:  # not split: the row is short
+        assert cols < 2 * rows.SPLIT_MIN_SLICE
+
+
+@pytest.mark.parametrize("n_rows,cols,split", [(64, 40960, 8), (3, 8192, 4), (64, 10240, 4), (600, 65536, 1),
+                                               (64, 2048, 1), (8, 262144, 8)])
+def test_few_long_rows_plan_a_split_whose_slices_cover_the_row(n_rows: int, cols: int, split: int) -> None:
+    _, g = prepared(_sum_then_softmax(cols, n_rows))
+    plan = rows.row_plan(g, frozenset({3}))
+    assert plan.split == split
+    geo = plan.geometry
+    if split > 1:  # one block per slice: the block is the row's share
+        assert geo.block == geo.threads >= 64 and plan.slice % geo.vec == 0
+        assert plan.slice * split >= cols > plan.slice * (split - 1)
+        assert plan.in_registers == (geo.chunks > 0 and geo.capacity >= plan.slice)
+
+
+def test_split_rows_launch_clusters_and_report_them() -> None:
+    """The rewritten node carries the blocks per row in row_geometry (docs/abi.md), the sm_90
+    image has the cluster entries and the sm_80 image has none, and the report names the split."""
+    from onnxstitch import compile as compile_mod
+
+    res = onnxstitch.optimize(_sum_then_softmax(65536, 16), archs=("sm_80", "sm_90"), verify=False)
+    (node,) = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    geometry = next(list(a.ints) for a in node.attribute if a.name == "row_geometry")
+    assert geometry[3:] == [0, 8], geometry
+    k = next(k for k in res.report.to_json()["kernels"] if k["scheme"] == "rows")
+    assert k["blocks_per_row"] == 8
+    src = rows_source(_sum_then_softmax(65536, 16))
+    built = compile_mod.compile_kernel(src, ("sm_80", "sm_90"))
+    for arch, image in zip(built.archs, built.images):
+        has = all(f"{src.name}{s}".encode() in image for s in ("_rows_cl", "_rows64_cl"))
+        assert has == (arch == "sm_90"), arch
+    assert f"{src.name}_rows_cl".encode() not in built.ptx  # the compute_80 PTX has no clusters
+
+
+def rows_source(model: onnx.ModelProto):
+    from onnxstitch.pipeline import generate_kernel
+
+    _, g = prepared(model)
+    (grp,) = [grp for grp in onnxstitch.plan.make_plan(g).groups if rows.has_rows(g, grp.nodes)]
+    return generate_kernel(g, "stitch_split", grp.nodes)
+
+
+def test_long_few_rows_are_refused_only_where_they_cannot_split() -> None:
+    """16 rows of 131072 elements: trailing rows are split; the same as a column reduction, or
+    with ArgMax, are left to ONNX Runtime with the reason."""
+    def model(x: str, y: str, op: str) -> onnx.ModelProto:
+        return parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[{x}] x) => ({y} y) {{ a = Exp(x)  y = {op}(a) }}""")
+
+    trailing = model("16, 131072", "float[16, 131072]", "Softmax<axis = -1>")
+    assert [n.op_type for n in onnxstitch.optimize(trailing, verify=False).model.graph.node] == ["FusedKernel"]
+    for m in (model("131072, 16", "float[131072, 16]", "Softmax<axis = 0>"),
+              model("16, 131072", "int64[16, 1]", "ArgMax<axis = -1>")):
+        res = onnxstitch.optimize(m, verify=False)
+        assert "FusedKernel" not in [n.op_type for n in res.model.graph.node]
+        why = " ".join(r.reason for r in res.report.plan.rejections)
+        assert "too few, too long rows" in why and "split" in why, why

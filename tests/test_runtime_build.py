@@ -288,6 +288,10 @@ def test_shape_rule_is_checked_at_run_time(cpu_lib: Path):
         (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 12, 96]), "row_geometry must be"),
         (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 48, 48]), "row_geometry must be"),
         (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 96, 192]), "row_geometry must be"),
+        # blocks per row (a split row): 1..8, and only where the block is the row
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 128, 128, 0, 16]), "row_geometry must be"),
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 128, 128, 0, 0]), "row_geometry must be"),
+        (dict(shape_rule="rows", output_kinds=[0], row_geometry=[1, 16, 128, 0, 4]), "row_geometry must be"),
     ],
 )
 def test_kernel_creation_rejects_bad_attributes(cpu_lib: Path, overrides, message):
@@ -296,7 +300,7 @@ def test_kernel_creation_rejects_bad_attributes(cpu_lib: Path, overrides, messag
         cpu_run(cpu_lib, model, np.zeros(2, F32), np.zeros(2, F32))
 
 
-@pytest.mark.parametrize("geometry", [[1, 16, 128], [1, 96, 96], [1, 640, 640]])
+@pytest.mark.parametrize("geometry", [[1, 16, 128], [1, 96, 96], [1, 640, 640], [1, 320, 320, 0, 8], [1, 128, 128, 0, 1]])
 def test_row_geometries_of_whole_warps_are_accepted(cpu_lib: Path, geometry):
     # With no GPU the run stops at the driver, after kernel creation accepted the geometry.
     model = probe_model([2], [2], shape_rule="rows", row_geometry=geometry, output_kinds=[0])

@@ -81,7 +81,8 @@ def test_many_inputs_and_long_rows_match_float64_numpy(n, cols, dtype) -> None:
 
 
 GROUP_NORMS = [pytest.param(name, model, ref, dt, id=f"{name}-c{c}g{g}-{'x'.join(map(str, sp))}-{TP.DataType.Name(dt).lower()}")
-               for c, g, sp in [(8, 4, (5, 6)), (64, 32, (16, 16)), (320, 32, (64, 64)), (640, 32, (17, 19))]
+               for c, g, sp in [(8, 4, (5, 6)), (64, 32, (16, 16)), (320, 32, (64, 64)), (640, 32, (17, 19)),
+                                (320, 32, (128, 128))]
                for dt in (TP.FLOAT, TP.FLOAT16)
                for name, model, ref in group_norm_models(c, g, sp, dt)]
 
@@ -98,6 +99,29 @@ def test_group_norm_kernel_matches_float64_numpy(name, model, ref, dtype) -> Non
     npd = helper.tensor_dtype_to_np_dtype(dtype)
     for got, want in zip(run_gpu(res.model, feeds, [e.astype(npd) for e in expected]), expected):
         assert_matches_reference(got, want, dtype != TP.FLOAT, name)
+
+
+SPLIT = [pytest.param(name, model, ref, dt, rows, cols, id=f"{name}-{rows}x{cols}-{TP.DataType.Name(dt).lower()}")
+         for rows, cols, dt in [(3, 8192, TP.FLOAT), (3, 8192, TP.FLOAT16), (16, 65536, TP.FLOAT), (2, 400000, TP.FLOAT16)]
+         for name, model, ref in row_models(rows, cols, dtype=dt) if name != "ReduceProd"]
+
+
+@pytest.mark.parametrize("name,model,ref,dtype,rows,cols", SPLIT)
+def test_split_row_kernel_matches_float64_numpy(name, model, ref, dtype, rows, cols) -> None:
+    """Few long rows, each split across a cluster of blocks (sm_90; one block per row before):
+    planned and run at `rows`, and run at 2 × rows + 1 (rows grid-strided by cluster)."""
+    _check_gpu(model, ref, dtype, {"batch": [rows]}, {"batch": rows}, name)
+    _check_gpu(model, ref, dtype, {"batch": [rows]}, {"batch": 2 * rows + 1}, name)
+
+
+@pytest.mark.parametrize("cols", [3, 5000, 8192, 30001, 200000])
+def test_split_rows_longer_or_shorter_than_planned(cols) -> None:
+    """Planned at 4 rows of 8192 (split in 4), run shorter (blocks without elements) and
+    longer (slices past the registers: the loop path)."""
+    from ..row_models import long_row_model
+
+    model, ref = long_row_model()
+    _check_gpu(model, ref, TP.FLOAT, {"batch": [4], "cols": [8192]}, {"batch": 4, "cols": cols}, f"cols={cols}")
 
 
 COLUMNS = [pytest.param(name, model, ref, dt, id=f"{name}-r{length}x{inner}-{TP.DataType.Name(dt).lower()}")

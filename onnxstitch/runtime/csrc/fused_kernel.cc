@@ -53,6 +53,9 @@ constexpr long long kWideThreshold = 1LL << 30;  // the 32-bit vector entry stop
 constexpr int kEntries = 2;
 constexpr const char* kEntrySuffix[kEntries] = {"_v32", "_s64"};
 constexpr const char* kRowsEntrySuffix[kEntries] = {"_rows", "_rows64"};  // 32-bit, 64-bit indices
+// Split rows (row_geometry[4] > 1): entries launching clusters of that many blocks per row, in
+// images for GPUs with thread-block clusters (sm_90 on); absent elsewhere.
+constexpr const char* kClusterEntrySuffix[kEntries] = {"_rows_cl", "_rows64_cl"};
 
 // Our OrtCustomOp plus the OrtApi it was registered with (InferOutputShapeFn gets no api).
 struct OpDef {
@@ -151,8 +154,10 @@ struct Loaded {
   cu::Context ctx = nullptr;
   cu::Module module = nullptr;
   cu::Function entry[kEntries] = {nullptr, nullptr};  // v32, s64
+  cu::Function cluster[kEntries] = {nullptr, nullptr};  // split rows on GPUs with clusters
   int sm_count = 1;
   int rows_blocks_per_sm = 0;  // rows kernels: resident blocks per multiprocessor (0: unknown)
+  int cluster_blocks_per_sm = 0;  // the same for the cluster entries
 };
 
 class Kernel {
@@ -192,6 +197,7 @@ class Kernel {
   std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims), 2 row (dims dropped)
   int64_t row_axes_ = 1, row_threads_ = 256, block_threads_ = 256;  // rows only: "row_geometry"
   int64_t row_inner_ = 0;  // rows only: axes after the row (a column reduction when > 0)
+  int64_t row_split_ = 1;  // rows only: blocks per row (a cluster) where the image has cluster entries
   std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
@@ -247,17 +253,21 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     if (present) {
       // [row axes, threads per row, threads per block(, axes after the row)] (docs/abi.md)
       // Threads per row: a power of two up to a warp (lanes share shuffles), whole warps beyond.
-      const bool lanes_ok = (geo.size() == 3 || (geo.size() == 4 && geo[3] >= 0 && geo[0] + geo[3] <= STITCH_MAX_RANK)) &&
+      const bool lanes_ok = (geo.size() == 3 || (geo.size() >= 4 && geo.size() <= 5 && geo[3] >= 0 &&
+                                                 geo[0] + geo[3] <= STITCH_MAX_RANK)) &&
                             geo[1] >= 1 && geo[1] <= 1024 &&
                             (geo[1] <= 32 ? (geo[1] & (geo[1] - 1)) == 0 : geo[1] % 32 == 0);
       // A row of more than a warp reduces across the whole block: then the block is the row.
       const bool ok = lanes_ok && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[2] >= geo[1] && geo[2] <= 1024 &&
-                      geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]);
+                      geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]) &&
+                      // a split row: 2..8 blocks (a portable cluster), each the row's block
+                      (geo.size() < 5 || (geo[4] >= 1 && geo[4] <= 8 && (geo[4] == 1 || geo[2] == geo[1])));
       if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two up to "
                                                  "32, else a multiple of 32), threads per block (a multiple up to 1024; "
-                                                 "the same beyond 32), optionally the axes after the row]");
+                                                 "the same beyond 32), optionally the axes after the row and the blocks per row (1..8)]");
       row_axes_ = geo[0], row_threads_ = geo[1], block_threads_ = geo[2];
-      row_inner_ = geo.size() == 4 ? geo[3] : 0;
+      row_inner_ = geo.size() >= 4 ? geo[3] : 0;
+      row_split_ = geo.size() == 5 ? geo[4] : 1;
     }
   }
 
@@ -424,11 +434,22 @@ Error Kernel::LoadModule(Loaded* l) {
       return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + CuError(r));
     }
   }
+  // Cluster entries are optional: an image for a GPU without clusters has none (both or neither).
+  for (int v = 0; rows_ && row_split_ > 1 && v < kEntries; ++v) {
+    const std::string entry = kernel_name_ + kClusterEntrySuffix[v];
+    if (driver_.ModuleGetFunction(&l->cluster[v], l->module, entry.c_str()) != cu::kSuccess) l->cluster[v] = nullptr;
+  }
+  if (l->cluster[0] == nullptr || l->cluster[1] == nullptr) l->cluster[0] = l->cluster[1] = nullptr;
   if (rows_ && driver_.OccupancyMaxActiveBlocksPerMultiprocessor != nullptr) {
     int n = 0;
     if (driver_.OccupancyMaxActiveBlocksPerMultiprocessor(&n, l->entry[0], static_cast<int>(block_threads_), 0) ==
         cu::kSuccess) {
       l->rows_blocks_per_sm = n;
+    }
+    if (l->cluster[0] != nullptr &&
+        driver_.OccupancyMaxActiveBlocksPerMultiprocessor(&n, l->cluster[0], static_cast<int>(block_threads_), 0) ==
+            cu::kSuccess) {
+      l->cluster_blocks_per_sm = n;
     }
   }
   return {};
@@ -652,14 +673,23 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     // next row while it reduces this one (docs/abi.md).
     const long long resident = l->rows_blocks_per_sm > 0 ? l->rows_blocks_per_sm : 2048 / block_threads_;
     const long long cap = std::max<long long>(1, resident * l->sm_count);
-    const long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
+    long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
     void* params[1] = {&args};
     const int variant = n < kWideThreshold ? 0 : 1;
-    r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1,
-                             static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
+    cu::Function fn = l->entry[variant];
+    const char* suffix = kRowsEntrySuffix[variant];
+    if (l->cluster[variant] != nullptr) {
+      // A split row: row_split blocks (one cluster, its size fixed in the image) per row, rows
+      // grid-strided by cluster; a grid of whole clusters, at most one wave.
+      const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
+      const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
+      blocks = clusters * row_split_, fn = l->cluster[variant], suffix = kClusterEntrySuffix[variant];
+    }
+    r = driver_.LaunchKernel(fn, static_cast<unsigned int>(blocks), 1, 1, static_cast<unsigned int>(block_threads_), 1,
+                             1, 0, stream, params, nullptr);
     if (r != cu::kSuccess) {
-      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kRowsEntrySuffix[variant] + ", grid " +
-                                std::to_string(blocks) + ") failed: " + CuError(r));
+      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + suffix + ", grid " + std::to_string(blocks) +
+                                ") failed: " + CuError(r));
     }
     return {};
   }
@@ -773,9 +803,9 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::vector<int64_t> geo;
   size_t row_axes = 1, row_inner = 0;
   if (rule == "rows" && ReadInts(api, ctx, "row_geometry", &geo)) {
-    if ((geo.size() != 3 && geo.size() != 4) || geo[0] < 1 || (geo.size() == 4 && geo[3] < 0)) return;
+    if (geo.size() < 3 || geo.size() > 5 || geo[0] < 1 || (geo.size() >= 4 && geo[3] < 0)) return;
     row_axes = static_cast<size_t>(geo[0]);
-    row_inner = geo.size() == 4 ? static_cast<size_t>(geo[3]) : 0;
+    row_inner = geo.size() >= 4 ? static_cast<size_t>(geo[3]) : 0;
   }
 
   size_t n_in = 0;
