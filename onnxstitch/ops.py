@@ -415,7 +415,9 @@ template <typename T> __device__ __forceinline__ T stitch_abs(T x) { return x < 
 __device__ __forceinline__ unsigned int stitch_abs(unsigned int x) { return x; }
 __device__ __forceinline__ unsigned long long stitch_abs(unsigned long long x) { return x; }
 template <typename T> __device__ __forceinline__ T stitch_relu(T x) { return x < T(0) ? T(0) : x; }
-template <typename T> __device__ __forceinline__ T stitch_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
+// (zero and NaN return x itself; written without a `x < 0 ? -1 : x` select, which a compiler
+// may turn into a max that drops NaN)
+template <typename T> __device__ __forceinline__ T stitch_sign(T x) { return x == T(0) || x != x ? x : (x > T(0) ? T(1) : T(-1)); }
 template <typename T> __device__ __forceinline__ T stitch_div(T a, T b) { return a / b; }
 template <typename T> __device__ __forceinline__ T stitch_sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 template <typename T> __device__ __forceinline__ T stitch_softplus(T x) { return x > T(20) ? x : log1p(exp(x)); }

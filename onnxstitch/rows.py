@@ -87,10 +87,11 @@ def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
     # T <= 32: 4 warps of rows per block; T > 32: one row per block (the reduction uses the block).
     block = 128 if threads <= 32 else threads
     # The register path holds V floats per chunk for the whole row, and ptxas hoists every
-    # chunk's loads of each further per-element input (4 registers per 16-byte chunk); past
-    # the launch's register bound that spills, and the loop path (re-reading the row from L2)
-    # is the better deal.
-    fits = chunks <= MAX_CHUNKS and fits_registers(vec, chunks, block, 4 * chunks * max(0, inputs - 1))
+    # chunk's loads of each further per-element input (4 registers per 16-byte chunk, V once
+    # 2-byte elements are widened: 16 float16 inputs × 2 chunks spilled 340 bytes at 128
+    # threads); past the launch's register bound that spills, and the loop path (re-reading
+    # the row from L2) is the better deal.
+    fits = chunks <= MAX_CHUNKS and fits_registers(vec, chunks, block, max(4, vec) * chunks * max(0, inputs - 1))
     return RowGeometry(span, threads, block, chunks if fits else 0, vec)
 
 

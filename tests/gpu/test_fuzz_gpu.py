@@ -48,7 +48,15 @@ def test_fuzz_model_kernels_match_cpu(case: FuzzCase) -> None:
     dtypes = [np.dtype(onnx.helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)) for o in case.model.graph.output]
     like = [r.astype(d) for r, d in zip(ref, dtypes)]
     skip = _empty_reduction_quirks(stitched, feeds, like)
-    got = run_gpu(stitched, feeds, like)
+    try:
+        got = run_gpu(stitched, feeds, like)
+    except RuntimeError:
+        # A node left to ORT's CUDA EP that it cannot run (Gelu over a scalar): fine when the
+        # model as given fails there too.
+        with pytest.raises(RuntimeError):
+            run_gpu(case.model, feeds, like)
+        event("outcome: ORT's CUDA EP refuses the model")
+        return
     for k, (out, a, b) in enumerate(zip(case.model.graph.output, got, ref)):
         if k in skip:
             continue

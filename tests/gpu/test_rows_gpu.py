@@ -103,7 +103,9 @@ def test_group_norm_kernel_matches_float64_numpy(name, model, ref, dtype) -> Non
 
 SPLIT = [pytest.param(name, model, ref, dt, rows, cols, id=f"{name}-{rows}x{cols}-{TP.DataType.Name(dt).lower()}")
          for rows, cols, dt in [(3, 8192, TP.FLOAT), (3, 8192, TP.FLOAT16), (16, 65536, TP.FLOAT), (2, 400000, TP.FLOAT16)]
-         for name, model, ref in row_models(rows, cols, dtype=dt) if name != "ReduceProd"]
+         for name, model, ref in row_models(rows, cols, dtype=dt) if name != "ReduceProd"
+         # (float16 sums of 400 000 squares or magnitudes pass float16's range)
+         and not (dt == TP.FLOAT16 and name in ("ReduceL1", "ReduceSumSquare"))]
 
 
 @pytest.mark.parametrize("name,model,ref,dtype,rows,cols", SPLIT)

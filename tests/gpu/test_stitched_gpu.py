@@ -180,3 +180,24 @@ def test_division_by_a_constant_matches_float64_numpy(c: float, dtype: int) -> N
         np.testing.assert_array_equal(got, np.maximum(x / np.array(4, npd), 0))
     err = np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-300)
     assert err <= (1e-2 if dtype == TP.FLOAT16 else 1e-6), err
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+def test_sign_of_log_keeps_nan_and_infinities(dtype: int) -> None:
+    """Sign(Log(x)) over negative, zero, one and positive x: NaN stays NaN, -inf gives -1,
+    as numpy and ORT's CPU kernel (a GPU fuzz example once saw a NaN go missing)."""
+    h = onnx.helper
+    x = h.make_tensor_value_info("x", dtype, ["n"])
+    outs = [h.make_tensor_value_info(t, dtype, ["n"]) for t in ("l", "s")]
+    nodes = [h.make_node("Log", ["x"], ["l"]), h.make_node("Sign", ["l"], ["s"])]
+    model = h.make_model(h.make_graph(nodes, "g", [x], outs), opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+    res = onnxstitch.optimize(model, shapes={"n": [4096]}, verify=False)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+    npd = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(fresh_seed())
+    v = np.concatenate([rng.standard_normal(4093), [0.0, -0.0, 1.0]]).astype(npd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.sign(np.log(v.astype(np.float64)))
+    _, got = run_gpu(res.model, {"x": v}, [v, v])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)].astype(npd))
