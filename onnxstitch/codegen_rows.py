@@ -39,6 +39,8 @@ PREFETCH_REGISTERS = 64
 # and how many chunks it unrolls (LOOP_UNROLL × 8 registers of loads in flight per thread).
 LOOP_VECTOR_REGISTERS = 8
 LOOP_UNROLL, LOOP_UNROLL_INPUTS = 4, 4
+# Whether split rows (a cluster per row) load their next row ahead, as other row kernels do.
+SPLIT_PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -481,10 +483,8 @@ class _RowPrinter:
         see all their threads; a trip past the last row runs with an empty row. The register
         path holds the next row's loads in xr (issued during this row)."""
         held = self.cone_inputs([self.cached()]) if regs and self.cached() else []  # type: ignore[list-item]
-        if not self.prefetch_fits(held) or self.split:
-            # loaded when the row starts instead: no registers held across the row (a split
-            # row's blocks mostly take one row each; the registers would cost residency)
-            held = []
+        if not self.prefetch_fits(held) or (self.split and not SPLIT_PREFETCH):
+            held = []  # loaded when the row starts instead: no registers held across the row
         self.held = held
         start = self.first_row
         if held:

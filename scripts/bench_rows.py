@@ -174,18 +174,23 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
 
 
 def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
-                 threads: int | None = None, unsplit: bool = False) -> tuple[onnx.ModelProto, dict]:
+                 threads: int | None = None, unsplit: bool = False, split: tuple | None = None
+                 ) -> tuple[onnx.ModelProto, dict]:
     """The stitched model and its one rows kernel's time alone (threads per row forced when
-    given, as choose_geometry takes it; `unsplit`: one block per row, as before split rows)."""
+    given, as choose_geometry takes it; `unsplit`: one block per row, as before split rows;
+    `split`: (blocks per row, elements per thread, prefetch) forced for a split row)."""
     import cupy as cp
 
-    if unsplit:
-        original_split = rows_mod.split_factor
-        rows_mod.split_factor = lambda cols, n: 1
+    if unsplit or split:
+        saved = rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH
+        k, per_thread, prefetch = split or (1, saved[1], saved[2])
+        rows_mod.split_factor = lambda cols, n: k
+        rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH = per_thread, prefetch
         try:
-            res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
+            res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False,
+                                      archs=("sm_90",))
         finally:
-            rows_mod.split_factor = original_split
+            rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH = saved
     elif threads is None:
         res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
     else:  # a sweep: the planner's kernel regenerated with other threads per row
@@ -195,7 +200,8 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
             res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
         finally:
             codegen_rows.choose_geometry = original
-    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel" and
+             any(a.name == "shape_rule" and a.s == b"rows" for a in n.attribute)]
     if not fused:
         return res.model, {"kernels_stitched": 0}
     feeds = random_feeds(model, 0, dims)
@@ -251,13 +257,39 @@ def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, ite
     return row
 
 
+def split_sweep(out: Path, copy_gbs: float) -> int:
+    """Kernel time of few-long-rows cases under every split choice, unsplit included."""
+    cases = [(f"GroupNorm float {c}x{side}", group_norm(TP.FLOAT, c, side), {"batch": 2}) for c, side in
+             ((320, 64), (1280, 16), (320, 128))]
+    cases += [("GroupNorm float16 320x64", group_norm(TP.FLOAT16, 320, 64), {"batch": 2}),
+              ("Softmax logits float [8,50257]", logits_softmax(TP.FLOAT), {"batch": 8})]
+    results = []
+    for label, model, dims in cases:
+        choices = [None] + [(k, e, p) for k in (2, 4, 8) for e in (16, 32) for p in (True, False)]
+        for choice in choices:
+            try:
+                _, alone = kernel_alone(model, dims, copy_gbs, unsplit=choice is None, split=choice)
+            except Exception as e:  # a choice the kernel cannot take is reported, not fatal
+                alone = {"error": str(e)[:200]}
+            results.append({"case": label, "split": choice, **alone})
+            ms = alone.get("kernel_ms")
+            print(f"{label:32} {str(choice):20} " + (f"{ms * 1e3:8.2f} µs {alone['fraction_of_copy']:7.1%} "
+                                                      f"{alone['row_geometry']}" if ms else str(alone)[:120]))
+    out.write_text(json.dumps({"gpu": bench.gpu_name(), "copy_gbs": copy_gbs, "split_sweep": results}, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench_rows.json"))
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time every threads-per-row choice on BERT shapes")
+    ap.add_argument("--split-sweep", action="store_true",
+                    help="only time split rows under each blocks per row, elements per thread and prefetch choice")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth(B * HEADS * S * S * 4)
+    if args.split_sweep:
+        return split_sweep(args.out, copy_gbs)
     rows = []
     for dt in (TP.FLOAT, TP.FLOAT16):
         name = TP.DataType.Name(dt).lower()
