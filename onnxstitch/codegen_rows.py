@@ -39,8 +39,10 @@ PREFETCH_REGISTERS = 64
 # and how many chunks it unrolls (LOOP_UNROLL × 8 registers of loads in flight per thread).
 LOOP_VECTOR_REGISTERS = 8
 LOOP_UNROLL, LOOP_UNROLL_INPUTS = 4, 4
-# Whether split rows (a cluster per row) load their next row ahead, as other row kernels do.
-SPLIT_PREFETCH = True
+# Whether split rows (a cluster per row) load their next row ahead, as other row kernels do:
+# no — their clusters mostly take one row or two, prefetch measured the same within 3% on H200
+# (bench_rows.py --split-sweep), and its registers made 32-element slices spill.
+SPLIT_PREFETCH = False
 
 
 @dataclass(frozen=True)
@@ -708,8 +710,7 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
 {ARGS_STRUCT}
 {ROWS_PRELUDE}
 {ARG_PRELUDE if any(s.op in ops.ARG_REDUCERS for s in p.steps) else ""}
-{CLUSTER_PRELUDE if split > 1 else ""}
-template <typename I{", int KS" if split > 1 else ""}>
+{CLUSTER_PRELUDE if split > 1 else ""}template <typename I{", int KS" if split > 1 else ""}>
 __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {fast}  constexpr int T = {geo.threads}, NCH = {max(geo.chunks, 1)}, V = {geo.vec};
   (void)NCH;

@@ -120,19 +120,26 @@ COLUMN_BLOCK, COLUMN_CHUNKS = 256, 16
 
 # Split rows (FusionStitching's split reductions), for few long rows: on sm_90 a row belongs to
 # a thread-block cluster of `split` blocks, each holding a slice of it in registers; partial
-# reductions meet through distributed shared memory. Split when the rows alone would give fewer
-# than SPLIT_TARGET_BLOCKS blocks (a UNet group norm: 64 rows at batch 2, on 132 SMs), into up
-# to MAX_SPLIT blocks (the portable cluster size), each slice at least SPLIT_MIN_SLICE elements
-# (a cluster barrier per reduction is worth it only for a long slice).
-SPLIT_TARGET_BLOCKS, MAX_SPLIT, SPLIT_MIN_SLICE = 512, 8, 2048
-# Elements per thread of a slice: fewer, wider blocks than ELEMENTS_PER_THREAD would give, so
-# that rows × split blocks stay resident together (640-thread slices of float16 would not).
-SPLIT_ELEMENTS_PER_THREAD = 16
+# reductions meet through distributed shared memory. A row is split when one block cannot hold
+# it in registers and the rows give fewer than SPLIT_TARGET_BLOCKS blocks: then into enough
+# blocks for about SPLIT_TARGET_BLOCKS in all — one wave of large blocks — up to MAX_SPLIT (the
+# portable cluster size), each slice at least SPLIT_MIN_SLICE elements. Measured on H200
+# (bench_rows.py --split-sweep): a UNet group norm (64 rows of 40 960) is fastest split in 2
+# (12.4 µs against 15.2 unsplit; 22–29 µs in 4 or 8, more blocks than one wave), a vocabulary
+# softmax (8 rows of 50 257) in 8 (7.4 µs against 21.5); rows one block holds (64 of 10 240)
+# are fastest unsplit.
+SPLIT_TARGET_BLOCKS, MAX_SPLIT, SPLIT_MIN_SLICE = 128, 8, 4096
+# Elements per thread of a slice held in registers (fewer, wider blocks than
+# ELEMENTS_PER_THREAD: a 20 480-element slice of a group norm in 640 threads took 12.4 µs, in
+# 1024 threads — past their register bound, so the loop path — 13.9). Slices whose inputs
+# would not fit that way take the loop path with the unsplit rule's threads.
+SPLIT_ELEMENTS_PER_THREAD = 32
 
 
 def split_factor(cols: int, rows: int | None) -> int:
-    """Blocks per row (a power of two, 1 when the row is not split): enough for
-    SPLIT_TARGET_BLOCKS blocks in all, within MAX_SPLIT, each slice ≥ SPLIT_MIN_SLICE elements."""
+    """Blocks per row for rows too long for one block's registers (a power of two, 1 when
+    not split): about SPLIT_TARGET_BLOCKS blocks in all, within MAX_SPLIT, each slice ≥
+    SPLIT_MIN_SLICE elements."""
     if rows is None or rows <= 0 or rows >= SPLIT_TARGET_BLOCKS or cols < 2 * SPLIT_MIN_SLICE:
         return 1
     want = 1 << math.ceil(math.log2(SPLIT_TARGET_BLOCKS / rows))
@@ -197,12 +204,21 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     # (ArgMax/ArgMin carry positions across threads: not split)
     split = 1 if inner or threads or any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
         else split_factor(cols, rows)
+    if split > 1:  # only rows one block cannot hold in registers
+        whole = choose_geometry(cols, vec, span, None, rows, per_element)
+        split = split if whole.chunks == 0 or whole.capacity < cols else 1
     if inner:
         geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
     elif split > 1:
         piece = -(-cols // split)
         want = max(64, 32 * math.ceil(piece / SPLIT_ELEMENTS_PER_THREAD / 32))
-        geo = choose_geometry(piece, vec, span, min(1024, want), None, per_element)
+        # Every input that varies along the row counts (a LayerNorm's scale and bias too): at
+        # 32 elements per thread their hoisted loads spilled (float16 × 32768: 176 bytes).
+        varying = sum(any(d != 1 for d in ((1,) * len(shape) + tuple(graph.tensors[t].shape or ()))[-len(shape):][start:stop])
+                      for t in inputs)
+        geo = choose_geometry(piece, vec, span, min(1024, want), None, max(per_element, varying))
+        if not geo.chunks:  # a slice past the registers: the loop path, as an unsplit long row takes it
+            geo = choose_geometry(piece, vec, span, None, None, per_element)
     else:
         geo = choose_geometry(cols, vec, span, threads, rows, per_element)
     # A split kernel's one-block-per-row entry (GPUs without clusters) keeps the loop path.

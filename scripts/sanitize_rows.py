@@ -32,11 +32,11 @@ def cases():
             yield name, model, {"batch": [5]}, {"batch": 5}
     model, _ = dynamic_row_model(TP.FLOAT)
     yield "dynamic-loop-path", model, {"batch": [5]}, {"batch": 3, "cols": 40000}
-    for name, model, _ in row_models(3, 8192, dtype=TP.FLOAT):  # split rows: clusters of 4 blocks per row
+    for name, model, _ in row_models(3, 20000, dtype=TP.FLOAT):  # split rows: clusters of 4 blocks per row
         if name in ("Softmax", "LayerNormalization-bias"):
             yield f"split-{name}", model, {"batch": [3]}, {"batch": 7}
     model, _ = long_row_model(TP.FLOAT)
-    yield "split-loop-path", model, {"batch": [3], "cols": [8192]}, {"batch": 4, "cols": 30001}
+    yield "split-loop-path", model, {"batch": [3], "cols": [20000]}, {"batch": 4, "cols": 30001}
     for name, model, _ in group_norm_models(64, 8, (9, 11), TP.FLOAT16):  # a row over two axes, γ per element
         if name == "exported":
             yield f"group-norm-{name}", model, {"batch": [2]}, {"batch": 2}

@@ -180,14 +180,14 @@ def _splits(model, plan: dict) -> list[int]:
 
 
 SPLIT_ROWS = [pytest.param(name, model, ref, dt, id=f"{name}-{TP.DataType.Name(dt).lower()}")
-              for dt in (TP.FLOAT, TP.FLOAT16) for name, model, ref in row_models(3, 8192, dt)
-              if name != "ReduceProd"  # (a product of 8192 values leaves float range)
+              for dt in (TP.FLOAT, TP.FLOAT16) for name, model, ref in row_models(3, 20000, dt)
+              if name != "ReduceProd"  # (a product of 20 000 values leaves float range)
               and (dt == TP.FLOAT or name in ("Softmax", "LayerNormalization-bias", "RMSNorm", "ReduceMax"))]
 
 
 @pytest.mark.parametrize("name,model,ref,dtype", SPLIT_ROWS)
 def test_split_row_kernels(name, model, ref, dtype, folder) -> None:
-    """3 rows of 8192 planned: each row split across a cluster of 4 blocks, partial totals
+    """3 rows of 20 000 planned: each row split across a cluster of 4 blocks, partial totals
     combined through the cluster's shared memory; run at 5 rows on a grid of 3 clusters (rows
     grid-strided by cluster, the last trip partly empty)."""
     assert _splits(model, {"batch": [3]}) == [4], name
@@ -197,30 +197,30 @@ def test_split_row_kernels(name, model, ref, dtype, folder) -> None:
 @pytest.mark.parametrize("name", ["Softmax", "LayerNormalization-bias", "ReduceSum"])
 def test_split_row_kernels_without_clusters(name, folder) -> None:
     """The same kernels' entries for GPUs without clusters: one block walks the whole row."""
-    _, model, ref = next(c for c in row_models(3, 8192) if c[0] == name)
+    _, model, ref = next(c for c in row_models(3, 20000) if c[0] == name)
     _check(model, ref, TP.FLOAT, {"batch": [3]}, {"batch": 5}, folder, name, clusters=False)
 
 
-@pytest.mark.parametrize("cols", [3, 5000, 8192, 30001])
+@pytest.mark.parametrize("cols", [3, 5000, 20000, 30001])
 @pytest.mark.parametrize("clusters", [True, False], ids=["clusters", "one-block"])
 def test_split_rows_longer_or_shorter_than_planned(cols, clusters, folder) -> None:
-    """Planned at 8192 per row (split in 4), run shorter (blocks of the cluster without
+    """Planned at 20 000 per row (split in 4), run shorter (blocks of the cluster without
     elements) and longer (each block's slice past its registers: the loop path)."""
     model, ref = long_row_model()
-    plan = {"batch": [3], "cols": [8192]}
+    plan = {"batch": [3], "cols": [20000]}
     assert _splits(model, plan) == [4]
     _check(model, ref, TP.FLOAT, plan, {"batch": 4, "cols": cols}, folder, f"cols={cols}", clusters=clusters)
 
 
 def test_split_rows_through_the_64_bit_entry(folder) -> None:
     model, ref = long_row_model()
-    _check(model, ref, TP.FLOAT, {"batch": [3], "cols": [8192]}, {"batch": 4, "cols": 8192}, folder, "wide", wide=True)
+    _check(model, ref, TP.FLOAT, {"batch": [3], "cols": [20000]}, {"batch": 4, "cols": 20000}, folder, "wide", wide=True)
 
 
 @pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
 def test_split_group_norm_kernels(dtype, folder) -> None:
-    """A group norm of 8 rows of 16 384 (64 channels in 4 groups, 32 × 32): 8 blocks per row."""
-    name, model, ref = next(iter(group_norm_models(64, 4, (32, 32), dtype)))
+    """A group norm of 8 rows of 36 864 (64 channels in 4 groups, 48 × 48): 8 blocks per row."""
+    name, model, ref = next(iter(group_norm_models(64, 4, (48, 48), dtype)))
     assert _splits(model, {"batch": [2]}) == [8]
     _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)
 
