@@ -5,7 +5,7 @@
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 # The device tool brings back at most 8 files, so everything is packed into $OUT/bert.tar.gz.
-#   bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack]
+#   [BERT_NCU=0] bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack]
 # (elementwise: --no-reductions; nopack: --no-pack; reductions: the defaults)
 set -uo pipefail
 TOP=${OUT:-/tmp/onnxstitch-out}
@@ -38,7 +38,8 @@ row = "  ".join(f"{k}: {v['median_ms']:.3f} ms ({v['launches_per_run']:.0f} laun
 print(f"{sys.argv[2]:32} {row}  speedup {r['speedup']:.3f}")
 PY
     done
-    if [ $variant = reductions ] && command -v ncu >/dev/null; then  # GPU time per kernel (ncu replays each once)
+    # GPU time per kernel (ncu replays each once); BERT_NCU=0 skips it
+    if [ $variant = reductions ] && [ "${BERT_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
       for which in stock stitched; do
         path="$m"; [ $which = stitched ] && path="/tmp/bert-$dt-$variant.onnx"
         ncu --csv --clock-control none --metrics gpu__time_duration.sum \
