@@ -83,8 +83,7 @@ class _RowPrinter:
         run = tuple(shape[self.start:self.stop])
         self.ins: list[_Input] = []
         for idx, t in enumerate(inputs):
-            s = tuple(graph.tensors[t].shape or ())
-            tail = ((1,) * self.rank + s)[-self.rank:][self.start:self.stop]  # right-aligned, missing dims are 1
+            tail = rows.row_tail(tuple(graph.tensors[t].shape or ()), self.rank, self.start, self.stop)
             if all(d == 1 for d in tail):
                 access, level = "row", "row"
             else:

@@ -179,10 +179,41 @@ class RowPlan:
 
     @property
     def slice(self) -> int:
-        """Elements of the row each block of a split row takes (whole vectors; the row when
-        not split)."""
+        """Elements of the row each block of a split row takes (whole vectors, as the kernel
+        computes `Cs`; the row when not split)."""
+        if self.split == 1:
+            return self.cols
         vec = self.geometry.vec
-        return -(-(-(-self.cols // self.split)) // vec) * vec if self.split > 1 else self.cols
+        return -(-_ceil_div(self.cols, self.split) // vec) * vec
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_tail(shape: Shape | None, rank: int, start: int, stop: int) -> tuple:
+    """An input's dims along the row's axes [start, stop) of a rank-`rank` iteration space
+    (right-aligned as broadcasting aligns them; missing dims are 1, unknown rank all None)."""
+    aligned = (None,) * rank if shape is None else ((1,) * rank + tuple(shape))[-rank:]
+    return aligned[start:stop]
+
+
+def split_geometry(cols: int, rows: int | None, vec: int, span: int, per_element: int,
+                   varying: int) -> tuple[int, RowGeometry] | None:
+    """(blocks per row, a slice's geometry) when rows of `cols` elements are split, else None:
+    only rows one block cannot hold in registers (split_factor). A slice is held in registers at
+    SPLIT_ELEMENTS_PER_THREAD where its `varying` inputs (every input that varies along the row:
+    at 32 elements per thread a LayerNorm's scale and bias, hoisted, spilled 176 bytes in
+    float16 × 32768) fit the register bound, else walked by the loop path at the unsplit rule's
+    threads."""
+    split = split_factor(cols, rows)
+    whole = choose_geometry(cols, vec, span, None, rows, per_element) if split > 1 else None
+    if whole is None or (whole.chunks and whole.capacity >= cols):
+        return None
+    piece = _ceil_div(cols, split)
+    want = max(64, 32 * _ceil_div(_ceil_div(piece, SPLIT_ELEMENTS_PER_THREAD), 32))
+    geo = choose_geometry(piece, vec, span, min(1024, want), None, max(per_element, varying))
+    return split, geo if geo.chunks else choose_geometry(piece, vec, span, None, None, per_element)
 
 
 def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], threads: int | None = None) -> RowPlan:
@@ -201,24 +232,15 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     rows = TensorInfo("rows", TP.FLOAT, reduced_shape(tuple(shape), start, stop, False)).numel(graph.dim_values)
     per_element = sum(graph.tensors[t].shape == shape for t in inputs)
     vec = max(1, 16 // widest)
-    # (ArgMax/ArgMin carry positions across threads: not split)
-    split = 1 if inner or threads or any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
-        else split_factor(cols, rows)
-    if split > 1:  # only rows one block cannot hold in registers
-        whole = choose_geometry(cols, vec, span, None, rows, per_element)
-        split = split if whole.chunks == 0 or whole.capacity < cols else 1
+    varying = sum(any(d != 1 for d in row_tail(graph.tensors[t].shape, len(shape), start, stop)) for t in inputs)
+    # (columns and ArgMax/ArgMin, which carries positions across threads, are not split)
+    splits = None if inner or threads or any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
+        else split_geometry(cols, rows, vec, span, per_element, varying)
+    split = splits[0] if splits else 1
     if inner:
         geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
-    elif split > 1:
-        piece = -(-cols // split)
-        want = max(64, 32 * math.ceil(piece / SPLIT_ELEMENTS_PER_THREAD / 32))
-        # Every input that varies along the row counts (a LayerNorm's scale and bias too): at
-        # 32 elements per thread their hoisted loads spilled (float16 × 32768: 176 bytes).
-        varying = sum(any(d != 1 for d in ((1,) * len(shape) + tuple(graph.tensors[t].shape or ()))[-len(shape):][start:stop])
-                      for t in inputs)
-        geo = choose_geometry(piece, vec, span, min(1024, want), None, max(per_element, varying))
-        if not geo.chunks:  # a slice past the registers: the loop path, as an unsplit long row takes it
-            geo = choose_geometry(piece, vec, span, None, None, per_element)
+    elif splits:
+        geo = splits[1]
     else:
         geo = choose_geometry(cols, vec, span, threads, rows, per_element)
     # A split kernel's one-block-per-row entry (GPUs without clusters) keeps the loop path.

@@ -683,7 +683,11 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
       // grid-strided by cluster; a grid of whole clusters, at most one wave.
       const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
       const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
-      blocks = clusters * row_split_, fn = l->cluster[variant], suffix = kClusterEntrySuffix[variant];
+      r = driver_.LaunchKernel(l->cluster[variant], static_cast<unsigned int>(clusters * row_split_), 1, 1,
+                               static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
+      // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
+      // the one-block-per-row entry computes the same rows.
+      if (r == cu::kSuccess) return {};
     }
     r = driver_.LaunchKernel(fn, static_cast<unsigned int>(blocks), 1, 1, static_cast<unsigned int>(block_threads_), 1,
                              1, 0, stream, params, nullptr);
