@@ -194,12 +194,14 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
     elif threads is None:
         res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
     else:  # a sweep: the planner's kernel regenerated with other threads per row
-        original = codegen_rows.choose_geometry
-        codegen_rows.choose_geometry = lambda cols, vec, span, _t=None, _r=None: original(cols, vec, span, threads)
+        # (rows.row_plan looks choose_geometry up in its module at each call)
+        original = rows_mod.choose_geometry
+        rows_mod.choose_geometry = lambda cols, vec, span, _t=None, n=None, inputs=1: original(cols, vec, span, threads,
+                                                                                               n, inputs)
         try:
             res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
         finally:
-            codegen_rows.choose_geometry = original
+            rows_mod.choose_geometry = original
     fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel" and
              any(a.name == "shape_rule" and a.s == b"rows" for a in n.attribute)]
     if not fused:
