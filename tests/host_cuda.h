@@ -44,7 +44,8 @@ struct Block {
   std::barrier<> sync;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<std::array<unsigned long long, 32>> slots;
-  // Shared memory: one zeroed allocation per declaration (its id), made by the first thread there.
+  // Shared memory: one allocation per declaration (its id), made by the first thread there,
+  // poisoned (all bits set: NaN in floats, -1 in integers) as a kernel must write before it reads.
   std::mutex m;
   std::map<int, std::pair<std::unique_ptr<unsigned char[]>, size_t>> shared;
   unsigned rank = 0;
@@ -53,7 +54,10 @@ struct Block {
   unsigned char* storage(int id, size_t bytes) {
     std::lock_guard<std::mutex> lock(m);
     auto& e = shared[id];
-    if (!e.first) e = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]()), bytes};
+    if (!e.first) {
+      e = {std::unique_ptr<unsigned char[]>(new unsigned char[bytes]), bytes};
+      std::memset(e.first.get(), 0xff, bytes);
+    }
     return e.first.get();
   }
 };
