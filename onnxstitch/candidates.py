@@ -207,10 +207,12 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
     start, stop = runs.pop()
     cols = TensorInfo("row", 1, st.shape[start:stop]).numel(graph.dim_values) or 0
     rows = TensorInfo("rows", 1, reduced_shape(st.shape, start, stop, False)).numel(graph.dim_values) or 0
-    trailing = stop == len(st.shape) and not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in reducers)
-    if cols > LONG_ROW and rows < FEW_ROWS and not (trailing and rows_mod.split_factor(cols, rows) > 1):
+    splits = graph.clusters and stop == len(st.shape) and \
+        not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in reducers) and rows_mod.split_factor(cols, rows) > 1
+    if cols > LONG_ROW and rows < FEW_ROWS and not splits:
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
-                f"(only trailing rows without ArgMax/ArgMin are split across blocks)")
+                f"(rows split across blocks only on GPUs with thread-block clusters, sm_90 on, "
+                f"and only trailing rows without ArgMax/ArgMin)")
     return None
 
 

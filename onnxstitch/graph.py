@@ -55,6 +55,9 @@ class FusionGraph:
     constants: Mapping[str, onnx.TensorProto]
     dim_values: Mapping[str, int] = field(default_factory=dict)
     opset: int = 17  # the model's ai.onnx opset (row ops' default axes depend on it)
+    # Whether the target GPUs have thread-block clusters (an sm_90+ arch among the targets):
+    # then few long rows are split across blocks (rows.split_geometry).
+    clusters: bool = True
 
     @cached_property
     def producer(self) -> dict[str, int]:
@@ -283,9 +286,10 @@ REDUCTIONS_OFF = "row reductions are turned off (--no-reductions)"
 
 
 def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
-          dim_values: Mapping[str, int] | None = None, reductions: bool = True) -> FusionGraph:
+          dim_values: Mapping[str, int] | None = None, reductions: bool = True, clusters: bool = True) -> FusionGraph:
     """The FusionGraph of an (inferred) model's main graph. Every node is refused fusion when
-    the model's opset is outside the supported range; REDUCE-kind nodes unless `reductions`."""
+    the model's opset is outside the supported range; REDUCE-kind nodes unless `reductions`.
+    `clusters`: the target GPUs have thread-block clusters (sm_90 on)."""
     g = model.graph
     refusal = opset_refusal(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
@@ -312,7 +316,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
-                       constants, dict(dim_values or {}), opset)
+                       constants, dict(dim_values or {}), opset, clusters)
 
 
 def constant_value(graph: FusionGraph, tensor: str) -> object:

@@ -117,7 +117,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     if refusal is None and reductions:
         normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
         m, infos = normal.model, normal.tensors
-    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions))
+    # Split rows need thread-block clusters: plan them only when an sm_90+ image is built.
+    clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
+    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions, clusters))
     cost = cost or CostModel()
     plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
     if pack:

@@ -234,7 +234,8 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     vec = max(1, 16 // widest)
     varying = sum(any(d != 1 for d in row_tail(graph.tensors[t].shape, len(shape), start, stop)) for t in inputs)
     # (columns and ArgMax/ArgMin, which carries positions across threads, are not split)
-    splits = None if inner or threads or any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
+    splits = None if inner or threads or not graph.clusters or \
+        any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
         else split_geometry(cols, rows, vec, span, per_element, varying)
     split = splits[0] if splits else 1
     if inner:

@@ -230,3 +230,19 @@ def test_long_few_rows_are_refused_only_where_they_cannot_split() -> None:
         assert "FusedKernel" not in [n.op_type for n in res.model.graph.node]
         why = " ".join(r.reason for r in res.report.plan.rejections)
         assert "too few, too long rows" in why and "split" in why, why
+
+
+def test_rows_split_only_when_an_image_for_clusters_is_built() -> None:
+    """Built for sm_80 only, few long rows are not split (one block per row, as that GPU runs
+    them), and rows past the long-row bound are left to ONNX Runtime with the reason."""
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[16, 65536] x) => (float[16, 65536] y) { a = Exp(x)  y = Softmax<axis = -1>(a) }""")
+    res = onnxstitch.optimize(model, archs=("sm_80",), verify=False)
+    geometries = [list(a.ints) for n in res.model.graph.node for a in n.attribute if a.name == "row_geometry"]
+    assert geometries and all(len(g) < 5 for g in geometries), geometries
+    assert not any("blocks_per_row" in k for k in res.report.to_json()["kernels"])
+    longer = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[16, 131072] x) => (float[16, 131072] y) { a = Exp(x)  y = Softmax<axis = -1>(a) }""")
+    res = onnxstitch.optimize(longer, archs=("sm_80",), verify=False)
+    assert "FusedKernel" not in [n.op_type for n in res.model.graph.node]
+    assert "thread-block clusters" in " ".join(r.reason for r in res.report.plan.rejections)
