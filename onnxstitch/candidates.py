@@ -38,7 +38,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from . import ops, rows as rows_mod, views
+from . import rows as rows_mod, views
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
@@ -207,8 +207,7 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
     start, stop = runs.pop()
     cols = TensorInfo("row", 1, st.shape[start:stop]).numel(graph.dim_values) or 0
     rows = TensorInfo("rows", 1, reduced_shape(st.shape, start, stop, False)).numel(graph.dim_values) or 0
-    splits = graph.clusters and stop == len(st.shape) and \
-        not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in reducers) and rows_mod.split_factor(cols, rows) > 1
+    splits = rows_mod.splittable(graph, reducers, stop == len(st.shape)) and rows_mod.split_factor(cols, rows) > 1
     if cols > LONG_ROW and rows < FEW_ROWS and not splits:
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
                 f"(rows split across blocks only on GPUs with thread-block clusters, sm_90 on, "

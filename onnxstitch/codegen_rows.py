@@ -146,8 +146,7 @@ class _RowPrinter:
         remainder (c is within the row), and dims fixed in the model as constants, so the
         divisions fold into shifts or multiplies (a group norm's γ [G, C/G, 1] over rows
         [C/G, H·W]: one shift per element instead of two divisions and two remainders)."""
-        shape = self.g.tensors[x.name].shape
-        aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
+        aligned = rows.aligned(self.g.tensors[x.name].shape, self.rank)
         dim = self.dim
         terms = []
         for d in range(self.start, self.stop):
@@ -455,9 +454,7 @@ class _RowPrinter:
         axes = [d for d in range(self.rank) if not self.start <= d < self.stop]
         varying: dict[int, list[int]] = {}
         for k in bcast:
-            shape = self.g.tensors[self.ins[k].name].shape
-            # unknown rank: every axis may vary
-            aligned = (None,) * self.rank if shape is None else (1,) * (self.rank - len(shape)) + tuple(shape)
+            aligned = rows.aligned(self.g.tensors[self.ins[k].name].shape, self.rank)
             for d in axes:
                 if aligned[d] != 1:
                     varying.setdefault(d, []).append(k)

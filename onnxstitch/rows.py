@@ -191,24 +191,33 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def aligned(shape: Shape | None, rank: int) -> tuple:
+    """An input's dims against a rank-`rank` iteration space, right-aligned as broadcasting
+    aligns them: missing dims are 1; an unknown rank gives None everywhere (any axis may vary)."""
+    return (None,) * rank if shape is None else (1,) * (rank - len(shape)) + tuple(shape)
+
+
 def row_tail(shape: Shape | None, rank: int, start: int, stop: int) -> tuple:
-    """An input's dims along the row's axes [start, stop) of a rank-`rank` iteration space
-    (right-aligned as broadcasting aligns them; missing dims are 1, unknown rank all None)."""
-    aligned = (None,) * rank if shape is None else ((1,) * rank + tuple(shape))[-rank:]
-    return aligned[start:stop]
+    """An input's dims along the row's axes [start, stop) of a rank-`rank` iteration space."""
+    return aligned(shape, rank)[start:stop]
 
 
-def split_geometry(cols: int, rows: int | None, vec: int, span: int, per_element: int,
+def splittable(graph: FusionGraph, nodes: Iterable[int], trailing: bool) -> bool:
+    """Whether a row group may be split across blocks: the targets have thread-block clusters,
+    its row is trailing (columns are not split) and no ArgMax/ArgMin carries positions."""
+    return graph.clusters and trailing and not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in nodes)
+
+
+def split_geometry(whole: RowGeometry, cols: int, rows: int | None, vec: int, span: int, per_element: int,
                    varying: int) -> tuple[int, RowGeometry] | None:
     """(blocks per row, a slice's geometry) when rows of `cols` elements are split, else None:
-    only rows one block cannot hold in registers (split_factor). A slice is held in registers at
-    SPLIT_ELEMENTS_PER_THREAD where its `varying` inputs (every input that varies along the row:
-    at 32 elements per thread a LayerNorm's scale and bias, hoisted, spilled 176 bytes in
-    float16 × 32768) fit the register bound, else walked by the loop path at the unsplit rule's
-    threads."""
+    only rows one block cannot hold in registers (`whole`, the unsplit geometry; split_factor).
+    A slice is held in registers at SPLIT_ELEMENTS_PER_THREAD where its `varying` inputs (every
+    input that varies along the row: at 32 elements per thread a LayerNorm's scale and bias,
+    hoisted, spilled 176 bytes in float16 × 32768) fit the register bound, else walked by the
+    loop path at the unsplit rule's threads."""
     split = split_factor(cols, rows)
-    whole = choose_geometry(cols, vec, span, None, rows, per_element) if split > 1 else None
-    if whole is None or (whole.chunks and whole.capacity >= cols):
+    if split == 1 or (whole.chunks and whole.capacity >= cols):
         return None
     piece = _ceil_div(cols, split)
     want = max(64, 32 * _ceil_div(_ceil_div(piece, SPLIT_ELEMENTS_PER_THREAD), 32))
@@ -233,17 +242,14 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     per_element = sum(graph.tensors[t].shape == shape for t in inputs)
     vec = max(1, 16 // widest)
     varying = sum(any(d != 1 for d in row_tail(graph.tensors[t].shape, len(shape), start, stop)) for t in inputs)
-    # (columns and ArgMax/ArgMin, which carries positions across threads, are not split)
-    splits = None if inner or threads or not graph.clusters or \
-        any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in members) \
-        else split_geometry(cols, rows, vec, span, per_element, varying)
-    split = splits[0] if splits else 1
     if inner:
         geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
-    elif splits:
-        geo = splits[1]
     else:
         geo = choose_geometry(cols, vec, span, threads, rows, per_element)
+    # (a forced threads per row is a benchmark's sweep of the unsplit geometry)
+    splits = split_geometry(geo, cols, rows, vec, span, per_element, varying) \
+        if threads is None and splittable(graph, members, not inner) else None
+    split, geo = splits if splits else (1, geo)
     # A split kernel's one-block-per-row entry (GPUs without clusters) keeps the loop path.
     static = split == 1 and all(isinstance(d, int) for d in run) and math.prod(run) <= geo.capacity  # type: ignore[arg-type]
     return RowPlan(tuple(shape), span, cols, rows, geo, static, inner, split)
