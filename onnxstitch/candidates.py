@@ -20,7 +20,10 @@ business (plan.py). A node set is legal when
    member's output to a group output, at most one Transpose per chain, never after a
    reduction, and a chain that only reshapes is refused (ORT relabels it without a kernel);
    each chain must fold into the kernel's stores (views.py). Expand is broadcasting: rule 4
-   already refuses one that widens beyond every input.
+   already refuses one that widens beyond every input;
+8. Slice/Split (with constant parameters, slices.py) appear only at the inputs of elementwise
+   kernels: their input comes from outside the group and all their outputs are read inside,
+   where the kernel reads each as a box of that input.
 
 Internal nodes of a smaller shape are fine: they are recomputed per element.
 
@@ -155,6 +158,13 @@ class _State:
         """This set plus node `v`, boundary updated from `v`'s tensors only."""
         node = graph.nodes[v]
         mask = self.mask | (1 << v)
+        members = tuple(sorted(self.members + (v,)))
+        shape = None if self.shape is None else broadcast_shapes([self.shape] + graph.node_space(v))
+        if any(graph.nodes[i].kind == OpKind.SLICE for i in members):
+            # A member Slice/Split's outputs are inputs (boxes) while read inside: the
+            # incremental rule below does not hold, so the boundary is taken afresh.
+            ins, outs = graph.boundary(frozenset(members))
+            return _State(mask, members, self.desc | reach.desc[v], self.anc | reach.anc[v], shape, ins, outs)
         produced = set(node.outputs)
         # Tensors `v` produces are no longer read from outside.
         ins = [t for t in self.ins if t not in produced]
@@ -166,8 +176,6 @@ class _State:
         # An output `v` reads may now be needed only inside.
         outs = [t for t in self.outs if t not in consumed or _escapes(graph, t, mask)]
         outs += [t for t in node.outputs if t and _escapes(graph, t, mask)]
-        shape = None if self.shape is None else broadcast_shapes([self.shape] + graph.node_space(v))
-        members = tuple(sorted(self.members + (v,)))
         return _State(mask, members, self.desc | reach.desc[v], self.anc | reach.anc[v], shape,
                       tuple(ins), tuple(outs))
 
@@ -240,12 +248,36 @@ def _layout_verdict(graph: FusionGraph, st: _State, layout: list[int], reducers:
     return None
 
 
+def _slice_verdict(graph: FusionGraph, st: _State, slicers: list[int], reducers: list[int]) -> str | None:
+    """Rules of Slice/Split members (slices.py): the kernel reads their outputs as boxes of
+    an input, so that input comes from outside and every output they make is read inside."""
+    for i in slicers:
+        n = graph.nodes[i]
+        if reducers:
+            return (f"{n.label} feeds a row kernel: Slice/Split fold only into elementwise kernels "
+                    f"(row kernels index their inputs by their static shapes)")
+        if graph.producer.get(n.inputs[0]) in st.mask_set:
+            return (f"{n.label} slices '{n.inputs[0]}', computed inside the group: a kernel reads boxes of "
+                    f"its inputs only")
+        for t in n.outputs:
+            if t in st.outs:
+                return (f"'{t}' of {n.label} is needed outside the group: the kernel reads that box of "
+                        f"'{n.inputs[0]}' and does not write it")
+    return None
+
+
 def _verdict(graph: FusionGraph, st: _State) -> str | None:
     """Rules 3–5 of the design note on a connected set of fusible nodes."""
     between = st.desc & st.anc & ~st.mask
     if between:
         return (f"not convex: a path leaves the group through {_labels(graph, iter_bits(between))} "
                 f"and comes back, so fusing would create a cycle")
+    slicers = [i for i in st.members if graph.nodes[i].kind == OpKind.SLICE]
+    if slicers:  # before the shape: a slice of a value computed inside has a different one
+        reducers = [i for i in st.members if graph.nodes[i].kind == OpKind.REDUCE]
+        reason = _slice_verdict(graph, st, slicers, reducers)
+        if reason:
+            return reason
     if st.shape is None:
         shapes = sorted({fmt(s) for i in st.members for s in graph.node_space(i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
@@ -366,6 +398,12 @@ def _forced(graph: FusionGraph, st: _State, free: set[int]) -> list[int]:
         return []
     need: list[int] = []
     for t in st.outs:
+        if graph.nodes[graph.producer[t]].kind == OpKind.SLICE:
+            # A box the kernel reads: whoever else reads it must join.
+            need += [c for c in graph.consumers.get(t, ()) if not (st.mask >> c) & 1]
+            if t in graph.graph_outputs:
+                return []
+            continue
         if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:
             # A layout tail may become foldable once the chain reaches its Transpose.
             need += [c for c in graph.consumers.get(t, ())

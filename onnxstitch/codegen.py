@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from onnx import TensorProto as TP
 
-from . import codegen_views, ops, views
+from . import codegen_views, ops, slices, views
 from .codegen_index import decompose
 from .graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, constant_value
 from .shapes import dtype_size
@@ -54,6 +54,14 @@ class KernelSource:
     output_views: tuple[int, ...] = ()  # broadcast only: views.encode_all, empty when no view
     row_inner: int = 0  # rows only: axes after the row's (0: trailing rows; else columns)
     row_split: int = 1  # rows only: blocks per row on GPUs with clusters (entries *_cl, docs/abi.md)
+    # Per input: the box of its source it reads (a folded Slice/Split, slices.py), None when whole.
+    input_boxes: tuple[slices.Box | None, ...] = ()
+
+    @property
+    def bound_inputs(self) -> tuple[str, ...]:
+        """The tensors the fused node takes: a boxed input's source in its place."""
+        boxes = self.input_boxes or (None,) * len(self.inputs)
+        return tuple(b.source if b is not None else t for t, b in zip(self.inputs, boxes))
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -161,6 +169,8 @@ class _Printer:
             if s.kind == ops.OpKind.INJECTIVE:
                 self.var[n.outputs[0]] = self.var[n.inputs[0]]  # same values, stored through a view
                 continue
+            if s.kind == ops.OpKind.SLICE:
+                continue  # its outputs are inputs, read through boxes
             assert s.printer is not None, n.label
             args = [self.operand(t) for t in n.inputs]
             for t in n.outputs:
@@ -219,7 +229,8 @@ def vectored_inputs(pats: Patterns, rank: int) -> frozenset[int]:
 
 
 def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns,
-                     shape: tuple, vectored: frozenset[int] = frozenset()) -> tuple[str, str, str]:
+                     shape: tuple, vectored: frozenset[int] = frozenset(),
+                     boxed: frozenset[int] = frozenset()) -> tuple[str, str, str]:
     """Index code for the BROADCAST inputs of `pats` (block_patterns): (per thread, per vector,
     per element).
 
@@ -228,7 +239,9 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
     and the rest step by the innermost stride. Inputs with a block pattern whose strides are
     the contiguous ones (checked once per thread) skip the decomposition. Otherwise every
     element is decomposed over all axes. `vectored` inputs (vectored_inputs) are gathered
-    per vector into bv{k}: one vector load when the launch allows it, else element by element."""
+    per vector into bv{k}: one vector load when the launch allows it, else element by element.
+    `boxed` inputs (boxes of a wider source, slices.py) also load whole vectors where the
+    source's strides keep them contiguous."""
     bcast = list(pats)
     if not bcast:
         return "", "", ""
@@ -247,7 +260,15 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
                      f"else pat{k} = pat{k} && (st == 0 || n == 1); }}")
     for k in sorted(vectored):
         st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
-        setup.append(f"  const bool bw{k} = runs && pat{k} && "
+        whole = f"pat{k}"
+        if k in boxed:
+            # A box of a wider input: whole vectors in memory when the innermost stride is 1
+            # and every other stride a multiple of V (the source's row pitch).
+            setup.append(f"  bool bs{k} = (I)a.strides[{k}][{rank - 1}] == 1;")
+            setup.append("#pragma unroll")
+            setup.append(f"  for (int d = 0; d < {rank - 1}; ++d) bs{k} = bs{k} && (I)a.strides[{k}][d] % V == 0;")
+            whole = f"(pat{k} || bs{k})"
+        setup.append(f"  const bool bw{k} = runs && {whole} && "
                      f"reinterpret_cast<unsigned long long>(a.in[{k}]) % (V * sizeof({st})) == 0;")
     general = [k for k in bcast if pats[k] is None]
     need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None])
@@ -294,7 +315,10 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     inputs, outputs = graph.boundary(frozenset(nodes))
     shape = graph.iteration_shape(frozenset(nodes))
     assert shape is not None, f"group {name}: iteration shape must be known"
-    kinds = tuple(FULL if graph.tensors[t].shape == shape else BROADCAST for t in inputs)
+    # A boxed input is strided (its source's row pitch), whatever its shape.
+    boxes = tuple(graph.boxes.get(t) if graph.producer.get(t) in nodes else None for t in inputs)
+    kinds = tuple(FULL if graph.tensors[t].shape == shape and b is None else BROADCAST
+                  for t, b in zip(inputs, boxes))
     full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
     vw = vec_width(graph, full)
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
@@ -326,7 +350,8 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     store = {k: view_stores.get(k, f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};")
              for k, t in enumerate(outputs)}
     stores = "\n".join(store.values())
-    setup, per_vector, index = _broadcast_index(graph, inputs, pats, shape, vectored)
+    setup, per_vector, index = _broadcast_index(graph, inputs, pats, shape, vectored,
+                                                frozenset(k for k, b in enumerate(boxes) if b is not None))
     elements = f"""{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
@@ -363,4 +388,5 @@ extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a)
 """
     return KernelSource(name, src, vw, inputs, outputs, kinds,
                         tuple(graph.tensors[t].dtype for t in outputs),
-                        output_views=tuple(views.encode_all(out_views)) if any(out_views) else ())
+                        output_views=tuple(views.encode_all(out_views)) if any(out_views) else (),
+                        input_boxes=boxes if any(boxes) else ())

@@ -11,7 +11,7 @@ from typing import Mapping
 import onnx
 from onnx import numpy_helper
 
-from . import channel_params, ops
+from . import channel_params, ops, slices
 from .shapes import Shape, TensorInfo, broadcast_shapes
 
 # Kernel ABI limits (docs/abi.md).
@@ -58,6 +58,8 @@ class FusionGraph:
     # Whether the target GPUs have thread-block clusters (an sm_90+ arch among the targets):
     # then few long rows are split across blocks (rows.split_geometry).
     clusters: bool = True
+    # Outputs of foldable Slice/Split nodes: the box of their input each one is (slices.py).
+    boxes: Mapping[str, slices.Box] = field(default_factory=dict)
 
     @cached_property
     def producer(self) -> dict[str, int]:
@@ -105,12 +107,16 @@ class FusionGraph:
 
     def boundary(self, group: frozenset[int] | set[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(inputs, outputs) of a node set: tensors read from outside (baked scalars excluded)
-        and tensors used outside or leaving the graph, each in first-use order."""
+        and tensors used outside or leaving the graph, each in first-use order. A member
+        Slice/Split contributes its outputs read inside as inputs: the kernel reads them as
+        boxes of the node's input (slices.py), which is not an input itself."""
         ins: dict[str, None] = {}
         outs: dict[str, None] = {}
         for i in sorted(group):
             n = self.nodes[i]
-            for t in n.inputs:
+            if n.kind == ops.OpKind.SLICE:
+                ins.update((t, None) for t in n.outputs if t and any(c in group for c in self.consumers.get(t, ())))
+            for t in () if n.kind == ops.OpKind.SLICE else n.inputs:
                 if t and self.producer.get(t) not in group and not self.is_baked(t):
                     ins[t] = None
             for t in n.outputs:
@@ -297,12 +303,19 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     constants = {i.name: i for i in g.initializer if i.name not in input_names}
     infos = dict(tensors)
     nodes = []
+    boxes: dict[str, slices.Box] = {}
     for idx, n in enumerate(g.node):
         attrs = _attrs(n)
         implicit = tuple(t for t in implicit_inputs(n) if t not in n.input)
         kind = ops.spec(n.op_type, n.domain).kind
         off = REDUCTIONS_OFF if kind == ops.OpKind.REDUCE and not reductions else None
         inputs, reason = tuple(n.input), refusal or off or _node_reason(n, tensors, attrs, constants, opset)
+        if kind == ops.OpKind.SLICE and reason is None:
+            cut = slices.boxes(n, attrs, tensors, constants)
+            if isinstance(cut, str):
+                reason = cut
+            else:
+                boxes.update((b.tensor, b) for b in cut)
         if n.op_type in channel_params.OPS and n.domain in ("", "ai.onnx") and reason is None:
             folded = channel_params.fold(n, attrs, tensors, constants)
             reason = folded.reason
@@ -316,7 +329,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
-                       constants, dict(dim_values or {}), opset, clusters)
+                       constants, dict(dim_values or {}), opset, clusters, boxes)
 
 
 def constant_value(graph: FusionGraph, tensor: str) -> object:

@@ -8,7 +8,8 @@ keepdims either way) and are stitched with the
 elementwise work around them (codegen_rows); each names its reducer in REDUCERS or its
 expansion there. INJECTIVE ops here are the layout ops (LAYOUT): they join a group only as
 a tail on one of its outputs, which the kernel then writes reshaped and transposed
-(views.py). OPAQUE ops stay as ONNX Runtime runs them.
+(views.py). SLICE ops (Slice, Split) join only at a group's inputs: the kernel reads their
+outputs as boxes of their input (slices.py). OPAQUE ops stay as ONNX Runtime runs them.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class OpKind(IntEnum):
     INJECTIVE = 2
     REDUCE = 3
     OPAQUE = 4
+    SLICE = 5  # Slice/Split: read as boxes of their input by the kernel (slices.py); not in the lattice
 
 
 FLOATS = frozenset({TP.FLOAT, TP.FLOAT16, TP.BFLOAT16, TP.DOUBLE})
@@ -230,7 +232,7 @@ class OpSpec:
 
     @property
     def fusible(self) -> bool:
-        return self.printer is not None or self.kind in (OpKind.REDUCE, OpKind.INJECTIVE)
+        return self.printer is not None or self.kind in (OpKind.REDUCE, OpKind.INJECTIVE, OpKind.SLICE)
 
 
 def _ew(printer: Printer, dtypes: frozenset[int] = NUMERIC) -> OpSpec:
@@ -346,8 +348,12 @@ LAYOUT = RESHAPES | {"Transpose"}
 for _op in LAYOUT:
     TABLE[_op] = OpSpec(OpKind.INJECTIVE, ALL, None)
 
+# Slice/Split: the kernel reads boxes of their input (slices.py).
+for _op in ("Slice", "Split"):
+    TABLE[_op] = OpSpec(OpKind.SLICE, ALL, None)
+
 # Ops whose inputs after the first are shapes or axes, not data: the kernel reads none of them.
-SHAPE_INPUTS = LAYOUT | {"Expand"}
+SHAPE_INPUTS = LAYOUT | {"Expand", "Slice", "Split"}
 
 
 def data_inputs(op_type: str, domain: str, inputs: Sequence[str]) -> Sequence[str]:

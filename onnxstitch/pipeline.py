@@ -169,6 +169,9 @@ def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> 
     out = {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
     if src.output_views:
         out["views"] = views.describe(views.group_views(g, frozenset(grp.nodes), src.outputs))
+    if src.input_boxes:
+        out["boxes"] = [{"input": b.tensor, "source": b.source, "axis": b.axis, "start": b.start, "stop": b.stop}
+                        for b in src.input_boxes if b is not None]
     return out
 
 

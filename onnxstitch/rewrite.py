@@ -12,14 +12,15 @@ import onnx
 from onnx import helper
 
 from .compile import CompiledKernel
-from . import ops, views
+from . import ops, slices, views
 from .graph import FusionGraph, implicit_inputs
 
 DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
-                "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views")
+                "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
+                "input_boxes")
 
 
 def arch_number(arch: str) -> int:
@@ -39,7 +40,7 @@ class FusedGroup:
 def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     k = group.kernel
     node = helper.make_node(
-        OP_TYPE, list(k.source.inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
+        OP_TYPE, list(k.source.bound_inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
         # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob
         # split by image_sizes (docs/abi.md).
         kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
@@ -58,6 +59,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
             + ([k.source.row_split] if k.source.row_split > 1 else [])))
     if k.source.output_views:
         node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
+    if k.source.input_boxes:
+        node.attribute.append(helper.make_attribute("input_boxes", slices.encode_all(k.source.input_boxes)))
     node.overload = group.name
     return node
 
@@ -70,12 +73,17 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # [C] parameters that channel_params replaced by [C, 1, …] inputs. Function bodies cannot
     # see graph initializers.
     inits = {i.name: i for i in model.graph.initializer}
-    computes = [i for i in group.nodes if graph.nodes[i].kind != ops.OpKind.INJECTIVE]
+    computes = [i for i in group.nodes if graph.nodes[i].kind not in (ops.OpKind.INJECTIVE, ops.OpKind.SLICE)]
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
     read = [t for i in computes for n in [model.graph.node[i]] for t in ops.data_inputs(n.op_type, n.domain, n.input)]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))
+    # Boxed inputs (folded Slice/Split): the function receives their sources and slices them.
+    boxes = src.input_boxes or (None,) * len(src.inputs)
+    for b in boxes:
+        if b is not None:
+            body.extend(slices.fallback_nodes(b))
     for i in computes:
         body.extend(_expand_fallback(model.graph.node[i], src.inputs) if graph.nodes[i].op_type == "Expand"
                     else [model.graph.node[i]])
@@ -84,7 +92,8 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     for view in views.group_views(graph, members, src.outputs):
         if view is not None:
             body.extend(views.fallback_nodes(view))
-    fn = helper.make_function(DOMAIN, OP_TYPE, list(src.inputs), list(src.outputs), body,
+    formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]
+    fn = helper.make_function(DOMAIN, OP_TYPE, formal, list(src.outputs), body,
                               [o for o in model.opset_import if o.domain != DOMAIN],
                               attributes=list(KERNEL_ATTRS))
     fn.overload = group.name

@@ -27,6 +27,7 @@ python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore $(python3 -c "im
 status=${PIPESTATUS[0]}
 python3 scripts/bench_elementwise.py --out "$OUT/bench_elementwise.json" 2>&1 | tee -a "$log"
 python3 scripts/bench_rows.py --out "$OUT/bench_rows.json" 2>&1 | tee -a "$log"
+python3 scripts/bench_slices.py --out "$OUT/bench_slices.json" 2>&1 | tee -a "$log"
 # Race and memory checks of every rows scheme, where the machine's compute-sanitizer works.
 if command -v compute-sanitizer >/dev/null; then
   for tool in racecheck memcheck; do

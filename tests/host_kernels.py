@@ -94,12 +94,22 @@ class _Args(ctypes.Structure):
                 ("dims", ctypes.c_longlong * MAX_RANK), ("strides", (ctypes.c_longlong * MAX_RANK) * MAX_INPUTS)]
 
 
+def boxed(src: KernelSource, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The arrays bound to a kernel's inputs as it reads them: a boxed input (a folded
+    Slice/Split) is a view of the box, its tensor's strides kept (docs/abi.md, input_boxes)."""
+    out = list(inputs)
+    for k, b in enumerate(src.input_boxes):
+        if b is not None:
+            out[k] = out[k][(slice(None),) * b.axis + (slice(b.start, b.stop),)]
+    return out
+
+
 def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], folder: Path, *,
            grid_cap: int = 3, wide: bool | None = None, clusters: bool = True) -> None:
     """Run `src` on the host over `inputs`, writing `outputs` (preallocated, contiguous), as
     the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice);
     `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row."""
-    inputs = [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs]
+    inputs = boxed(src, [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs])
     shape = np.broadcast_shapes(*[x.shape for x in inputs]) if inputs else ()
     n = math.prod(shape)
     stop = len(shape) - src.row_inner  # rows kernels: the row's axes are [stop - row_axes, stop)
@@ -177,8 +187,8 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like:
             _view(node, values, m)
             continue
         src = first[i]
-        ins = group_inputs(g, m, src.inputs, values)
-        shape = np.broadcast_shapes(*[x.shape for x in ins])
+        ins = group_inputs(g, m, src.bound_inputs, values)
+        shape = np.broadcast_shapes(*[x.shape for x in boxed(src, ins)])
         outs = []
         for t in src.outputs:
             like = out_like.get(t)

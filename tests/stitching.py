@@ -101,3 +101,17 @@ def assert_matches_reference(got: np.ndarray, expected: np.ndarray, half: bool, 
     tol = 1e-2 if half else 1e-5
     err = np.linalg.norm(g64 - e64) / max(np.linalg.norm(e64), 1e-30)
     assert err <= tol, f"{what}: relative error {err:.2e} > {tol}"
+
+
+def assert_one_kernel_on_cpu(model: onnx.ModelProto, ref, plan: dict, run: dict, what: str) -> None:
+    """`model` optimizes into a single FusedKernel node, and the stitched model run on ORT CPU
+    (its fallback function) matches `ref` (float64 numpy) on fresh random inputs at `run`."""
+    import onnxstitch
+    from models.fuzz import run_cpu
+    from onnxstitch.inputs import random_feeds
+
+    res = onnxstitch.optimize(model, shapes=plan, archs=("sm_90",))
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], [n.op_type for n in res.model.graph.node]
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
+    for g, e in zip(run_cpu(res.model, feeds), ref(feeds)):
+        assert_close(g, e.astype(g.dtype), what)

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx.backend.test.case.node import collect_testcases
 
-from onnxstitch import ops
+from onnxstitch import ops, slices
 
 from .stitching import assert_close, prepared, stitch_nodes
 
@@ -20,9 +20,10 @@ def _cases() -> list:
     out = []
     for case in collect_testcases():
         nodes = case.model.graph.node if case.model is not None else []
-        # Layout ops fold only as a kernel's output tail, never alone (tests/test_views.py).
+        # Layout ops fold only as a kernel's output tail, Slice/Split only as its input boxes,
+        # never alone (tests/test_views.py, tests/test_slices.py).
         if len(nodes) == 1 and ops.spec(nodes[0].op_type, nodes[0].domain).fusible and case.data_sets \
-                and nodes[0].op_type not in ops.LAYOUT:
+                and nodes[0].op_type not in ops.LAYOUT | slices.OPS:
             out.append(pytest.param(case, id=case.name))
     return out
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuda_driver.h"
+#include "input_boxes.h"
 #include "output_views.h"
 #include "stitch_abi.h"
 
@@ -199,6 +200,7 @@ class Kernel {
   int64_t row_inner_ = 0;  // rows only: axes after the row (a column reduction when > 0)
   int64_t row_split_ = 1;  // rows only: blocks per row (a cluster) where the image has cluster entries
   std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
+  std::vector<InputBox> boxes_;        // per input, "input_boxes" (may be absent): a folded Slice/Split
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -293,9 +295,19 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   if (!ParseOutputViews(present ? views : std::vector<int64_t>(n_out, 0), n_out, &views_, &view_error)) {
     return Fail(ORT_INVALID_ARGUMENT, view_error);
   }
+  std::vector<int64_t> box_attr;
+  if (Error e = r.Ints("input_boxes", &box_attr, &present)) return e;
+  if (!ParseInputBoxes(present ? box_attr : std::vector<int64_t>(), n_in, &boxes_, &view_error)) {
+    return Fail(ORT_INVALID_ARGUMENT, view_error);
+  }
   if (input_kinds_.size() != n_in) {
     return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
                                           " entries for " + std::to_string(n_in) + " inputs");
+  }
+  for (size_t i = 0; i < n_in; ++i) {
+    if (boxes_[i].present && input_kinds_[i] != 1) {
+      return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has a box but is not BROADCAST (strided)");
+    }
   }
   if (output_dtypes_.size() != n_out) {
     return Fail(ORT_INVALID_ARGUMENT, "output_dtypes has " +
@@ -519,6 +531,7 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   StitchArgs args;
   std::memset(&args, 0, sizeof(args));  // unused slots are zero
   int64_t shapes[STITCH_MAX_IN][STITCH_MAX_RANK];
+  long long own[STITCH_MAX_IN][STITCH_MAX_RANK];  // each input's contiguous element strides
   size_t ranks[STITCH_MAX_IN];
 
   for (size_t i = 0; i < n_in; ++i) {
@@ -536,13 +549,31 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
                                             std::to_string(STITCH_MAX_RANK) + " is supported");
     }
     if (st == nullptr) st = api_->GetDimensions(ti, shapes[i], rank);
+    ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (st == nullptr) st = api_->GetTensorElementType(ti, &et);
     api_->ReleaseTensorTypeAndShapeInfo(ti);
     STITCH_TRY(st, "GetDimensions");
     ranks[i] = rank;
+    long long stride = 1;
+    for (size_t j = rank; j-- > 0;) own[i][j] = stride, stride *= shapes[i][j];
     void* data = nullptr;
     // ORT has no const accessor in this API version; the kernel only reads inputs.
     STITCH_TRY(api_->GetTensorMutableData(const_cast<OrtValue*>(v), &data), "GetTensorMutableData");
     args.in[i] = data;
+    const InputBox& b = boxes_[i];
+    if (b.present) {
+      // A folded Slice/Split: the kernel reads [start, stop) along the axis, through the
+      // tensor's own strides, from the box's first element on.
+      if (static_cast<size_t>(b.axis) >= rank || b.stop > shapes[i][b.axis]) {
+        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(shapes[i], rank) +
+                                              " has no box [" + std::to_string(b.start) + ", " +
+                                              std::to_string(b.stop) + ") along axis " + std::to_string(b.axis));
+      }
+      const int64_t bytes = ElementBytes(static_cast<int>(et));
+      if (bytes == 0) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a box cannot step over");
+      if (shapes[i][b.axis] > 0) args.in[i] = static_cast<char*>(data) + b.start * own[i][b.axis] * bytes;
+      shapes[i][b.axis] = b.stop - b.start;
+    }
   }
 
   // Iteration shape: numpy broadcast of all input shapes (right-aligned).
@@ -581,13 +612,12 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
                                               ShapeText(dims, rank));
       }
     }
-    // Element strides of the input's own contiguous layout, mapped onto the iteration dims;
-    // 0 where the input is broadcast (missing leading dim, or extent 1 against a larger one).
-    long long own = 1;
+    // Element strides of the input's own contiguous layout (a boxed input's: its tensor's),
+    // mapped onto the iteration dims; 0 where the input is broadcast (missing leading dim, or
+    // extent 1 against a larger one).
     for (size_t j = ranks[i]; j-- > 0;) {
       const size_t d = rank - ranks[i] + j;
-      args.strides[i][d] = (shapes[i][j] == 1 && dims[d] != 1) ? 0 : own;
-      own *= shapes[i][j];
+      args.strides[i][d] = (shapes[i][j] == 1 && dims[d] != 1) ? 0 : own[i][j];
     }
   }
   args.n = n;
@@ -843,6 +873,16 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
     for (size_t j = 0; j < rank; ++j) {
       ins[i].push_back(ShapeDim{values[j], names[j] ? names[j] : ""});
     }
+  }
+  std::vector<int64_t> box_attr;
+  std::vector<InputBox> boxes;
+  std::string box_error;
+  if (!ReadInts(api, ctx, "input_boxes", &box_attr)) box_attr.clear();
+  if (!ParseInputBoxes(box_attr, n_in, &boxes, &box_error)) return;
+  for (size_t i = 0; i < n_in; ++i) {
+    if (!boxes[i].present) continue;
+    if (static_cast<size_t>(boxes[i].axis) >= ins[i].size()) return;
+    ins[i][boxes[i].axis] = ShapeDim{boxes[i].stop - boxes[i].start, ""};
   }
   std::vector<ShapeDim> shape;
   if (!BroadcastSymbolic(ins, &shape)) return;
