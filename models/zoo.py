@@ -156,6 +156,18 @@ def gpt2(size: Size = "full") -> Built:
                  cfg.vocab_size, size)
 
 
+def gpt2_block(size: Size = "full") -> Built:
+    """One GPT-2 small layer (hidden 768, 12 heads) with a 2048-token vocabulary, as GPT2Model
+    with n_layer=1: small enough to carry to a GPU machine, the layer as the full model has it."""
+    from transformers import GPT2Config, GPT2Model
+
+    cfg = GPT2Config(n_layer=1, vocab_size=2048, use_cache=False, bos_token_id=2047, eos_token_id=2047) \
+        if size == "full" else GPT2Config(vocab_size=128, n_embd=48, n_layer=1, n_head=3, n_positions=64,
+                                          use_cache=False, bos_token_id=127, eos_token_id=127)
+    return _text(GPT2Model(_eager(cfg)), ("input_ids", "attention_mask"), ("last_hidden_state",),
+                 cfg.vocab_size, size)
+
+
 def t5_small_encoder(size: Size = "full") -> Built:
     """The T5-small encoder (6 layers, d_model 512, RMSNorm, relative position bias) as
     transformers' T5EncoderModel."""
@@ -241,6 +253,7 @@ def unet_stage(size: Size = "full") -> Built:
 MODELS: dict[str, Callable[[Size], Built]] = {
     "bert-base": bert_base,
     "gpt2": gpt2,
+    "gpt2-block": gpt2_block,
     "t5-small-encoder": t5_small_encoder,
     "vit-b16": vit_b16,
     "resnet50": resnet50,

@@ -25,8 +25,8 @@ from onnxstitch.errors import first_line  # noqa: E402
 
 # ORT's transformers optimizer knows these architectures: (model_type, heads, hidden); gpt2
 # and vit need the sizes given (it cannot read them off the graph).
-ORT_MODEL_TYPES = {"bert-base": ("bert", 0, 0), "gpt2": ("gpt2", 12, 768), "t5-small-encoder": ("t5", 0, 0),
-                   "vit-b16": ("vit", 12, 768)}
+ORT_MODEL_TYPES = {"bert-base": ("bert", 0, 0), "gpt2": ("gpt2", 12, 768), "gpt2-block": ("gpt2", 12, 768),
+                   "t5-small-encoder": ("t5", 0, 0), "vit-b16": ("vit", 12, 768)}
 
 
 def _slug(name: str) -> str:
