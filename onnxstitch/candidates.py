@@ -23,7 +23,10 @@ business (plan.py). A node set is legal when
    already refuses one that widens beyond every input;
 8. Slice/Split (with constant parameters, slices.py) appear only at the inputs of elementwise
    kernels: their input comes from outside the group and all their outputs are read inside,
-   where the kernel reads each as a box of that input.
+   where the kernel reads each as a box of that input;
+9. a Concat (sizes along its axis known, concats.py) joins only elementwise kernels, one per
+   kernel; the members computing an operand, and the inputs they read, stay in that operand's
+   window of the Concat's output (rule 4 counts their size along the axis as the Concat's).
 
 Internal nodes of a smaller shape are fine: they are recomputed per element.
 
@@ -41,7 +44,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from . import rows as rows_mod, views
+from . import concats, rows as rows_mod, views
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
@@ -145,20 +148,20 @@ class _State:
     def of(graph: FusionGraph, reach: Reachability, members: Sequence[int]) -> _State:
         """The state of an arbitrary node set, boundary taken from `graph.boundary`."""
         mask = desc = anc = 0
-        shapes: list[Shape | None] = []
         for i in members:
             mask |= 1 << i
             desc |= reach.desc[i]
             anc |= reach.anc[i]
-            shapes += graph.node_space(i)
         ins, outs = graph.boundary(frozenset(members))
-        return _State(mask, tuple(sorted(members)), desc, anc, broadcast_shapes(shapes), ins, outs)
+        return _State(mask, tuple(sorted(members)), desc, anc, graph.iteration_shape(members, ins), ins, outs)
 
     def add(self, graph: FusionGraph, reach: Reachability, v: int) -> _State:
         """This set plus node `v`, boundary updated from `v`'s tensors only."""
         node = graph.nodes[v]
         mask = self.mask | (1 << v)
         members = tuple(sorted(self.members + (v,)))
+        if any(graph.nodes[i].kind == OpKind.CONCAT for i in members):
+            return _State.of(graph, reach, members)  # windows move with every member: afresh
         shape = None if self.shape is None else broadcast_shapes([self.shape] + graph.node_space(v))
         if any(graph.nodes[i].kind == OpKind.SLICE for i in members):
             # A member Slice/Split's outputs are inputs (boxes) while read inside: the
@@ -178,6 +181,12 @@ class _State:
         outs += [t for t in node.outputs if t and _escapes(graph, t, mask)]
         return _State(mask, members, self.desc | reach.desc[v], self.anc | reach.anc[v], shape,
                       tuple(ins), tuple(outs))
+
+
+def _input_shape(graph: FusionGraph, lay: concats.Layout | str | None, t: str) -> Shape | None:
+    """A boundary input's shape as the iteration sees it (a windowed one at the Concat's size)."""
+    s = _shape(graph, t)
+    return lay.lift(s) if isinstance(lay, concats.Layout) and t in lay.input_window else s
 
 
 def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
@@ -278,6 +287,12 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         reason = _slice_verdict(graph, st, slicers, reducers)
         if reason:
             return reason
+    lay = concats.layout(graph, st.mask_set, st.ins)
+    if isinstance(lay, str):
+        return lay
+    if lay is not None and any(graph.nodes[i].kind == OpKind.REDUCE for i in st.members):
+        return (f"{graph.nodes[lay.concat].label} in a row kernel: Concat folds only into elementwise "
+                f"kernels")
     if st.shape is None:
         shapes = sorted({fmt(s) for i in st.members for s in graph.node_space(i)})
         return f"iteration shape not provable: output shapes {', '.join(shapes)} do not broadcast"
@@ -310,7 +325,7 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
     if not st.ins:
         return ("the group reads no runtime tensor (only baked constants): a constant subgraph, "
                 "left to ONNX Runtime's constant folding")
-    from_inputs = broadcast_shapes([_shape(graph, t) for t in st.ins])
+    from_inputs = broadcast_shapes([_input_shape(graph, lay, t) for t in st.ins])
     if from_inputs != st.shape:
         widen = "an Expand or baked constants widen it" if any(
             graph.nodes[i].op_type == "Expand" for i in st.members) else "baked constants widen it"

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
+import math
 import re
 from dataclasses import dataclass
 
 from onnx import TensorProto as TP
 
-from . import codegen_views, ops, slices, views
+from . import codegen_views, concats, ops, slices, views
 from .codegen_index import decompose
-from .graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, constant_value
+from .graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, Node, constant_value
 from .shapes import dtype_size
 
 FULL, BROADCAST = 0, 1
@@ -56,6 +58,8 @@ class KernelSource:
     row_split: int = 1  # rows only: blocks per row on GPUs with clusters (entries *_cl, docs/abi.md)
     # Per input: the box of its source it reads (a folded Slice/Split, slices.py), None when whole.
     input_boxes: tuple[slices.Box | None, ...] = ()
+    # Per input: the Concat window it is read in (concats.py), None when read unshifted.
+    input_windows: tuple[concats.Window | None, ...] = ()
 
     @property
     def bound_inputs(self) -> tuple[str, ...]:
@@ -136,11 +140,15 @@ class _Printer:
     """Prints one group's body; holds the tensor → C variable map while it runs."""
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
-                 outputs: tuple[str, ...], kinds: tuple[int, ...], vectored: frozenset[int] = frozenset()) -> None:
+                 outputs: tuple[str, ...], kinds: tuple[int, ...], vectored: frozenset[int] = frozenset(),
+                 windows: tuple[concats.Window | None, ...] = ()) -> None:
         self.g, self.nodes, self.inputs, self.outputs, self.kinds = graph, nodes, inputs, outputs, kinds
         self.vectored = vectored  # BROADCAST inputs gathered per vector into bv{k}
+        # Per input: its Concat window (loaded only where the element `ca` lies in it).
+        self.windows = windows or (None,) * len(inputs)
         self.var: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
+        self.count = 0  # values printed so far (v0, v1, ...)
 
     def dtype(self, t: str) -> int:
         return self.g.tensors[t].dtype
@@ -160,9 +168,13 @@ class _Printer:
             st = ops.CTYPES[d][0]
             raw = (f"in{k}.v[e]" if self.kinds[k] == FULL else f"bv{k}.v[e]" if k in self.vectored
                    else f"static_cast<const {st}*>(a.in[{k}])[o{k}]")
-            self.var[t] = ops.Arg(f"x{k}", ops.CTYPES[d][1], d)
-            self.lines.append(f"{ind}const {ops.CTYPES[d][1]} x{k} = {_load_expr(d, raw)};")
-        count = 0
+            ct = ops.CTYPES[d][1]
+            self.var[t] = ops.Arg(f"x{k}", ct, d)
+            load = _load_expr(d, raw)
+            win = self.windows[k]
+            if win is not None:  # outside its window the offset points nowhere: not loaded
+                load = f"(ca >= {win.origin} && ca < {win.origin + win.size}) ? {load} : ({ct})0"
+            self.lines.append(f"{ind}const {ct} x{k} = {load};")
         for i in self.nodes:
             n = self.g.nodes[i]
             s = ops.spec(n.op_type, n.domain)
@@ -171,6 +183,9 @@ class _Printer:
                 continue
             if s.kind == ops.OpKind.SLICE:
                 continue  # its outputs are inputs, read through boxes
+            if s.kind == ops.OpKind.CONCAT:
+                self.concat(n)
+                continue
             assert s.printer is not None, n.label
             args = [self.operand(t) for t in n.inputs]
             for t in n.outputs:
@@ -178,14 +193,28 @@ class _Printer:
                     continue
                 d = self.dtype(t)
                 ct = ops.CTYPES[d][1]
-                expr = s.printer(args, n.attrs, ct)
-                name = _ident(count)
-                count += 1
-                self.lines.append(f"{ind}const {ct} {name} = {expr};  // {n.op_type} -> {t}")
-                self.var[t] = ops.Arg(name, ct, d)
+                self.emit(t, ct, d, s.printer(args, n.attrs, ct), n.op_type)
         for k, t in enumerate(self.outputs):
             self.lines.append(f"{ind}out{k}.v[e] = {_store_expr(self.dtype(t), self.var[t].expr)};")
         return "\n".join(self.lines)
+
+    def concat(self, n: Node) -> None:
+        """The operand whose window holds the element `ca` (each was computed in its window)."""
+        t = n.outputs[0]
+        d = self.dtype(t)
+        ct = ops.CTYPES[d][1]
+        end = concats.axis_from_end(self.g, n.index)
+        ends = list(itertools.accumulate(self.g.tensors[u].shape[-end] for u in n.inputs))
+        expr = self.operand(n.inputs[-1]).expr
+        for k in reversed(range(len(n.inputs) - 1)):
+            expr = f"(ca < {ends[k]} ? {self.operand(n.inputs[k]).expr} : {expr})"
+        self.emit(t, ct, d, expr, "Concat")
+
+    def emit(self, t: str, ct: str, d: int, expr: str, op: str) -> None:
+        name = _ident(self.count)
+        self.count += 1
+        self.lines.append(f"      const {ct} {name} = {expr};  // {op} -> {t}")
+        self.var[t] = ops.Arg(name, ct, d)
 
 
 def vec_width(graph: FusionGraph, full_tensors: list[str]) -> int:
@@ -317,14 +346,18 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     assert shape is not None, f"group {name}: iteration shape must be known"
     # A boxed input is strided (its source's row pitch), whatever its shape.
     boxes = tuple(graph.boxes.get(t) if graph.producer.get(t) in nodes else None for t in inputs)
-    kinds = tuple(FULL if graph.tensors[t].shape == shape and b is None else BROADCAST
-                  for t, b in zip(inputs, boxes))
+    lay = concats.layout(graph, frozenset(nodes), inputs)
+    assert not isinstance(lay, str), lay
+    windows = tuple(lay.window(t, graph.tensors[t]) if lay else None for t in inputs)
+    # A windowed input is shifted along the Concat's axis, whatever its shape.
+    kinds = tuple(FULL if graph.tensors[t].shape == shape and b is None and w is None else BROADCAST
+                  for t, b, w in zip(inputs, boxes, windows))
     full = [t for t, k in zip(inputs, kinds) if k == FULL] + list(outputs)
     vw = vec_width(graph, full)
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
     pats = block_patterns(graph, inputs, bcast, shape)
     vectored = vectored_inputs(pats, len(shape)) if options.vector_broadcast else frozenset()
-    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored)
+    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored, windows)
     compute = p.body()
 
     def vtype(t: str) -> str:
@@ -352,11 +385,12 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     stores = "\n".join(store.values())
     setup, per_vector, index = _broadcast_index(graph, inputs, pats, shape, vectored,
                                                 frozenset(k for k, b in enumerate(boxes) if b is not None))
+    cat_setup, cat_index = _concat_coordinate(lay, shape)
     elements = f"""{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
       (void)i;
-{index}{compute}
+{cat_index}{index}{compute}
     }}"""
     loop = f"""{first}
   for (I w = w0; w < work; w += step) {{
@@ -381,7 +415,7 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 {fast}  const I work = (I)(a.n / V);
   const I step = (I)gridDim.x * (I)blockDim.x;
   const I w0 = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
-{setup}{view_setup}{loop}
+{setup}{cat_setup}{view_setup}{loop}
 }}
 extern "C" __global__ void __launch_bounds__(256) {name}_v32(const StitchArgs a) {{ {name}_body<int, {vw}>(a); }}
 extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a) {{ {name}_body<long long, 1>(a); }}
@@ -389,4 +423,23 @@ extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a)
     return KernelSource(name, src, vw, inputs, outputs, kinds,
                         tuple(graph.tensors[t].dtype for t in outputs),
                         output_views=tuple(views.encode_all(out_views)) if any(out_views) else (),
-                        input_boxes=boxes if any(boxes) else ())
+                        input_boxes=boxes if any(boxes) else (),
+                        input_windows=windows if any(windows) else ())
+
+
+def _concat_coordinate(lay: concats.Layout | None, shape: tuple) -> tuple[str, str]:
+    """(per thread, per element) code for `ca`, the element's coordinate along the Concat's
+    axis: a constant divisor where the axes after it are fixed at optimize time."""
+    if lay is None:
+        return "", ""
+    axis = len(shape) - lay.from_end
+    after = shape[axis + 1:]
+    if all(isinstance(d, int) for d in after):
+        inner = str(math.prod(after))  # type: ignore[arg-type]
+        setup = ""
+    else:
+        inner = "cinner"
+        setup = (f"  I cinner = 1;\n#pragma unroll\n"
+                 f"  for (int d = {axis + 1}; d < {len(shape)}; ++d) cinner *= (I)a.dims[d];\n")
+    return setup, f"      const I ca = (i / {inner}) % {lay.total};\n"
+

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import onnx
 from onnx import numpy_helper
 
-from . import channel_params, ops, slices
+from . import channel_params, concats, ops, slices
 from .shapes import Shape, TensorInfo, broadcast_shapes
 
 # Kernel ABI limits (docs/abi.md).
@@ -133,9 +133,19 @@ class FusionGraph:
         names = n.inputs[:1] if n.kind == ops.OpKind.REDUCE else n.outputs
         return [self.tensors[t].shape if t in self.tensors else None for t in names if t]
 
-    def iteration_shape(self, group: frozenset[int] | set[int]) -> Shape | None:
-        """Broadcast of every node's space in the group (None if not provable)."""
-        return broadcast_shapes([s for i in group for s in self.node_space(i)])
+    def iteration_shape(self, group: frozenset[int] | set[int], ins: Sequence[str] | None = None) -> Shape | None:
+        """Broadcast of every node's space in the group (None if not provable); members that
+        compute in a Concat's window count at the Concat's size along its axis (concats.py).
+        `ins`: the group's boundary inputs, when the caller has them."""
+        lifted: Mapping[int, int] = {}
+        lay = None
+        if any(self.nodes[i].kind == ops.OpKind.CONCAT for i in group):
+            lay = concats.layout(self, frozenset(group), self.boundary(group)[0] if ins is None else ins)
+            if isinstance(lay, concats.Layout):  # with the Slices whose boxes a window reads
+                lifted = {**lay.node_window, **{self.producer[t]: k for t, k in lay.input_window.items()
+                                                if self.producer.get(t) in group}}
+        return broadcast_shapes([lay.lift(s) if i in lifted else s  # type: ignore[union-attr]
+                                 for i in group for s in self.node_space(i)])
 
     def tensor_bytes(self, tensor: str) -> int:
         """Bytes of a tensor for the cost model (symbolic dims at their planning values)."""
@@ -316,6 +326,8 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
                 reason = cut
             else:
                 boxes.update((b.tensor, b) for b in cut)
+        if kind == ops.OpKind.CONCAT and reason is None:
+            reason = concats.node_reason(n, attrs, tensors)
         if n.op_type in channel_params.OPS and n.domain in ("", "ai.onnx") and reason is None:
             folded = channel_params.fold(n, attrs, tensors, constants)
             reason = folded.reason

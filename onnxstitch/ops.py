@@ -9,7 +9,8 @@ elementwise work around them (codegen_rows); each names its reducer in REDUCERS 
 expansion there. INJECTIVE ops here are the layout ops (LAYOUT): they join a group only as
 a tail on one of its outputs, which the kernel then writes reshaped and transposed
 (views.py). SLICE ops (Slice, Split) join only at a group's inputs: the kernel reads their
-outputs as boxes of their input (slices.py). OPAQUE ops stay as ONNX Runtime runs them.
+outputs as boxes of their input (slices.py). A CONCAT op (Concat) selects per element among
+operands computed in windows of its output (concats.py). OPAQUE ops stay as ONNX Runtime runs them.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class OpKind(IntEnum):
     REDUCE = 3
     OPAQUE = 4
     SLICE = 5  # Slice/Split: read as boxes of their input by the kernel (slices.py); not in the lattice
+    CONCAT = 6  # Concat: its operands computed in windows of its output (concats.py); not in the lattice
 
 
 FLOATS = frozenset({TP.FLOAT, TP.FLOAT16, TP.BFLOAT16, TP.DOUBLE})
@@ -232,7 +234,7 @@ class OpSpec:
 
     @property
     def fusible(self) -> bool:
-        return self.printer is not None or self.kind in (OpKind.REDUCE, OpKind.INJECTIVE, OpKind.SLICE)
+        return self.printer is not None or self.kind in (OpKind.REDUCE, OpKind.INJECTIVE, OpKind.SLICE, OpKind.CONCAT)
 
 
 def _ew(printer: Printer, dtypes: frozenset[int] = NUMERIC) -> OpSpec:
@@ -351,6 +353,9 @@ for _op in LAYOUT:
 # Slice/Split: the kernel reads boxes of their input (slices.py).
 for _op in ("Slice", "Split"):
     TABLE[_op] = OpSpec(OpKind.SLICE, ALL, None)
+
+# Concat: its operands are evaluated in windows of its output (concats.py).
+TABLE["Concat"] = OpSpec(OpKind.CONCAT, ALL, None)
 
 # Ops whose inputs after the first are shapes or axes, not data: the kernel reads none of them.
 SHAPE_INPUTS = LAYOUT | {"Expand", "Slice", "Split"}

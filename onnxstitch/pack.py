@@ -20,7 +20,9 @@ view), so no ABI change is needed. Legality (`refusal`), apart from choice:
    packed node closes no cycle, and packing keeps every other vertex's level;
 4. the union within the kernel ABI's input and output limits;
 5. at most one tile: outputs whose view moves the innermost axis go through the shared-memory
-   tile of the first such view; a second, different one would be stored element by element.
+   tile of the first such view; a second, different one would be stored element by element;
+6. at most one Concat, and its windows still hold over the union (concats.layout: the other
+   group may read a windowed input unshifted).
 
 Choice: in topological order, each group joins the first pack of its (level, shape) that
 accepts it. Packing always saves a launch in the cost model; it changes neither bytes nor
@@ -32,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import rows, views
+from . import concats, rows, views
 from .cost import CostModel
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
 from .plan import Group, PackRefusal, Plan, contract, make_group, topological_groups
@@ -64,7 +66,7 @@ def _tile(graph: FusionGraph, grp: Group) -> tuple | None:
 
 
 def refusal(graph: FusionGraph, a: Group, b: Group, level_a: int, level_b: int) -> str | None:
-    """None when groups `a` and `b` may share one launch, else why not (rules 1–5)."""
+    """None when groups `a` and `b` may share one launch, else why not (rules 1–6)."""
     if rows.has_rows(graph, a.nodes) or rows.has_rows(graph, b.nodes):
         return "row kernels are not packed (only elementwise groups share a launch)"
     if a.iteration_shape != b.iteration_shape:
@@ -78,6 +80,9 @@ def refusal(graph: FusionGraph, a: Group, b: Group, level_a: int, level_b: int) 
         return f"together {len(ins)} inputs exceed the kernel limit of {MAX_INPUTS}"
     if len(outs) > MAX_OUTPUTS:
         return f"together {len(outs)} outputs exceed the kernel limit of {MAX_OUTPUTS}"
+    windows = concats.layout(graph, frozenset(a.nodes) | frozenset(b.nodes), ins)
+    if isinstance(windows, str):
+        return windows
     ta, tb = _tile(graph, a), _tile(graph, b)
     if ta is not None and tb is not None and ta != tb:
         return "both transpose their innermost axis differently: one kernel holds one tile"

@@ -172,6 +172,9 @@ def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> 
     if src.input_boxes:
         out["boxes"] = [{"input": b.tensor, "source": b.source, "axis": b.axis, "start": b.start, "stop": b.stop}
                         for b in src.input_boxes if b is not None]
+    if src.input_windows:
+        out["windows"] = [{"input": t, "axis": w.axis, "origin": w.origin, "size": w.size, "total": w.total}
+                          for t, w in zip(src.inputs, src.input_windows) if w is not None]
     return out
 
 

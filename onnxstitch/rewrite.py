@@ -12,7 +12,7 @@ import onnx
 from onnx import helper
 
 from .compile import CompiledKernel
-from . import ops, slices, views
+from . import concats, ops, slices, views
 from .graph import FusionGraph, implicit_inputs
 
 DOMAIN = "com.onnxstitch"
@@ -20,7 +20,7 @@ OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
-                "input_boxes")
+                "input_boxes", "input_windows")
 
 
 def arch_number(arch: str) -> int:
@@ -61,6 +61,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
     if k.source.input_boxes:
         node.attribute.append(helper.make_attribute("input_boxes", slices.encode_all(k.source.input_boxes)))
+    if k.source.input_windows:
+        node.attribute.append(helper.make_attribute("input_windows", concats.encode_all(k.source.input_windows)))
     node.overload = group.name
     return node
 

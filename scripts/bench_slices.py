@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Benchmark: folded Slice/Split (kernels reading boxes of their inputs) — GPT-2's fused QKV
-projection split into heads, and a gated linear unit — stock ORT against the stitched model,
-end to end, plain and with CUDA graphs, float32 and float16, one run.
+"""Benchmark: folded Slice/Split (kernels reading boxes of their inputs) and stitched Concat
+(operands read in windows of its output) — GPT-2's fused QKV projection split into heads, a
+gated linear unit, LLaMA's rotary embedding — stock ORT against the stitched model, end to
+end, plain and with CUDA graphs, float32 and float16, one run.
 
     python scripts/bench_slices.py --out slices.json
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch import bench  # noqa: E402
+from tests.concat_models import rope  # noqa: E402
 from tests.slice_models import glu, qkv_split  # noqa: E402
 
 
@@ -52,6 +54,9 @@ def main() -> int:
                             {k: [v] for k, v in dims.items()}, dims, args.iters))
         rows.append(measure(f"GLU {name} [8192, 2x2048]", glu(2048, dt)[0], {"batch": [8192]}, {"batch": 8192},
                             args.iters))
+        dims = {"batch": 4, "seq": 512}
+        rows.append(measure(f"LLaMA RoPE {name} [4,32,512,128]", rope(32, 128, dt)[0],
+                            {k: [v] for k, v in dims.items()}, dims, args.iters))
     args.out.write_text(json.dumps({"gpu": bench.gpu_name(), "cases": rows}, indent=2))
     print(f"GPU {bench.gpu_name()}")
     print(f"{'case':36} {'mode':12} {'stock ms':>9} {'stitched ms':>11} {'speedup':>8} {'launches':>10}")

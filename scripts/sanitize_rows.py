@@ -3,7 +3,8 @@
 a few lanes per row, a warp per row, a block per row (shared-memory reduction), and the loop
 path (rows longer than planned), a group norm — and the shared-memory tile of a layout view that moves the
 innermost axis (whole and partial tiles, alone and packed with Q and V), and kernels reading boxes
-of their inputs (folded Slice/Split: a box's reads must stay inside it), each run once on small
+of their inputs (folded Slice/Split: a box's reads must stay inside it) or windows of a Concat's
+output (reads only inside the window), each run once on small
 inputs through ONNX Runtime.
 
     compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
+from tests.concat_models import concat_models  # noqa: E402
 from tests.slice_models import slice_models  # noqa: E402
 from tests.row_models import dynamic_row_model, group_norm_models, long_row_model, row_models, trailing_models  # noqa: E402
 
@@ -51,6 +53,8 @@ def cases():
     for cols in (10, 64):
         for name, model, _ in slice_models(cols, TP.FLOAT16):
             yield f"boxes-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
+        for name, model, _ in concat_models(cols, TP.FLOAT16):  # windowed reads stay in their windows
+            yield f"windows-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
 
 
 def main() -> int:

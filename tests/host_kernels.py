@@ -104,13 +104,24 @@ def boxed(src: KernelSource, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def lifted(src: KernelSource, inputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+    """Each bound array's shape as the iteration counts it: a windowed input (concats.py) at the
+    Concat's size along its axis (docs/abi.md, input_windows)."""
+    shapes = [tuple(x.shape) for x in inputs]
+    for k, w in enumerate(src.input_windows):
+        if w is not None:
+            shapes[k] = shapes[k][:w.axis] + (w.total,) + shapes[k][w.axis + 1:]
+    return shapes
+
+
 def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], folder: Path, *,
            grid_cap: int = 3, wide: bool | None = None, clusters: bool = True) -> None:
     """Run `src` on the host over `inputs`, writing `outputs` (preallocated, contiguous), as
     the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice);
     `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row."""
     inputs = boxed(src, [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs])
-    shape = np.broadcast_shapes(*[x.shape for x in inputs]) if inputs else ()
+    counted = lifted(src, inputs)
+    shape = np.broadcast_shapes(*counted) if inputs else ()
     n = math.prod(shape)
     stop = len(shape) - src.row_inner  # rows kernels: the row's axes are [stop - row_axes, stop)
     rows = math.prod(shape[:stop - src.row_axes]) * math.prod(shape[stop:])
@@ -121,11 +132,14 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
     a.n, a.rank = n, len(shape)
     for d, v in enumerate(shape):
         a.dims[d] = v
-    for k, x in enumerate(inputs):
-        a.inp[k] = x.ctypes.data
-        st = np.broadcast_to(x, shape).strides
+    windows = src.input_windows or (None,) * len(inputs)
+    for k, (x, own, w) in enumerate(zip(inputs, counted, windows)):
+        # A windowed input starts `origin` elements before its first one along the axis.
+        a.inp[k] = x.ctypes.data - (w.origin * x.strides[w.axis] if w is not None and x.size else 0)
+        lead = len(shape) - len(own)
         for d in range(len(shape)):
-            a.strides[k][d] = st[d] // x.itemsize if shape[d] != 1 else 0
+            j = d - lead
+            a.strides[k][d] = 0 if j < 0 or shape[d] == 1 or own[j] == 1 else x.strides[j] // x.itemsize
     for k, y in enumerate(outputs):
         assert y.flags.c_contiguous
         a.out[k] = y.ctypes.data
@@ -188,7 +202,7 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like:
             continue
         src = first[i]
         ins = group_inputs(g, m, src.bound_inputs, values)
-        shape = np.broadcast_shapes(*[x.shape for x in boxed(src, ins)])
+        shape = np.broadcast_shapes(*lifted(src, boxed(src, ins)))
         outs = []
         for t in src.outputs:
             like = out_like.get(t)

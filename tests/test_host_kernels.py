@@ -22,6 +22,7 @@ from .host_kernels import HAVE_GXX, plan_sources, run_model
 from .layout_models import QKV_PERMS, attention_projections, attention_split, layout_models
 from .op_models import op_models
 from .slice_models import slice_models
+from .concat_models import concat_models
 from .row_models import (arg_models, channel_models, column_models, group_norm_models, long_row_model, many_input_rows,
                          row_models, trailing_models)
 from .stitching import assert_matches_reference, fresh_seed
@@ -131,6 +132,19 @@ SLICES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Na
 @pytest.mark.parametrize("wide", [None, True], ids=["runtime-entry", "64-bit-entry"])
 @pytest.mark.parametrize("name,model,ref,dtype", SLICES)
 def test_boxed_inputs(name, model, ref, dtype, wide, folder) -> None:
+    _check(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 3, "seq": 33}, folder, name, wide)
+
+
+# -- stitched Concat (input windows) ---------------------------------------------------------
+
+CONCATS = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
+           for dt in (TP.FLOAT, TP.FLOAT16, TP.BFLOAT16) for cols in (2, 10, 64)
+           for name, model, ref in concat_models(cols, dt)]
+
+
+@pytest.mark.parametrize("wide", [None, True], ids=["runtime-entry", "64-bit-entry"])
+@pytest.mark.parametrize("name,model,ref,dtype", CONCATS)
+def test_windowed_inputs(name, model, ref, dtype, wide, folder) -> None:
     _check(model, ref, dtype, {"batch": [8], "seq": [128]}, {"batch": 3, "seq": 33}, folder, name, wide)
 
 

@@ -201,6 +201,7 @@ class Kernel {
   int64_t row_split_ = 1;  // rows only: blocks per row (a cluster) where the image has cluster entries
   std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
   std::vector<InputBox> boxes_;        // per input, "input_boxes" (may be absent): a folded Slice/Split
+  std::vector<InputWindow> windows_;   // per input, "input_windows" (may be absent): a stitched Concat
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -300,13 +301,18 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   if (!ParseInputBoxes(present ? box_attr : std::vector<int64_t>(), n_in, &boxes_, &view_error)) {
     return Fail(ORT_INVALID_ARGUMENT, view_error);
   }
+  std::vector<int64_t> window_attr;
+  if (Error e = r.Ints("input_windows", &window_attr, &present)) return e;
+  if (!ParseInputWindows(present ? window_attr : std::vector<int64_t>(), n_in, &windows_, &view_error)) {
+    return Fail(ORT_INVALID_ARGUMENT, view_error);
+  }
   if (input_kinds_.size() != n_in) {
     return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
                                           " entries for " + std::to_string(n_in) + " inputs");
   }
   for (size_t i = 0; i < n_in; ++i) {
-    if (boxes_[i].present && input_kinds_[i] != 1) {
-      return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has a box but is not BROADCAST (strided)");
+    if ((boxes_[i].present || windows_[i].present) && input_kinds_[i] != 1) {
+      return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has a box or window but is not BROADCAST (strided)");
     }
   }
   if (output_dtypes_.size() != n_out) {
@@ -573,6 +579,22 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
       if (bytes == 0) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a box cannot step over");
       if (shapes[i][b.axis] > 0) args.in[i] = static_cast<char*>(data) + b.start * own[i][b.axis] * bytes;
       shapes[i][b.axis] = b.stop - b.start;
+    }
+    const InputWindow& w = windows_[i];
+    if (w.present) {
+      // A stitched Concat's operand: the kernel loads it only inside its window, through its own
+      // strides from `origin` elements before its first; it counts as the Concat's size.
+      if (static_cast<size_t>(w.axis) >= rank || shapes[i][w.axis] != w.size) {
+        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(shapes[i], rank) +
+                                              " is not " + std::to_string(w.size) + " long along axis " +
+                                              std::to_string(w.axis) + " (its Concat window)");
+      }
+      const int64_t bytes = ElementBytes(static_cast<int>(et));
+      if (bytes == 0) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a window cannot step over");
+      bool empty = false;
+      for (size_t j = 0; j < rank; ++j) empty = empty || shapes[i][j] == 0;
+      if (!empty) args.in[i] = static_cast<const char*>(args.in[i]) - w.origin * own[i][w.axis] * bytes;
+      shapes[i][w.axis] = w.total;
     }
   }
 
@@ -883,6 +905,15 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
     if (!boxes[i].present) continue;
     if (static_cast<size_t>(boxes[i].axis) >= ins[i].size()) return;
     ins[i][boxes[i].axis] = ShapeDim{boxes[i].stop - boxes[i].start, ""};
+  }
+  std::vector<int64_t> window_attr;
+  std::vector<InputWindow> windows;
+  if (!ReadInts(api, ctx, "input_windows", &window_attr)) window_attr.clear();
+  if (!ParseInputWindows(window_attr, n_in, &windows, &box_error)) return;
+  for (size_t i = 0; i < n_in; ++i) {
+    if (!windows[i].present) continue;
+    if (static_cast<size_t>(windows[i].axis) >= ins[i].size()) return;
+    ins[i][windows[i].axis] = ShapeDim{windows[i].total, ""};
   }
   std::vector<ShapeDim> shape;
   if (!BroadcastSymbolic(ins, &shape)) return;
