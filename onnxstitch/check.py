@@ -21,6 +21,10 @@ from .verify import OutputCheck, compare_elementwise, gpu_usable, runtime_sessio
 
 BASELINE_SCHEMA = 1
 BYTES_SLACK = 0.01  # predicted bytes may grow by 1% (symbolic-dim defaults, rounding) before it counts
+# A speedup below the baseline's floor is measured again, up to this many readings in all, and
+# the best kept: a regression must reproduce. Launch-bound models spread by 20% or more from
+# run to run (a 20-node chain at batch 64 on an H200 read 9.76× and 7.48× back to back).
+SPEED_READINGS = 3
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,19 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
     if gpu:
         from .bench import BenchConfig, run as bench_run
 
+        base_speed = (baseline or {}).get("speedup")
+        floor = base_speed * (1 - max_slowdown_pct / 100) if base_speed else None
+        readings: list[float] = []
         with tempfile.TemporaryDirectory() as tmp:
             stitched = Path(tmp) / "stitched.onnx"
             load.save(res.model, stitched)
-            speedup = bench_run(model_path, stitched, config=BenchConfig(warmup=10, iters=iters), dim_values=dims).speedup
+            while not readings or (floor is not None and max(readings) < floor and len(readings) < SPEED_READINGS):
+                readings.append(bench_run(model_path, stitched, config=BenchConfig(warmup=10, iters=iters),
+                                          dim_values=dims).speedup)
+        speedup = max(readings)
+        if len(readings) > 1:
+            notes.append("speedup below the baseline's floor, measured again: "
+                         + ", ".join(f"{r:.2f}×" for r in readings) + " (the best counts)")
     result = CheckResult(str(model_path), "gpu" if gpu else "cpu", _plan_summary(res.report), outputs, speedup,
                          notes=tuple(notes))
     regressions = [f"output '{o.name}': {o.detail}" for o in outputs if not o.ok]

@@ -171,7 +171,7 @@ class _Printer:
             ct = ops.CTYPES[d][1]
             self.var[t] = ops.Arg(f"x{k}", ct, d)
             load = _load_expr(d, raw)
-            win = self.windows[k]
+            win = self.windows[k] if k not in self.vectored else None  # (a vector load guards itself)
             if win is not None:  # outside its window the offset points nowhere: not loaded
                 load = f"(ca >= {win.origin} && ca < {win.origin + win.size}) ? {load} : ({ct})0"
             self.lines.append(f"{ind}const {ct} x{k} = {load};")
@@ -259,7 +259,8 @@ def vectored_inputs(pats: Patterns, rank: int) -> frozenset[int]:
 
 def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns,
                      shape: tuple, vectored: frozenset[int] = frozenset(),
-                     boxed: frozenset[int] = frozenset()) -> tuple[str, str, str]:
+                     boxed: frozenset[int] = frozenset(),
+                     windows: tuple[concats.Window | None, ...] = (), inner: str = "1") -> tuple[str, str, str]:
     """Index code for the BROADCAST inputs of `pats` (block_patterns): (per thread, per vector,
     per element).
 
@@ -270,7 +271,9 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
     element is decomposed over all axes. `vectored` inputs (vectored_inputs) are gathered
     per vector into bv{k}: one vector load when the launch allows it, else element by element.
     `boxed` inputs (boxes of a wider source, slices.py) also load whole vectors where the
-    source's strides keep them contiguous."""
+    source's strides keep them contiguous; so do vectored `windows` inputs (concats.py) where
+    a vector stays in one window, and only there (`inner`: the element count after the
+    Concat's axis, the divisor of its coordinate)."""
     bcast = list(pats)
     if not bcast:
         return "", "", ""
@@ -287,20 +290,34 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
                      f"if (d >= {q}) {{ inner{k} *= n; pat{k} = pat{k} && (st == 0 || n == 1); }} "
                      f"else if (d >= {p}) {{ pat{k} = pat{k} && (st == span{k} || n == 1); span{k} *= n; }} "
                      f"else pat{k} = pat{k} && (st == 0 || n == 1); }}")
+    windows = windows or (None,) * len(inputs)
     for k in sorted(vectored):
         st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
-        whole = f"pat{k}"
-        if k in boxed:
-            # A box of a wider input: whole vectors in memory when the innermost stride is 1
-            # and every other stride a multiple of V (the source's row pitch).
+        whole = [f"pat{k}"] if pats[k] is not None else []
+        if k in boxed or windows[k] is not None:
+            # A box of a wider input, or an input the size of its window: whole vectors in
+            # memory when the innermost stride is 1 and every other stride a multiple of V
+            # (the source's row pitch).
             setup.append(f"  bool bs{k} = (I)a.strides[{k}][{rank - 1}] == 1;")
             setup.append("#pragma unroll")
             setup.append(f"  for (int d = 0; d < {rank - 1}; ++d) bs{k} = bs{k} && (I)a.strides[{k}][d] % V == 0;")
-            whole = f"(pat{k} || bs{k})"
-        setup.append(f"  const bool bw{k} = runs && {whole} && "
+            whole.append(f"bs{k}")
+        win = windows[k]
+        if win is not None:
+            # Strides that are the iteration's own (a window of a tensor of the iteration's
+            # shape: LLaMA's rotate_half reads q's halves): the offset is the linear index.
+            setup.append(f"  bool lin{k} = true;")
+            setup.append(f"  {{ I c = 1;\n#pragma unroll\n  for (int d = {rank - 1}; d >= 0; --d) "
+                         f"{{ lin{k} = lin{k} && ((I)a.strides[{k}][d] == c || a.dims[d] == 1); c *= (I)a.dims[d]; }} }}")
+        cond = f"({' || '.join(whole)})" if len(whole) > 1 else whole[0]
+        if win is not None and len(graph.tensors[inputs[k]].shape or ()) - win.axis == 1:
+            cond += f" && {win.origin} % V == 0 && {win.size} % V == 0"  # a vector in one window
+        setup.append(f"  const bool bw{k} = runs && {cond} && "
                      f"reinterpret_cast<unsigned long long>(a.in[{k}]) % (V * sizeof({st})) == 0;")
-    general = [k for k in bcast if pats[k] is None]
-    need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None])
+    linear = [k for k in bcast if windows[k] is not None and k in vectored]  # lin{k}: no decomposition
+    general = [k for k in bcast if pats[k] is None and k not in linear]
+    need = " || ".join(["true"] * bool(general) + [f"!pat{k}" for k, pq in pats.items() if pq is not None]
+                       + [f"!lin{k}" for k in linear])
     zero = ", ".join(f"ob{k} = 0" for k in bcast)
     vec = [f"    I {zero};",
            f"    if (runs && ({need})) {{",
@@ -310,16 +327,32 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
     for k, pq in pats.items():
         if pq is not None:
             vec.append(f"    if (runs && pat{k}) ob{k} = (w * V / inner{k}) % span{k};")
+    vec += [f"    if (runs && lin{k}) ob{k} = w * V;" for k in linear]
     for k in sorted(vectored):
         st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
-        vec += [f"    StitchVec<V, {st}> bv{k};",
-                f"    if (bw{k}) bv{k} = static_cast<const StitchVec<V, {st}>*>(a.in[{k}])[ob{k} / V];",
-                "    else {",
+        win = windows[k]
+        if win is None:
+            load = [f"    if (bw{k}) bv{k} = static_cast<const StitchVec<V, {st}>*>(a.in[{k}])[ob{k} / V];",
+                    "    else {"]
+            gather = [f"        bv{k}.v[e] = static_cast<const {st}*>(a.in[{k}])[o];"]
+        else:  # loaded only inside its window (zeros elsewhere: never selected)
+            inside = f"cw >= {win.origin} && cw < {win.origin + win.size}"
+            load = [f"    if (bw{k}) {{",
+                    f"      const I cw = (w * V / {inner}) % {win.total};",
+                    f"      if ({inside}) bv{k} = static_cast<const StitchVec<V, {st}>*>(a.in[{k}])[ob{k} / V];",
+                    "      else {",
+                    "#pragma unroll",
+                    f"        for (int e = 0; e < V; ++e) bv{k}.v[e] = ({st})0;",
+                    "      }",
+                    "    } else {"]
+            gather = [f"        const I cw = (w * V + e) / {inner} % {win.total};",
+                      f"        bv{k}.v[e] = {inside} ? static_cast<const {st}*>(a.in[{k}])[o] : ({st})0;"]
+        vec += [f"    StitchVec<V, {st}> bv{k};", *load,
                 "#pragma unroll",
                 "      for (int e = 0; e < V; ++e) {",
                 "        I o = 0, r = w * V + e;",
                 decompose("r", rank - 1, 0, {k: "o"}, "        "),
-                f"        bv{k}.v[e] = static_cast<const {st}*>(a.in[{k}])[o];",
+                *gather,
                 "      }",
                 "    }"]
     rest = [k for k in bcast if k not in vectored]
@@ -357,6 +390,8 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     bcast = [k for k in range(len(inputs)) if kinds[k] == BROADCAST]
     pats = block_patterns(graph, inputs, bcast, shape)
     vectored = vectored_inputs(pats, len(shape)) if options.vector_broadcast else frozenset()
+    if options.vector_broadcast:  # windowed inputs too, where a vector stays in one window
+        vectored |= frozenset(k for k, w in enumerate(windows) if w is not None)
     p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored, windows)
     compute = p.body()
 
@@ -383,9 +418,10 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     store = {k: view_stores.get(k, f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};")
              for k, t in enumerate(outputs)}
     stores = "\n".join(store.values())
+    cat_setup, cat_index, cat_inner = _concat_coordinate(lay, shape)
     setup, per_vector, index = _broadcast_index(graph, inputs, pats, shape, vectored,
-                                                frozenset(k for k, b in enumerate(boxes) if b is not None))
-    cat_setup, cat_index = _concat_coordinate(lay, shape)
+                                                frozenset(k for k, b in enumerate(boxes) if b is not None),
+                                                windows, cat_inner)
     elements = f"""{per_vector}#pragma unroll
     for (int e = 0; e < V; ++e) {{
       const I i = w * V + e;
@@ -427,11 +463,12 @@ extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a)
                         input_windows=windows if any(windows) else ())
 
 
-def _concat_coordinate(lay: concats.Layout | None, shape: tuple) -> tuple[str, str]:
+def _concat_coordinate(lay: concats.Layout | None, shape: tuple) -> tuple[str, str, str]:
     """(per thread, per element) code for `ca`, the element's coordinate along the Concat's
-    axis: a constant divisor where the axes after it are fixed at optimize time."""
+    axis, and its divisor (the element count after the axis): a constant where the axes after
+    it are fixed at optimize time."""
     if lay is None:
-        return "", ""
+        return "", "", "1"
     axis = len(shape) - lay.from_end
     after = shape[axis + 1:]
     if all(isinstance(d, int) for d in after):
@@ -441,5 +478,5 @@ def _concat_coordinate(lay: concats.Layout | None, shape: tuple) -> tuple[str, s
         inner = "cinner"
         setup = (f"  I cinner = 1;\n#pragma unroll\n"
                  f"  for (int d = {axis + 1}; d < {len(shape)}; ++d) cinner *= (I)a.dims[d];\n")
-    return setup, f"      const I ca = (i / {inner}) % {lay.total};\n"
+    return setup, f"      const I ca = (i / {inner}) % {lay.total};\n", inner
 
