@@ -193,6 +193,21 @@ def llama_block(size: Size = "full") -> Built:
                  cfg.vocab_size, size)
 
 
+def llama_layer(size: Size = "full") -> Built:
+    """One LLaMA decoder layer at a width that can be carried to a GPU machine (hidden 1024, 8
+    heads of 128 as LLaMA-2-7B's, SiLU-gated MLP 2048, vocabulary 2048; 50 MB in float32): the
+    rotary embedding, RMSNorm and gated MLP at their real head size. The small variant keeps
+    full multi-head attention (2 heads of 32)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(vocab_size=2048, hidden_size=1024, intermediate_size=2048, num_hidden_layers=1,
+                      num_attention_heads=8, num_key_value_heads=8, use_cache=False) if size == "full" else LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
+    return _text(LlamaModel(_eager(cfg)), ("input_ids", "attention_mask"), ("last_hidden_state",),
+                 cfg.vocab_size, size)
+
+
 def vit_b16(size: Size = "full") -> Built:
     """ViT-B/16 at 224×224 as transformers' ViTModel (with pooler)."""
     from transformers import ViTConfig, ViTModel
@@ -260,6 +275,7 @@ MODELS: dict[str, Callable[[Size], Built]] = {
     "convnext-tiny": convnext_tiny,
     "mobilenetv3-large": mobilenet_v3_large,
     "llama-block": llama_block,
+    "llama-layer": llama_layer,
     "yolo": yolo,
     "unet-stage": unet_stage,
 }
