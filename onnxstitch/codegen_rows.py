@@ -39,6 +39,11 @@ PREFETCH_REGISTERS = 64
 # and how many chunks it unrolls (LOOP_UNROLL × 8 registers of loads in flight per thread).
 LOOP_VECTOR_REGISTERS = 8
 LOOP_UNROLL, LOOP_UNROLL_INPUTS = 4, 4
+# Registers a thread may give to inputs the same for every row (LayerNorm's scale and bias),
+# loaded once before its row loop instead of once per row (after the reductions, where each
+# row waits for them). Within this budget float32 kernels keep their registers (LayerNorm f32
+# × 768: 3 chunks × 2 inputs × 4 = 24 registers), float16 LayerNorm × 768 hoists its 8.
+INVARIANT_REGISTERS = 8
 # Whether split rows (a cluster per row) load their next row ahead, as other row kernels do:
 # no — their clusters mostly take one row or two, prefetch measured the same within 3% on H200
 # (bench_rows.py --split-sweep), and its registers made 32-element slices spill.
@@ -99,6 +104,7 @@ class _RowPrinter:
         self.row_vars: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
         self.held: list[_Input] = []  # inputs of the next row loaded ahead (row_loop decides)
+        self.invariant: frozenset[str] = frozenset()  # inputs loaded once before the row loop
 
     # -- operands -----------------------------------------------------------------------
     def ctype(self, t: str) -> str:
@@ -248,6 +254,10 @@ class _RowPrinter:
         unroll = LOOP_UNROLL if len(loads) <= LOOP_UNROLL_INPUTS else 1
         if loop:  # 16-byte loads for the first few inputs; the rest element by element
             loads = self.loop_vectors(loads)
+
+        if not loop:  # inputs the same for every row are already in registers
+            held = held | self.invariant
+            loads = [x for x in loads if x.name not in self.invariant]
 
         def raw(x: _Input) -> str:
             return f"xr{x.index}[i].v[jj]" if x in loads or x.name in held else \
@@ -485,6 +495,10 @@ class _RowPrinter:
             held = []  # loaded when the row starts instead: no registers held across the row
         self.held = held
         start = self.first_row
+        if regs and self.static_row and not self.split:
+            self.hoist_invariant(held, ind)
+            # (one the first reduction reads is held no longer: it does not change between rows)
+            held = self.held = [x for x in held if x.name not in self.invariant]
         if held:
             for x in held:
                 self.lines.append(f"{ind}StitchVec<V, {ops.CTYPES[x.dtype][0]}> xr{x.index}[NCH];")
@@ -511,6 +525,23 @@ class _RowPrinter:
         if self.split:
             self.lines.append(f"{ind}stitch_cluster_done<KS>();")
 
+    def hoist_invariant(self, held: list[_Input], ind: str) -> None:
+        """Load the per-element inputs that are the same for every row (no row axis where they
+        vary) into registers once, when they fit INVARIANT_REGISTERS beside the prefetch."""
+        axes = [d for d in range(self.rank) if not self.start <= d < self.stop]
+        inv = [x for x in self.ins if x.access == "contig" and
+               all(rows.aligned(self.g.tensors[x.name].shape, self.rank)[d] == 1 for d in axes)]
+        regs = sum(max(1, self.geo.vec * dtype_size(x.dtype) // 4) for x in inv) * self.geo.chunks
+        if not inv or regs > INVARIANT_REGISTERS or not self.prefetch_fits(held + [x for x in inv if x not in held]):
+            return
+        self.invariant = frozenset(x.name for x in inv)
+        for x in inv:
+            self.lines.append(f"{ind}StitchVec<V, {ops.CTYPES[x.dtype][0]}> xr{x.index}[NCH];")
+        self.lines += [f"{ind}{{  // the same for every row: loaded once",
+                       f"{ind}  const I Cr = C, {', '.join(f'ro{x.index} = 0' for x in inv)};"]
+        self.held_loads(inv, ind + "  ", "")
+        self.lines.append(f"{ind}}}")
+
     def prefetch_fits(self, held: list[_Input]) -> bool:
         """Whether holding the next row's `held` inputs (NCH chunks each) leaves the register
         path within PREFETCH_REGISTERS and the launch's register bound. Many per-element
@@ -524,6 +555,7 @@ class _RowPrinter:
         """The row loops; a row length fixed in the model that fits the registers needs no
         loop path (smaller image, faster compile)."""
         ind = "  "
+        self.static_row = static_row
         if self.geo.chunks and static_row:
             self.lines.append(f"{ind}// the row length is fixed in the model and fits the registers: no loop path")
             self.row_loop(True, ind)

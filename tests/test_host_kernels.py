@@ -162,7 +162,7 @@ def test_row_kernels(name, model, ref, dtype, folder) -> None:
 
 
 TRAILING = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
-            for dt, cols in [(TP.FLOAT, 7), (TP.FLOAT, 300), (TP.FLOAT16, 300)]
+            for dt, cols in [(TP.FLOAT, 1), (TP.FLOAT, 7), (TP.FLOAT, 300), (TP.FLOAT16, 300)]
             for name, model, ref in list(trailing_models(cols, dtype=dt)) + list(channel_models(cols, dtype=dt))
             + list(arg_models(cols, dtype=dt))]
 
