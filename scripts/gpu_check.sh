@@ -8,6 +8,9 @@
 #   there: bash scripts/gpu_check.sh [pytest -k expression]      (carry .carry)
 # The zoo report and BERT are separate calls (about 4 minutes per dtype each on an H200):
 #   python3 scripts/build_zoo.py --out /tmp/zoo && python3 scripts/zoo_report.py --zoo /tmp/zoo
+# (the GPU machine has no torch: models small enough to carry are built here instead, one
+#  dtype per call within the 64 MiB carry limit, e.g. build/llamal/llama-layer-float32.onnx
+#  with build/llamal/manifest.json, then zoo_report.py --zoo build/llamal --dtypes float32)
 #   bash scripts/bench_bert.sh float32,float16       (stock vs stitched vs ORT's optimizer, ncu)
 set -uo pipefail
 OUT=${OUT:-/tmp/onnxstitch-out}
