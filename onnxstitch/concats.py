@@ -12,8 +12,8 @@ the bytes it writes, disappear; with Slice folding (slices.py) LLaMA's rotate_ha
 
 Members in a window compute values that exist only there: every member they feed is in the
 same window or is the Concat. Inputs of size 1 along the axis (or of lower rank) read the same
-value in every window and need none. What folds, per node (graph.build asks): a Concat whose
-operands' sizes along its axis are known. Per group (candidates.py asks `layout`): one
+value in every window and need none, unless their window is one element wide too. What folds,
+per node (graph.build asks): a Concat whose operands' sizes along its axis are known. Per group (candidates.py asks `layout`): one
 Concat, no reductions, each window's values and inputs kept to that window.
 """
 from __future__ import annotations
