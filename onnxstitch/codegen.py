@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -141,11 +140,12 @@ class _Printer:
 
     def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], vectored: frozenset[int] = frozenset(),
-                 windows: tuple[concats.Window | None, ...] = ()) -> None:
+                 windows: tuple[concats.Window | None, ...] = (), layout: concats.Layout | None = None) -> None:
         self.g, self.nodes, self.inputs, self.outputs, self.kinds = graph, nodes, inputs, outputs, kinds
         self.vectored = vectored  # BROADCAST inputs gathered per vector into bv{k}
         # Per input: its Concat window (loaded only where the element `ca` lies in it).
         self.windows = windows or (None,) * len(inputs)
+        self.layout = layout  # the group's Concat, if any
         self.var: dict[str, ops.Arg] = {}
         self.lines: list[str] = []
         self.count = 0  # values printed so far (v0, v1, ...)
@@ -200,14 +200,14 @@ class _Printer:
 
     def concat(self, n: Node) -> None:
         """The operand whose window holds the element `ca` (each was computed in its window)."""
+        assert self.layout is not None and self.layout.concat == n.index, n.label
         t = n.outputs[0]
         d = self.dtype(t)
         ct = ops.CTYPES[d][1]
-        end = concats.axis_from_end(self.g, n.index)
-        ends = list(itertools.accumulate(self.g.tensors[u].shape[-end] for u in n.inputs))
+        lay = self.layout
         expr = self.operand(n.inputs[-1]).expr
         for k in reversed(range(len(n.inputs) - 1)):
-            expr = f"(ca < {ends[k]} ? {self.operand(n.inputs[k]).expr} : {expr})"
+            expr = f"(ca < {lay.origins[k] + lay.sizes[k]} ? {self.operand(n.inputs[k]).expr} : {expr})"
         self.emit(t, ct, d, expr, "Concat")
 
     def emit(self, t: str, ct: str, d: int, expr: str, op: str) -> None:
@@ -375,7 +375,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
              options: KernelOptions = KernelOptions()) -> KernelSource:
     """CUDA source for a legal group (see candidates.legality) with topologically sorted nodes."""
     inputs, outputs = graph.boundary(frozenset(nodes))
-    shape = graph.iteration_shape(frozenset(nodes))
+    shape = graph.iteration_shape(frozenset(nodes), inputs)
     assert shape is not None, f"group {name}: iteration shape must be known"
     # A boxed input is strided (its source's row pitch), whatever its shape.
     boxes = tuple(graph.boxes.get(t) if graph.producer.get(t) in nodes else None for t in inputs)
@@ -392,7 +392,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     vectored = vectored_inputs(pats, len(shape)) if options.vector_broadcast else frozenset()
     if options.vector_broadcast:  # windowed inputs too, where a vector stays in one window
         vectored |= frozenset(k for k, w in enumerate(windows) if w is not None)
-    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored, windows)
+    p = _Printer(graph, tuple(nodes), inputs, outputs, kinds, vectored, windows, lay)
     compute = p.body()
 
     def vtype(t: str) -> str:
@@ -479,4 +479,3 @@ def _concat_coordinate(lay: concats.Layout | None, shape: tuple) -> tuple[str, s
         setup = (f"  I cinner = 1;\n#pragma unroll\n"
                  f"  for (int d = {axis + 1}; d < {len(shape)}; ++d) cinner *= (I)a.dims[d];\n")
     return setup, f"      const I ca = (i / {inner}) % {lay.total};\n", inner
-

@@ -13,8 +13,9 @@ the bytes it writes, disappear; with Slice folding (slices.py) LLaMA's rotate_ha
 Members in a window compute values that exist only there: every member they feed is in the
 same window or is the Concat. Inputs of size 1 along the axis (or of lower rank) read the same
 value in every window and need none, unless their window is one element wide too. What folds,
-per node (graph.build asks): a Concat whose operands' sizes along its axis are known. Per group (candidates.py asks `layout`): one
-Concat, no reductions, each window's values and inputs kept to that window.
+per node (graph.build asks): a Concat whose operands' sizes along its axis are known. Per group
+(candidates.py asks `layout`): one Concat, no reductions, each window's values and inputs kept
+to that window.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ from .shapes import Shape, TensorInfo
 if TYPE_CHECKING:
     from .graph import FusionGraph
 
-OPS = frozenset({"Concat"})
 NO_WINDOW = (-1, 0, 0, 0)  # the `input_windows` entry of an input read unshifted
 
 
@@ -54,14 +54,18 @@ class Layout:
 
     concat: int  # the Concat's node id
     from_end: int  # its axis counted from the innermost (1 = innermost): rank-independent
-    origins: tuple[int, ...]  # per operand
-    sizes: tuple[int, ...]
+    sizes: tuple[int, ...]  # per operand, along the axis
     node_window: Mapping[int, int]  # member node -> the operand whose window it computes in
     input_window: Mapping[str, int]  # boundary input -> the operand whose window reads it
 
     @property
     def total(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def origins(self) -> tuple[int, ...]:
+        """Where each operand's window starts along the axis."""
+        return tuple(sum(self.sizes[:k]) for k in range(len(self.sizes)))
 
     def window(self, tensor: str, info: TensorInfo) -> Window | None:
         """The window a boundary input is read through, None when read unshifted."""
@@ -119,7 +123,6 @@ def layout(graph: FusionGraph, members: frozenset[int], inputs: Sequence[str]) -
     end = axis_from_end(graph, c)
 
     sizes = tuple(graph.tensors[t].shape[-end] for t in cat.inputs)
-    origins = tuple(sum(sizes[:k]) for k in range(len(sizes)))
 
     def windowed(t: str, k: int) -> bool:
         """Whether `t`, met in window k, holds values of that window only: it has the axis, and
@@ -164,7 +167,7 @@ def layout(graph: FusionGraph, members: frozenset[int], inputs: Sequence[str]) -
             return f"'{t}' is read in {where} of {cat.label}: an input is read in one window"
         if need:
             input_window[t] = need.pop()
-    return Layout(c, end, origins, sizes, node_window, input_window)
+    return Layout(c, end, sizes, node_window, input_window)
 
 
 def encode_all(ws: Sequence[Window | None]) -> list[int]:

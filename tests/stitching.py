@@ -115,3 +115,9 @@ def assert_one_kernel_on_cpu(model: onnx.ModelProto, ref, plan: dict, run: dict,
     feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
     for g, e in zip(run_cpu(res.model, feeds), ref(feeds)):
         assert_close(g, e.astype(g.dtype), what)
+
+
+def single_kernel_attrs(model: onnx.ModelProto) -> dict:
+    """The inputs and attributes of a stitched model's one node (a single FusedKernel)."""
+    (fused,) = model.graph.node
+    return {"inputs": list(fused.input), **{a.name: onnx.helper.get_attribute_value(a) for a in fused.attribute}}

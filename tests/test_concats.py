@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
-from onnx import helper, parser
+from onnx import parser
 
 import onnxstitch
 from models.fuzz import run_cpu
@@ -14,7 +14,7 @@ from onnxstitch import candidates
 
 from ._graphs import from_text, node, nodes
 from .concat_models import concat_models, rope
-from .stitching import assert_one_kernel_on_cpu, fresh_seed
+from .stitching import assert_one_kernel_on_cpu, fresh_seed, single_kernel_attrs
 
 CASES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
          for dt in (TP.FLOAT, TP.FLOAT16) for cols in (2, 10, 64)
@@ -29,8 +29,7 @@ def test_concat_stitches_into_one_kernel_and_matches_numpy(name, model, ref, dty
 def test_rope_reads_two_windows_of_boxes_of_one_tensor() -> None:
     model, _ = rope(32, 128)
     res = onnxstitch.optimize(model, shapes={"batch": [2], "seq": [256]}, archs=("sm_90",), verify=False)
-    (fused,) = res.model.graph.node
-    a = {"inputs": list(fused.input), **{x.name: helper.get_attribute_value(x) for x in fused.attribute}}
+    a = single_kernel_attrs(res.model)
     # q bound three times: its first half read in the second window, its second half in the
     # first, and q whole (q·cos); cos and sin are [seq, 128] broadcasts.
     assert a["inputs"] == ["q", "q", "q", "cos", "sin"]

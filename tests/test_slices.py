@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
-from onnx import helper, parser
+from onnx import parser
 
 import onnxstitch
 from models.fuzz import run_cpu
@@ -14,7 +14,7 @@ from onnxstitch import candidates, slices
 
 from ._graphs import from_text, node, nodes
 from .slice_models import qkv_split, slice_models
-from .stitching import assert_one_kernel_on_cpu, fresh_seed
+from .stitching import assert_one_kernel_on_cpu, fresh_seed, single_kernel_attrs
 
 CASES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Name(dt).lower()}")
          for dt in (TP.FLOAT, TP.FLOAT16) for cols in (2, 10, 64)
@@ -26,15 +26,10 @@ def test_sliced_inputs_fold_into_one_kernel_and_match_numpy(name, model, ref, dt
     assert_one_kernel_on_cpu(model, ref, {"batch": [5], "seq": [3]}, {"batch": 4, "seq": 7}, name)
 
 
-def _attrs(model) -> dict:
-    (fused,) = model.graph.node
-    return {"inputs": list(fused.input), **{a.name: helper.get_attribute_value(a) for a in fused.attribute}}
-
-
 def test_qkv_split_reads_three_boxes_of_one_tensor() -> None:
     model, _ = qkv_split(12, 64)
     res = onnxstitch.optimize(model, shapes={"batch": [8], "seq": [128]}, archs=("sm_90",), verify=False)
-    a = _attrs(res.model)
+    a = single_kernel_attrs(res.model)
     # One tensor bound three times, each read through its third of the last axis (strided).
     assert a["inputs"] == ["x", "x", "x"]
     assert a["input_boxes"] == [2, 0, 768, 2, 768, 1536, 2, 1536, 2304]

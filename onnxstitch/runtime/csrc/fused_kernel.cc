@@ -567,6 +567,12 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
     STITCH_TRY(api_->GetTensorMutableData(const_cast<OrtValue*>(v), &data), "GetTensorMutableData");
     args.in[i] = data;
     const InputBox& b = boxes_[i];
+    const InputWindow& w = windows_[i];
+    // Boxes and windows move the pointer by whole elements.
+    const int64_t bytes = b.present || w.present ? ElementBytes(static_cast<int>(et)) : 0;
+    if ((b.present || w.present) && bytes == 0) {
+      return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a box or window cannot step over");
+    }
     if (b.present) {
       // A folded Slice/Split: the kernel reads [start, stop) along the axis, through the
       // tensor's own strides, from the box's first element on.
@@ -575,12 +581,9 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
                                               " has no box [" + std::to_string(b.start) + ", " +
                                               std::to_string(b.stop) + ") along axis " + std::to_string(b.axis));
       }
-      const int64_t bytes = ElementBytes(static_cast<int>(et));
-      if (bytes == 0) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a box cannot step over");
       if (shapes[i][b.axis] > 0) args.in[i] = static_cast<char*>(data) + b.start * own[i][b.axis] * bytes;
       shapes[i][b.axis] = b.stop - b.start;
     }
-    const InputWindow& w = windows_[i];
     if (w.present) {
       // A stitched Concat's operand: the kernel loads it only inside its window, through its own
       // strides from `origin` elements before its first; it counts as the Concat's size.
@@ -589,8 +592,6 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
                                               " is not " + std::to_string(w.size) + " long along axis " +
                                               std::to_string(w.axis) + " (its Concat window)");
       }
-      const int64_t bytes = ElementBytes(static_cast<int>(et));
-      if (bytes == 0) return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a window cannot step over");
       bool empty = false;
       for (size_t j = 0; j < rank; ++j) empty = empty || shapes[i][j] == 0;
       if (!empty) args.in[i] = static_cast<const char*>(args.in[i]) - w.origin * own[i][w.axis] * bytes;
