@@ -1,7 +1,8 @@
-"""The pipeline as a short list of named stages: load → shapes → graph → plan → pack → codegen →
-compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
+"""The pipeline as a short list of named stages: load → shapes → merge → normalize → graph → plan →
+pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -11,12 +12,12 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx
 
 from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
-from . import pack as pack_mod, rewrite, rows, views
+from . import pack as pack_mod, rewrite, rows, siblings, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError, first_line
-from .plan import Group, Plan, make_plan
+from .plan import Group, Plan, make_plan, unfused_totals
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ class Report:
     # Rewrites of the normalize stage (group norms into their stitchable form), and refusals.
     normalized: tuple[str, ...] = ()
     normalize_refusals: tuple[str, ...] = ()
+    # Sibling MatMuls merged into one GEMM (siblings.py), and the sets left apart, with why.
+    merged: tuple[str, ...] = ()
+    merge_refusals: tuple[str, ...] = ()
 
     @property
     def wall_seconds(self) -> float:
@@ -68,6 +72,7 @@ class Report:
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
+            "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
             "plan": plan,
         }
 
@@ -83,7 +88,8 @@ class OptimizeResult:
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True) -> OptimizeResult:
+             seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True,
+             merge: bool = True) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
@@ -112,18 +118,39 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
-    before = m
-    normal = normalize_mod.Normalized(m, infos)
-    if refusal is None and reductions:
-        normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
-        m, infos = normal.model, normal.tensors
+    before, before_infos = m, infos
+    merged = siblings.Merged(m, infos)
+    if refusal is None and merge:
+        merged = stage("merge", lambda: siblings.merge(before, before_infos))
     # Split rows need thread-block clusters: plan them only when an sm_90+ image is built.
     clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
-    g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions, clusters))
     cost = cost or CostModel()
-    plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
-    if pack:
-        plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
+    undone: list[str] = []
+    skip: set[str] = set()
+    while True:
+        m, infos = merged.model, merged.tensors
+        normal = normalize_mod.Normalized(m, infos)
+        if refusal is None and reductions:
+            normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
+            m, infos = normal.model, normal.tensors
+        g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions, clusters))
+        plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
+        if pack:
+            plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
+        # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
+        # would copy its columns apart again, so it is left apart and the model planned again.
+        grouped = {g.nodes[i].name for grp in plan.groups for i in grp.nodes}
+        unfolded = [(x, t) for x in merged.merges for t in x.outputs if x.slice_node(t) not in grouped]
+        if not unfolded:
+            break
+        undone += [f"MatMul into {t} (of '{x.activation}'): left apart, the plan left its Slice to ONNX Runtime"
+                   for x, t in unfolded]
+        skip |= {t for _, t in unfolded}
+        merged = stage("merge", lambda: siblings.merge(before, before_infos, skip))
+    if merged.merges:
+        # "Before" is the model as given, not its merged form (k MatMuls, not one and k Slices).
+        given = graph_mod.build(before, before_infos, dim_values, reductions, clusters)
+        plan = dataclasses.replace(plan, **unfused_totals(given, cost))
     sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
                                         for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
@@ -155,7 +182,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                   for grp, k in built)
     report = Report(plan, len(before.graph.node), len(out.graph.node),
                     tuple(kernels[0].archs) if kernels else tuple(archs), g.dim_values, times, kinfo, checked,
-                    tuple(dropped), normal.rewrites, normal.refusals)
+                    tuple(dropped), normal.rewrites, normal.refusals,
+                    tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone))
     return OptimizeResult(out, report)
 
 

@@ -359,6 +359,13 @@ def make_group(graph: FusionGraph, cost: CostModel, name: str, members: tuple[in
                  group_us(graph, cost, s), tuple(graph.nodes[i].label for i in members))
 
 
+def unfused_totals(graph: FusionGraph, cost: CostModel) -> dict[str, float | int]:
+    """A plan's "before" figures: every node of `graph` its own kernel."""
+    every = range(len(graph.nodes))
+    return {"predicted_us_before": sum(node_us(graph, cost, i) for i in every),
+            "bytes_before": sum(node_bytes(graph, i) for i in every), "kernels_before": len(graph.nodes)}
+
+
 def make_plan(graph: FusionGraph, cost: CostModel = CostModel(), *, time_limit_s: float = 30.0,
               max_size: int = 6, per_seed: int = 8, max_rounds: int = 200,
               pairwise: bool = True, candidates: Candidates | None = None) -> Plan:
@@ -380,13 +387,11 @@ def make_plan(graph: FusionGraph, cost: CostModel = CostModel(), *, time_limit_s
     groups = tuple(make_group(graph, cost, f"g{k}", chosen[c]) for k, c in enumerate(order))
     fused = {i for g in groups for i in g.nodes}
     rest = [i for i in range(len(graph.nodes)) if i not in fused]
-    all_nodes = range(len(graph.nodes))
     return Plan(
         groups=groups, status=out.status, message=out.message, solve_seconds=seconds,
         num_candidates=len(cands.groups),
-        predicted_us_before=sum(node_us(graph, cost, i) for i in all_nodes),
+        **unfused_totals(graph, cost),
         predicted_us_after=sum(g.predicted_us for g in groups) + sum(node_us(graph, cost, i) for i in rest),
-        bytes_before=sum(node_bytes(graph, i) for i in all_nodes),
         bytes_after=sum(g.predicted_bytes for g in groups) + sum(node_bytes(graph, i) for i in rest),
-        kernels_before=len(graph.nodes), kernels_after=len(groups) + len(rest),
+        kernels_after=len(groups) + len(rest),
         rejections=cands.rejections, conflicts=out.conflicts, cuts=out.cuts, rounds=out.rounds)

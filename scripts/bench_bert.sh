@@ -5,8 +5,9 @@
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 # The device tool brings back at most 8 files, so everything is packed into $OUT/bert.tar.gz.
-#   [BERT_NCU=0] bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack]
-# (elementwise: --no-reductions; nopack: --no-pack; reductions: the defaults)
+#   [BERT_NCU=0] bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack,nomerge]
+# (elementwise: --no-reductions; nopack: --no-pack; nomerge: --no-merge-matmuls; reductions: the defaults)
+# The GPU machine has no torch: carry BERT without its weights (carry build/bertc), see below.
 set -uo pipefail
 TOP=${OUT:-/tmp/onnxstitch-out}
 OUT=$TOP/bert
@@ -19,12 +20,19 @@ variants=${2:-elementwise,reductions}
 zoo=/tmp/zoo
 shape=(--shape batch=8 --shape sequence=128)
 log="$OUT/bench_bert.log"
-missing=""; for dt in ${dtypes//,/ }; do [ -f "$zoo/bert-base-$dt.onnx" ] || missing="$missing,$dt"; done
+# Models carried without their weights (scripts/carry_weights.py strip, into build/bertc) get
+# seeded random ones here; what is still missing is exported (needs torch).
+missing=""; for dt in ${dtypes//,/ }; do
+  [ -f "$zoo/bert-base-$dt.onnx" ] || [ ! -f "build/bertc/bert-base-$dt.onnx" ] || \
+    python3 scripts/carry_weights.py fill "build/bertc/bert-base-$dt.onnx" "$zoo" 2>&1 | tee -a "$log"
+  [ -f "$zoo/bert-base-$dt.onnx" ] || missing="$missing,$dt"
+done
 [ -z "$missing" ] || python3 scripts/build_zoo.py --out "$zoo" --models bert-base --dtypes "${missing#,}" 2>&1 | tail -3 | tee -a "$log"
 for dt in ${dtypes//,/ }; do
   m="$zoo/bert-base-$dt.onnx"
   for variant in ${variants//,/ }; do
     flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions); [ "$variant" = nopack ] && flag=(--no-pack)
+    [ "$variant" = nomerge ] && flag=(--no-merge-matmuls)
     python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
       --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
     for g in "" --cuda-graph; do

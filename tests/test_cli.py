@@ -159,3 +159,20 @@ def test_optimize_says_how_many_group_norms_it_rewrote(tmp_path: Path) -> None:
     assert "1 rewritten into [N, G, C/G, P]" in " ".join(res.output.split())
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["normalize"]["rewrites"]) == 1 and report["normalize"]["refusals"] == []
+
+
+def test_optimize_says_what_it_merged_and_no_merge_keeps_the_gemms_apart(tmp_path: Path) -> None:
+    from .sibling_models import projections
+
+    src = tmp_path / "qkv.onnx"
+    onnx.save(projections((16, 16, 16), 32, tail="heads")[0], src)
+    res = _invoke("optimize", str(src), "-o", str(tmp_path / "a.onnx"), "--shape", "batch=8,seq=16",
+                  "--no-verify", "--report", str(tmp_path / "report.json"))
+    assert res.exit_code == 0, res.output
+    assert "merged GEMMs │ │ 1 (from sibling MatMuls)" in " ".join(res.output.split())
+    assert [n.op_type for n in onnx.load(tmp_path / "a.onnx").graph.node] == ["MatMul", "FusedKernel"]
+    assert len(json.loads((tmp_path / "report.json").read_text())["merge"]["rewrites"]) == 1
+    res = _invoke("optimize", str(src), "-o", str(tmp_path / "b.onnx"), "--shape", "batch=8,seq=16",
+                  "--no-verify", "--no-merge-matmuls")
+    assert res.exit_code == 0 and "sibling" not in res.output
+    assert [n.op_type for n in onnx.load(tmp_path / "b.onnx").graph.node].count("MatMul") == 3

@@ -1,0 +1,166 @@
+"""Stage 2a: sibling MatMuls merged into one GEMM.
+
+Transformers project one activation several times with constant weights: attention's Q, K and
+V (BERT, LLaMA), a gated MLP's gate and up projections. Run apart, each projection is a GEMM
+too small to fill an H100/H200 (BERT-base at 1024 tokens: 96 tiles of 64 × 128 for 132 SMs)
+and its own launch. Merged, `MatMul(x, W1) … MatMul(x, Wk)` becomes `MatMul(x, [W1 | … | Wk])`
+and one Slice per original output, its columns of the wider product: one GEMM with k times
+the columns. A Slice costs nothing when it folds into the kernel that reads its output
+(slices.py: the output is a box of the merged product; one Slice per sibling rather than a
+Split lets each fold into its own kernel, whatever the others' shapes). So a sibling is merged
+only when everything reading its product is stitchable elementwise or layout work; one whose
+product feeds another GEMM or a row reduction directly is left alone (the Slice would copy).
+The pipeline also undoes the merge of a sibling whose Slice the plan left to ONNX Runtime.
+
+Values are unchanged up to the GEMM's summation order (cuBLAS may tile the wider product
+differently); verification compares against the model as given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import ops
+from .graph import implicit_inputs
+from .shapes import TensorInfo, infer
+
+SUFFIX = "~merged"
+# What may read a sibling's product for its Slice to fold into the reader's kernel (module docstring).
+_STITCHABLE = frozenset({ops.OpKind.ELEMENTWISE, ops.OpKind.BROADCAST, ops.OpKind.INJECTIVE})
+
+
+@dataclass(frozen=True)
+class Merge:
+    """One merged set: the activation the siblings share, their MatMul outputs in order (each
+    now a Slice's output) and their column counts."""
+
+    activation: str
+    outputs: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    def slice_node(self, output: str) -> str:
+        """The name of the Slice node that yields `output` from the merged product."""
+        return f"{output}{SUFFIX}_slice"
+
+    def describe(self) -> str:
+        return (f"MatMuls of '{self.activation}' into {', '.join(self.outputs)} run as one GEMM of "
+                f"{sum(self.sizes)} columns, sliced {list(self.sizes)}")
+
+
+@dataclass(frozen=True)
+class Merged:
+    """The rewritten model (the input itself when nothing merged) and its tensor facts, the
+    merges made, and the sibling sets seen but left as they were, with why."""
+
+    model: onnx.ModelProto
+    tensors: Mapping[str, TensorInfo]
+    merges: tuple[Merge, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Collection[str] = ()) -> Merged:
+    """Merge MatMuls of `model`'s main graph that multiply one activation by constant 2-D weights
+    of one dtype (module docstring). `tensors` are the inferred facts of `model`; MatMuls whose
+    output is in `skip` are left alone (the pipeline's undo)."""
+    g = model.graph
+    graph_inputs = {i.name for i in g.input}
+    constants = {t.name: t for t in g.initializer if t.name not in graph_inputs}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for t in list(n.input) + implicit_inputs(n):
+            readers.setdefault(t, []).append(n)
+    outputs = {o.name for o in g.output}
+    siblings: dict[tuple[str, int], list[int]] = {}
+    for i, n in enumerate(g.node):
+        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.input[1] in constants \
+                and len(constants[n.input[1]].dims) == 2 and n.output[0] not in skip:
+            siblings.setdefault((n.input[0], constants[n.input[1]].data_type), []).append(i)
+    merges: list[tuple[Merge, list[int]]] = []
+    refusals: list[str] = []
+    for (activation, _), members in siblings.items():
+        if len(members) < 2:
+            continue
+        kept = []
+        for i in members:
+            why = _reader_reason(g.node[i].output[0], readers, outputs)
+            if why:
+                refusals.append(f"{g.node[i].name or g.node[i].output[0]} (MatMul of '{activation}'): {why}")
+            else:
+                kept.append(i)
+        if len(kept) >= 2:
+            sizes = tuple(int(constants[g.node[i].input[1]].dims[1]) for i in kept)
+            merges.append((Merge(activation, tuple(g.node[i].output[0] for i in kept), sizes), kept))
+    if not merges:
+        return Merged(model, tensors, (), tuple(refusals))
+    out = _rebuild(model, merges, constants)
+    return Merged(out, infer(out)[1], tuple(m for m, _ in merges), tuple(refusals))
+
+
+def _reader_reason(product: str, readers: Mapping[str, list[onnx.NodeProto]], outputs: Collection[str]) -> str | None:
+    """Why a sibling's product should stay its own GEMM's: something reads it that no stitched
+    kernel can read a box for, or nothing but reshapes do (the Slice would be a copy of its
+    own). None when every reader is stitchable work."""
+    if product in outputs:
+        return "its product is a graph output (the Slice would copy it)"
+    for n in readers.get(product, []):
+        spec = ops.TABLE.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        if spec is None or spec.kind not in _STITCHABLE:
+            return f"{n.op_type} {n.name or n.output[0]} reads its product (the Slice would copy it)"
+        if n.op_type in ops.RESHAPES:
+            # A reshape costs nothing; what it feeds decides.
+            why = _reader_reason(n.output[0], readers, outputs)
+            if why:
+                return why
+    return None
+
+
+def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
+             constants: Mapping[str, onnx.TensorProto]) -> onnx.ModelProto:
+    """The model with each merged set's MatMuls replaced, where the first of them stood, by one
+    MatMul over the concatenated weights and a Slice of its columns per original output."""
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    at: dict[int, list[onnx.NodeProto]] = {}
+    gone: set[int] = set()
+    params: list[onnx.TensorProto] = []
+    for merged, members in merges:
+        first = g.node[members[0]]
+        product = f"{first.output[0]}{SUFFIX}"
+        w = f"{first.input[1]}{SUFFIX}"
+        params.append(numpy_helper.from_array(
+            np.concatenate([numpy_helper.to_array(constants[g.node[i].input[1]]) for i in members], axis=1), w))
+        nodes = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
+        start = 0
+        for out, size in zip(merged.outputs, merged.sizes):
+            node, consts = _slice(product, out, merged.slice_node(out), start, start + size, opset)
+            nodes.append(node)
+            params += consts
+            start += size
+        at[members[0]] = nodes
+        gone.update(members)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    for i, n in enumerate(g.node):
+        out.graph.node.extend(at.get(i, [] if i in gone else [n]))
+    read = {t for n in out.graph.node for t in list(n.input) + implicit_inputs(n)} | {o.name for o in g.output}
+    kept = [t for t in out.graph.initializer if t.name in read or t.name not in constants]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept + params)
+    # The old products' value_info stays valid (the Slices yield the same tensors).
+    return out
+
+
+def _slice(product: str, out: str, name: str, start: int, stop: int,
+           opset: int) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """Columns [start, stop) of the merged product's last axis; before opset 10 the bounds are
+    attributes."""
+    if opset < 10:
+        return helper.make_node("Slice", [product], [out], name=name, starts=[start], ends=[stop], axes=[-1]), []
+    consts = [numpy_helper.from_array(np.array([v], np.int64), f"{name}_{what}")
+              for what, v in (("starts", start), ("ends", stop), ("axes", -1))]
+    return helper.make_node("Slice", [product, *(c.name for c in consts)], [out], name=name), consts
