@@ -8,10 +8,13 @@
 #   there: bash scripts/gpu_check.sh [pytest -k expression]      (carry .carry)
 # The zoo report and BERT are separate calls (about 4 minutes per dtype each on an H200):
 #   python3 scripts/build_zoo.py --out /tmp/zoo && python3 scripts/zoo_report.py --zoo /tmp/zoo
-# (the GPU machine has no torch: models small enough to carry are built here instead, one
-#  dtype per call within the 64 MiB carry limit, e.g. build/llamal/llama-layer-float32.onnx
-#  with build/llamal/manifest.json, then zoo_report.py --zoo build/llamal --dtypes float32)
-#   bash scripts/bench_bert.sh float32,float16       (stock vs stitched vs ORT's optimizer, ncu)
+# (the GPU machine cannot export the zoo: build it here, then carry the models without their
+#  weights, `python3 scripts/carry_weights.py strip MODEL DIR` — BERT-base is 0.6 MB so — and
+#  `carry_weights.py fill` gives them seeded random weights there; bench_bert.sh and
+#  zoo_merge.sh do the filling themselves)
+#   bash scripts/bench_bert.sh float32,float16       (stock vs stitched vs ORT's optimizer, ncu;
+#                                                     carry build/bertc)
+#   bash scripts/zoo_merge.sh float32                (sibling GEMMs merged or not; carry build/zoo2c)
 set -uo pipefail
 OUT=${OUT:-/tmp/onnxstitch-out}
 mkdir -p "$OUT"
