@@ -74,6 +74,8 @@ inline A& shared(int id) { return *reinterpret_cast<A*>(block->storage(id, sizeo
 
 inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+// ex2.approx.ftz: a float32 subnormal result is flushed to (signed) zero.
+inline float ftz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
 inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
 }  // namespace stitch_host

@@ -29,7 +29,7 @@ HAVE_GXX = shutil.which("g++") is not None
 # PTX instruction → host expression over its operands (%1, %2).
 _PTX = {"cvt.f32.f16": "stitch_host::h2f({a})", "cvt.rn.f16.f32": "stitch_host::f2h({a})",
         "max.NaN.f32": "stitch_host::max_nan({a}, {b})", "min.NaN.f32": "stitch_host::min_nan({a}, {b})",
-        "ex2.approx.f32": "exp2f({a})", "lg2.approx.f32": "log2f({a})", "rcp.approx.f32": "(1.0f / {a})",
+        "ex2.approx.ftz.f32": "stitch_host::ftz(exp2f({a}))", "lg2.approx.f32": "log2f({a})", "rcp.approx.f32": "(1.0f / {a})",
         "sqrt.approx.f32": "sqrtf({a})", "tanh.approx.f32": "tanhf({a})", "div.approx.f32": "({a} / {b})"}
 _ASM = re.compile(r'asm\("([\w.]+) %0, %1(?:, %2)?;" : "=\w"\((\w+)\) : "\w"\((\w+)\)(?:, "\w"\((\w+)\))?\);')
 
