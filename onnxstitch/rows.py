@@ -54,12 +54,6 @@ class RowGeometry:
 # of 768 and Softmax rows of 128 and 512 (scripts/bench_rows.py --sweep): 16 for 4-byte
 # elements, 8 for 2-byte ones (docs/perf-notes.md).
 ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8}
-# Rows of up to 32 × WARP_ROW_VECTORS 16-byte vectors take one warp or less, each thread up to
-# that many vectors: no block barrier in the reductions, more loads in flight per thread. The
-# same as the rule above for 4-byte elements; for 2-byte ones (H200 sweep) float16 × 768 in
-# one warp took 6.6 µs over 4096 rows and 4.4 over 1024, against 7.3 and 5.4 in 96 threads of
-# one vector; Softmax float16 × 128 4.9 µs in 4 threads against 6.1 in 16.
-WARP_ROW_VECTORS = 4
 # With this many rows the GPU is full either way, and a row of one warp (shuffles only) beats
 # a row of two warps (a barrier per reduction) for the same row: ncu on H200, float16 Softmax
 # over [8, 12, 512, 512], 58.6 us at 32 threads per row against 80.9 at 64 (issue-bound).
@@ -74,20 +68,18 @@ def has_rows(graph: FusionGraph, nodes: Iterable[int]) -> bool:
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
                     rows: int | None = None, inputs: int = 1) -> RowGeometry:
     """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
-    knows): rows of up to 32 × WARP_ROW_VECTORS vectors one warp or less with up to that many
-    vectors per thread, longer ones enough threads to give each ELEMENTS_PER_THREAD elements
-    (a power of two up to 32, whole warps beyond), up to 1024; one warp instead of two when
-    rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
+    knows): enough to give each thread ELEMENTS_PER_THREAD elements (a power of two up to 32,
+    whole warps beyond), up to 1024; one
+    warp instead of two when rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
     the loop path only, and so do rows whose register path would not fit the launch's register
     bound with `inputs` per-element inputs. `threads` forces the threads per row (benchmarks
     sweep it)."""
     units = max(1, math.ceil(cols / vec))
     if threads is None:
         per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
-        want = max(1, math.ceil(units / WARP_ROW_VECTORS) if units <= 32 * WARP_ROW_VECTORS
-                   else math.ceil(cols / per_thread))
+        want = max(1, math.ceil(cols / per_thread))
         # Up to a warp, a power of two (lanes of a row share shuffles); beyond, whole warps, so
-        # a row wanting 96 threads gets 96 rather than 128 with 32 idle.
+        # a row of 96 vectors (float16 × 768) gets 96 threads rather than 128 with 32 idle.
         threads = 1 << (want - 1).bit_length() if want <= 32 else min(1024, 32 * math.ceil(want / 32))
         if threads == 64 and rows is not None and rows >= MANY_ROWS:
             threads = 32
