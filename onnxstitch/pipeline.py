@@ -119,24 +119,28 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     before, before_infos = m, infos
-    merged = siblings.Merged(m, infos)
-    if refusal is None and merge:
-        merged = stage("merge", lambda: siblings.merge(before, before_infos))
     # Split rows need thread-block clusters: plan them only when an sm_90+ image is built.
     clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
     cost = cost or CostModel()
-    undone: list[str] = []
-    skip: set[str] = set()
-    while True:
-        m, infos = merged.model, merged.tensors
-        normal = normalize_mod.Normalized(m, infos)
+
+    def planned(skip: frozenset[str]) -> tuple[siblings.Merged, normalize_mod.Normalized, graph_mod.FusionGraph, Plan]:
+        """merge → normalize → graph → plan → pack, siblings into `skip` left apart."""
+        merged = siblings.Merged(before, before_infos)
+        if refusal is None and merge:
+            merged = stage("merge", lambda: siblings.merge(before, before_infos, skip))
+        normal = normalize_mod.Normalized(merged.model, merged.tensors)
         if refusal is None and reductions:
-            normal = stage("normalize", lambda: normalize_mod.normalize(m, infos))
-            m, infos = normal.model, normal.tensors
-        g = stage("graph", lambda: graph_mod.build(m, infos, dim_values, reductions, clusters))
+            normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
+        g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dim_values, reductions, clusters))
         plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
         if pack:
             plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
+        return merged, normal, g, plan
+
+    skip: frozenset[str] = frozenset()
+    undone: list[str] = []
+    while True:
+        merged, normal, g, plan = planned(skip)
         # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
         # would copy its columns apart again, so it is left apart and the model planned again.
         grouped = {g.nodes[i].name for grp in plan.groups for i in grp.nodes}
@@ -146,7 +150,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         undone += [f"MatMul into {t} (of '{x.activation}'): left apart, the plan left its Slice to ONNX Runtime"
                    for x, t in unfolded]
         skip |= {t for _, t in unfolded}
-        merged = stage("merge", lambda: siblings.merge(before, before_infos, skip))
+    m = normal.model
     if merged.merges:
         # "Before" is the model as given, not its merged form (k MatMuls, not one and k Slices).
         given = graph_mod.build(before, before_infos, dim_values, reductions, clusters)
