@@ -170,12 +170,14 @@ def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Se
 
 def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     """(normalized model, graph, groups, kernel sources) as `optimize` plans them at `dims`."""
-    from onnxstitch import load, normalize, pack, plan, shapes
+    from onnxstitch import load, normalize, pack, plan, shapes, siblings
     from onnxstitch.pipeline import generate_kernel
 
     m = load.constants_to_initializers(load.load(model))
     m, dim_values = shapes.resolve_shapes(m, dims)
     _, infos = shapes.infer(m)
+    merged = siblings.merge(m, infos)
+    m, infos = merged.model, merged.tensors
     normal = normalize.normalize(m, infos)
     m, infos = normal.model, normal.tensors
     g = graph_mod.build(m, infos, dim_values, True)
@@ -216,11 +218,16 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like:
 
 def _view(node, values: dict, model: onnx.ModelProto) -> None:
     """A node outside the groups: Shape and Reshape (views in ONNX Runtime) of known values
-    are evaluated; anything else a group reads fails in group_inputs."""
+    are evaluated, and MatMul (ONNX Runtime's GEMM, in numpy: a merged sibling GEMM's product
+    feeds the kernels reading its Slices); anything else a group reads fails in group_inputs."""
     inits = {t.name: t for t in model.graph.initializer}
-    if node.op_type not in ("Shape", "Reshape") or not (node.inputs[0] in values or node.inputs[0] in inits):
+    if node.op_type not in ("Shape", "Reshape", "MatMul") or not (node.inputs[0] in values or node.inputs[0] in inits):
         return
     x = values[node.inputs[0]] if node.inputs[0] in values else numpy_helper.to_array(inits[node.inputs[0]])
+    if node.op_type == "MatMul":
+        w = values[node.inputs[1]] if node.inputs[1] in values else numpy_helper.to_array(inits[node.inputs[1]])
+        values[node.outputs[0]] = np.matmul(x.astype(np.float32), w.astype(np.float32)).astype(x.dtype)
+        return
     if node.op_type == "Shape":
         values[node.outputs[0]] = np.array(x.shape, np.int64)
         return

@@ -297,3 +297,15 @@ def test_empty_rows_hold_the_identity(op, identity, shape, axes, keepdims, folde
     np.testing.assert_array_equal(ort_cpu, want)  # the rule the kernel follows is ORT CPU's
     got = run_model(model, {"x": np.zeros(shape, np.float32)}, {"y": np.empty_like(want)}, {}, folder)
     np.testing.assert_array_equal(got["y"], want)
+
+
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16], ids=["float32", "float16"])
+@pytest.mark.parametrize("tail,sizes", [("heads", (8, 8, 8)), ("heads", (8, 16, 8)), ("glu", (24, 24))])
+def test_kernels_reading_a_merged_gemm_through_slices(tail, sizes, dtype, folder) -> None:
+    """Sibling MatMuls merged (siblings.py): the kernels after the one GEMM read their columns
+    of its product as boxes (strided rows of the wider product)."""
+    from .sibling_models import projections
+
+    model, ref = projections(sizes, 16, dtype=dtype, tail=tail, heads=4, seed=fresh_seed())
+    _check(model, ref, dtype, {"batch": [2], "seq": [8]}, {"batch": 3, "seq": 5}, folder, f"{tail} {sizes}")
+
