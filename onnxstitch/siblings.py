@@ -101,9 +101,10 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
 
 
 def _reader_reason(product: str, readers: Mapping[str, list[onnx.NodeProto]], outputs: Collection[str]) -> str | None:
-    """Why a sibling's product should stay its own GEMM's: something reads it that no stitched
-    kernel can read a box for, or nothing but reshapes do (the Slice would be a copy of its
-    own). None when every reader is stitchable work."""
+    """Why a sibling's product should stay its own GEMM's: something reads it (directly or
+    through reshapes, which are judged by what they feed) that no stitched kernel can read a
+    box for, or it is a graph output: the Slice would be a copy of its own. None when every
+    reader is stitchable work."""
     if product in outputs:
         return "its product is a graph output (the Slice would copy it)"
     for n in readers.get(product, []):
