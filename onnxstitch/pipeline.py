@@ -151,8 +151,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                    for x, t in unfolded]
         skip |= {t for _, t in unfolded}
     m = normal.model
-    if merged.merges:
-        # "Before" is the model as given, not its merged form (k MatMuls, not one and k Slices).
+    if m is not before:
+        # "Before" is the model as given, not its rewritten form (k MatMuls, not one and k
+        # Slices; a group norm's Reshapes as they were).
         given = graph_mod.build(before, before_infos, dim_values, reductions, clusters)
         plan = dataclasses.replace(plan, **unfused_totals(given, cost))
     sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
