@@ -103,22 +103,17 @@ struct StitchArgs {{
   long long strides[STITCH_MAX_IN][STITCH_MAX_RANK];
 }};
 template <int N, typename T> struct alignas(sizeof(T) * N) StitchVec {{ T v[N]; }};
-// Element j of a held vector of halves, read through the 32-bit word holding it: the
-// conversion then selects its half of the word, where reading the 16-bit element first
-// costs a byte permute per element to unpack the vector (float16 Softmax: ~15% of its
-// instructions).
-template <int N> __device__ __forceinline__ unsigned int stitch_pair(const StitchVec<N, unsigned short>& x, int j) {{
-  unsigned int w;
-  memcpy(&w, &x.v[j & ~1], sizeof(w));
-  return (j & 1) ? w >> 16 : w & 0xffffu;
-}}
-template <int N> __device__ __forceinline__ float stitch_h2f_at(const StitchVec<N, unsigned short>& x, int j) {{
-  if constexpr (N % 2 == 0) return stitch_h2f((unsigned short)stitch_pair(x, j));
-  else return stitch_h2f(x.v[j]);
-}}
-template <int N> __device__ __forceinline__ float stitch_bf2f_at(const StitchVec<N, unsigned short>& x, int j) {{
-  if constexpr (N % 2 == 0) return stitch_bf2f((unsigned short)stitch_pair(x, j));
-  else return stitch_bf2f(x.v[j]);
+// Element j of a held vector of halves, read through the 32-bit word holding it: converting
+// it then selects its half of the word, where reading the 16-bit element first costs a byte
+// permute per element to unpack the vector (float16 Softmax: ~15% of its instructions).
+template <int N> __device__ __forceinline__ unsigned short stitch_half_at(const StitchVec<N, unsigned short>& x, int j) {{
+  if constexpr (N % 2 == 0) {{
+    unsigned int w;
+    memcpy(&w, &x.v[j & ~1], sizeof(w));
+    return (unsigned short)((j & 1) ? w >> 16 : w);
+  }} else {{
+    return x.v[j];
+  }}
 }}
 """
 
@@ -132,7 +127,7 @@ def _load_expr(dtype: int, raw: str) -> str:
     if dtype in (TP.FLOAT16, TP.BFLOAT16):
         fn = "stitch_h2f" if dtype == TP.FLOAT16 else "stitch_bf2f"
         held = _HELD.match(raw)
-        return f"{fn}_at({held[1]}, {held[2]})" if held else f"{fn}({raw})"
+        return f"{fn}(stitch_half_at({held[1]}, {held[2]}))" if held else f"{fn}({raw})"
     return raw if ops.CTYPES[dtype][0] == ctype else f"(({ctype}){raw})"
 
 
