@@ -15,6 +15,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -29,21 +30,30 @@ from onnxstitch import bench  # noqa: E402
 ROWS, COLS = 8192, 4096
 
 
+def launch_ms(launch: Callable[[], object], reps: int) -> float:
+    """Milliseconds per call of `launch` (warmed up by the caller), from CUDA events around
+    `reps` back-to-back calls on the default stream."""
+    import cupy as cp
+
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(reps):
+        launch()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / reps
+
+
 def copy_bandwidth(nbytes: int, reps: int = 50) -> float:
     """Device-to-device copy, GB/s counting bytes read plus written."""
     import cupy as cp
 
     a = cp.random.standard_normal(nbytes // 4, dtype=cp.float32)
     b = cp.empty_like(a)
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
     for _ in range(5):
         b[...] = a
-    start.record()
-    for _ in range(reps):
-        cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToDevice, 0)
-    stop.record()
-    stop.synchronize()
-    ms = cp.cuda.get_elapsed_time(start, stop) / reps
+    ms = launch_ms(lambda: cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, a.nbytes,
+                                                       cp.cuda.runtime.memcpyDeviceToDevice, 0), reps)
     return 2 * a.nbytes / (ms * 1e-3) / 1e9
 
 
@@ -111,13 +121,7 @@ def fused_kernel_time(image: bytes, kernel_name: str, vw: int, x, y, reps: int =
 
     for _ in range(5):
         launch()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        launch()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps
+    return launch_ms(launch, reps)
 
 
 def per_node_us(n_ops: int = 20) -> float:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch import bench, codegen_rows, rows as rows_mod  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
-from scripts.bench_elementwise import _Args, copy_bandwidth, node_image  # noqa: E402
+from scripts.bench_elementwise import _Args, copy_bandwidth, launch_ms, node_image  # noqa: E402
 
 B, S, HIDDEN, HEADS = 8, 512, 768, 12
 
@@ -164,13 +164,7 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     for _ in range(5):
         check(cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None), f"cuLaunchKernel({entry}, {grid})")
     check(cuda.cuCtxSynchronize(), f"{entry} (grid {grid}, block {block})")
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None)
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / reps
+    return launch_ms(lambda: cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None), reps)
 
 
 def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch import bench  # noqa: E402
+from scripts.bench_elementwise import launch_ms  # noqa: E402
 
 B, H, S, D = 8, 12, 128, 64
 QT = 64  # query rows per block
@@ -250,13 +251,7 @@ def probe_kernel(source: str, name: str, smem: int, reps: int = 200) -> dict:
     err = float(np.linalg.norm(out.get() - want) / np.linalg.norm(want))
     for _ in range(20):
         launch()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(reps):
-        launch()
-    stop.record()
-    stop.synchronize()
-    return {"kernel_us": cp.cuda.get_elapsed_time(start, stop) / reps * 1e3, "relative_error_vs_float64": err,
+    return {"kernel_us": launch_ms(launch, reps) * 1e3, "relative_error_vs_float64": err,
             "blocks": B * H * (S // QT), "shared_bytes": smem}
 
 
