@@ -86,11 +86,12 @@ def test_reshape_then_gemm_stays_apart() -> None:
     shape_back = onnx.numpy_helper.from_array(np.array([0, 0, 8], np.int64), "s_back")
     g.initializer.extend([shape, shape_back])
     for i in range(2):
-        mm = next(n for n in g.node if n.output[0] == f"y{i}")
-        mm.input[0] = f"back{i}"
-        g.node.extend([onnx.helper.make_node("Reshape", [f"p{i}", "s"], [f"r{i}"]),
-                       onnx.helper.make_node("Reshape", [f"r{i}", "s_back"], [f"back{i}"])])
-    model = onnx.shape_inference.infer_shapes(_sorted(model))
+        at = next(k for k, n in enumerate(g.node) if n.output[0] == f"y{i}")
+        g.node[at].input[0] = f"back{i}"
+        # (inserted before the MatMul that reads them: the node list stays in topological order)
+        g.node.insert(at, onnx.helper.make_node("Reshape", [f"r{i}", "s_back"], [f"back{i}"]))
+        g.node.insert(at, onnx.helper.make_node("Reshape", [f"p{i}", "s"], [f"r{i}"]))
+    model = onnx.shape_inference.infer_shapes(model)
     out = _merged(model)
     assert out.merges == ()
     assert all("MatMul" in r for r in out.refusals), out.refusals
@@ -99,14 +100,14 @@ def test_reshape_then_gemm_stays_apart() -> None:
 def test_one_sibling_left_out_the_others_merge() -> None:
     model, _ = projections((8, 8, 8), 16)
     g = model.graph
-    # p2 also becomes a graph output: merging it would leave ORT a Split copying it out.
+    # p2 also becomes a graph output: merging it would leave ORT a Slice copying it out.
     g.output.append(onnx.helper.make_tensor_value_info("p2", TP.FLOAT, ["batch", "seq", 8]))
     out = _merged(model)
     assert [x.outputs for x in out.merges] == [("p0", "p1")]
     assert len(out.refusals) == 1 and "graph output" in out.refusals[0]
 
 
-def test_weights_that_are_graph_inputs_or_differ_in_dtype_are_not_siblings() -> None:
+def test_weights_that_are_graph_inputs_are_not_siblings() -> None:
     model, _ = projections((8, 8, 8), 16)
     g = model.graph
     # w0 overridable at run time (an initializer that is also a graph input): not a constant.
@@ -150,17 +151,3 @@ def test_merge_is_undone_when_the_plan_leaves_its_split(monkeypatch) -> None:
     merge = res.report.to_json()["merge"]
     assert merge["rewrites"] == [] and any("left apart" in r for r in merge["refusals"])
 
-
-def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with its nodes in a topological order (tests append nodes out of order)."""
-    g = model.graph
-    ready = {i.name for i in g.input} | {t.name for t in g.initializer}
-    nodes, left = [], list(g.node)
-    while left:
-        n = next(n for n in left if all(t in ready for t in n.input if t))
-        nodes.append(n)
-        left.remove(n)
-        ready.update(n.output)
-    del g.node[:]
-    g.node.extend(nodes)
-    return model
