@@ -63,6 +63,8 @@ def _summary(report, out: Path) -> Table:
         t.add_row("group norms", "", f"{len(report.normalized)} rewritten into [N, G, C/G, P]")
     if report.merged:
         t.add_row("merged GEMMs", "", f"{len(report.merged)} (from sibling MatMuls)")
+    if report.attention:
+        t.add_row("attention kernels", "", f"{len(report.attention)} (TF32 tensor cores)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
     v = report.verification
     if v is not None:
@@ -89,10 +91,12 @@ def _summary(report, out: Path) -> Table:
               help="Run independent elementwise groups over one iteration space in one kernel.")
 @click.option("--merge-matmuls/--no-merge-matmuls", "merge", default=True, show_default=True,
               help="Run MatMuls of one activation by constant weights (Q/K/V, gate/up) as one GEMM.")
+@click.option("--attention/--no-attention", default=True, show_default=True,
+              help="Run each float32 attention core (MatMul, scale, mask, Softmax, MatMul) as one TF32 kernel.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, verbose: bool, quiet: bool) -> None:
+             pack: bool, merge: bool, attention: bool, verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -109,7 +113,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
-                              merge=merge)
+                              merge=merge, attention=attention)
     save_atomic(result.model, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)

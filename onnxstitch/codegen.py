@@ -24,6 +24,7 @@ from .shapes import dtype_size
 FULL, BROADCAST = 0, 1
 ENTRY_SUFFIXES = ("_v32", "_s64")
 ROWS_ENTRY_SUFFIXES = ("_rows", "_rows64")  # 32-bit and 64-bit indices
+ATTENTION_ENTRY_SUFFIX = "_attn"
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class KernelSource:
     outputs: tuple[str, ...]
     input_kinds: tuple[int, ...]
     output_dtypes: tuple[int, ...]
-    shape_rule: str = "broadcast"  # or "rows" (codegen_rows)
+    shape_rule: str = "broadcast"  # or "rows" (codegen_rows), "attention" (codegen_attention)
     output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims), 2 without
     row_axes: int = 1  # rows only: axes that form a row
     row_threads: int = 256  # rows only: threads per row
@@ -59,6 +60,9 @@ class KernelSource:
     input_boxes: tuple[slices.Box | None, ...] = ()
     # Per input: the Concat window it is read in (concats.py), None when read unshifted.
     input_windows: tuple[concats.Window | None, ...] = ()
+    # attention only: [head size, queries per block, threads, dynamic shared bytes, has a mask,
+    # output transposed to [b, s, h, d]] (docs/abi.md)
+    attention: tuple[int, ...] = ()
 
     @property
     def bound_inputs(self) -> tuple[str, ...]:
@@ -68,6 +72,8 @@ class KernelSource:
 
     @property
     def entries(self) -> tuple[str, ...]:
+        if self.shape_rule == "attention":
+            return (self.name + ATTENTION_ENTRY_SUFFIX,)
         suffixes = ROWS_ENTRY_SUFFIXES if self.shape_rule == "rows" else ENTRY_SUFFIXES
         return tuple(self.name + s for s in suffixes)
 

@@ -1,5 +1,5 @@
-"""The pipeline as a short list of named stages: load → shapes → merge → normalize → graph → plan →
-pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
+"""The pipeline as a short list of named stages: load → shapes → merge → normalize → graph →
+attention → plan → pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import codegen, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
+from . import attention as attention_mod, codegen, codegen_attention, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
 from . import pack as pack_mod, rewrite, rows, siblings, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
@@ -43,6 +43,9 @@ class Report:
     # Sibling MatMuls merged into one GEMM (siblings.py), and the sets left apart, with why.
     merged: tuple[str, ...] = ()
     merge_refusals: tuple[str, ...] = ()
+    # Attention chains run as one kernel each (attention.py), and the near-misses with why.
+    attention: tuple[str, ...] = ()
+    attention_refusals: tuple[str, ...] = ()
 
     @property
     def wall_seconds(self) -> float:
@@ -73,6 +76,7 @@ class Report:
             "dropped_groups": list(self.dropped),
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
+            "attention": {"kernels": list(self.attention), "refusals": list(self.attention_refusals)},
             "plan": plan,
         }
 
@@ -89,7 +93,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
              seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True,
-             merge: bool = True) -> OptimizeResult:
+             merge: bool = True, attention: bool = True) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
@@ -100,7 +104,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     `reductions` (on by default) also stitches reductions over a run of consecutive axes, Softmax,
     LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
     their neighbours. `pack` (on by default) runs independent elementwise groups over one
-    iteration space in one kernel (pack.py)."""
+    iteration space in one kernel (pack.py). `attention` (on by default, with `reductions`) runs
+    each float32 attention core — MatMul → scale → mask → Softmax → MatMul [→ Transpose] — as
+    one kernel on TF32 tensor cores (attention.py)."""
     say = progress or (lambda _msg: None)
     times: dict[str, float] = {}
 
@@ -123,8 +129,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
     cost = cost or CostModel()
 
-    def planned(skip: frozenset[str]) -> tuple[siblings.Merged, normalize_mod.Normalized, graph_mod.FusionGraph, Plan]:
-        """merge → normalize → graph → plan → pack, siblings into `skip` left apart."""
+    def planned(skip: frozenset[str]) -> tuple[siblings.Merged, normalize_mod.Normalized, graph_mod.FusionGraph, Plan,
+                                               attention_mod.Found]:
+        """merge → normalize → graph → attention → plan → pack, siblings into `skip` left apart."""
         merged = siblings.Merged(before, before_infos)
         if refusal is None and merge:
             merged = stage("merge", lambda: siblings.merge(before, before_infos, skip))
@@ -132,15 +139,19 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         if refusal is None and reductions:
             normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
         g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dim_values, reductions, clusters))
+        found = attention_mod.Found()
+        if refusal is None and reductions and attention:
+            found = stage("attention", lambda: attention_mod.find(g))
+            g = attention_mod.claim(g, found)
         plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
         if pack:
             plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
-        return merged, normal, g, plan
+        return merged, normal, g, attention_mod.extend_plan(plan, g, cost, found), found
 
     skip: frozenset[str] = frozenset()
     undone: list[str] = []
     while True:
-        merged, normal, g, plan = planned(skip)
+        merged, normal, g, plan, found = planned(skip)
         # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
         # would copy its columns apart again, so it is left apart and the model planned again.
         grouped = {g.nodes[i].name for grp in plan.groups for i in grp.nodes}
@@ -188,12 +199,17 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     report = Report(plan, len(before.graph.node), len(out.graph.node),
                     tuple(kernels[0].archs) if kernels else tuple(archs), g.dim_values, times, kinfo, checked,
                     tuple(dropped), normal.rewrites, normal.refusals,
-                    tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone))
+                    tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone),
+                    tuple(x.describe() for x in found.matches), found.refusals)
     return OptimizeResult(out, report)
 
 
 def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:
     """How a kernel is launched, for the report: its scheme and launch shape (docs/abi.md)."""
+    if src.shape_rule == "attention":
+        head, queries, threads, shared, _, transposed = src.attention
+        return {"scheme": "attention", "head_size": head, "queries_per_block": queries, "block": threads,
+                "shared_bytes": shared, "transposed_output": bool(transposed), "tf32": True}
     if src.shape_rule == "rows":
         per_block = src.block_threads // src.row_threads
         return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,
@@ -212,7 +228,11 @@ def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> 
 
 
 def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:
-    """The elementwise scheme, or the rows scheme for a group with reductions."""
+    """The attention scheme for an attention chain, the rows scheme for a group with
+    reductions, else the elementwise scheme."""
+    chain = attention_mod.of_group(g, nodes)
+    if chain is not None:
+        return codegen_attention.generate(g, name, chain)
     if rows.has_rows(g, nodes):
         return codegen_rows.generate_rows(g, name, nodes)
     return codegen.generate(g, name, nodes)

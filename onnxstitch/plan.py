@@ -58,6 +58,9 @@ class Group:
     predicted_us: float
     labels: tuple[str, ...] = ()  # node labels, for reports
     parts: tuple[tuple[int, ...], ...] = ()  # packed groups (pack.py), empty when not packed
+    # Its products round their inputs to TF32 as ONNX Runtime's float32 GEMMs do by default
+    # (attention.py): verified at TF32's accuracy, not float32's.
+    tf32: bool = False
 
     def to_json(self) -> dict:
         """A JSON-ready dict."""
@@ -67,6 +70,8 @@ class Group:
                "predicted_bytes": self.predicted_bytes, "predicted_us": self.predicted_us}
         if self.parts:
             out["packed_from"] = [list(p) for p in self.parts]
+        if self.tf32:
+            out["tf32"] = True
         return out
 
 

@@ -20,7 +20,7 @@ OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
-                "input_boxes", "input_windows")
+                "input_boxes", "input_windows", "attention")
 
 
 def arch_number(arch: str) -> int:
@@ -63,6 +63,8 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         node.attribute.append(helper.make_attribute("input_boxes", slices.encode_all(k.source.input_boxes)))
     if k.source.input_windows:
         node.attribute.append(helper.make_attribute("input_windows", concats.encode_all(k.source.input_windows)))
+    if k.source.attention:
+        node.attribute.append(helper.make_attribute("attention", list(k.source.attention)))
     node.overload = group.name
     return node
 
@@ -75,7 +77,9 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # [C] parameters that channel_params replaced by [C, 1, …] inputs. Function bodies cannot
     # see graph initializers.
     inits = {i.name: i for i in model.graph.initializer}
-    computes = [i for i in group.nodes if graph.nodes[i].kind not in (ops.OpKind.INJECTIVE, ops.OpKind.SLICE)]
+    # An attention chain's body is its nodes as they are, its Transpose included.
+    chain = src.shape_rule == "attention"
+    computes = [i for i in group.nodes if chain or graph.nodes[i].kind not in (ops.OpKind.INJECTIVE, ops.OpKind.SLICE)]
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
     read = [t for i in computes for n in [model.graph.node[i]] for t in ops.data_inputs(n.op_type, n.domain, n.input)]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
@@ -91,7 +95,7 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
                     else [model.graph.node[i]])
     # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
     # the function does not receive.
-    for view in views.group_views(graph, members, src.outputs):
+    for view in () if chain else views.group_views(graph, members, src.outputs):
         if view is not None:
             body.extend(views.fallback_nodes(view))
     formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]

@@ -34,6 +34,7 @@ constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 
 // CUjit_option values used for PTX JIT error reporting.
+constexpr int kFuncMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kJitErrorLogBuffer = 5;
 constexpr int kJitErrorLogBufferSizeBytes = 6;
 
@@ -58,6 +59,7 @@ struct Driver {
                          unsigned int, unsigned int, unsigned int, Stream, void**,
                          void**) = nullptr;                                 // @4000
   Result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, Function, int, size_t) = nullptr;  // @6050, optional
+  Result (*FuncSetAttribute)(Function, int, int) = nullptr;                 // @9000
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -114,6 +116,7 @@ struct Driver {
         {"cuModuleUnload", 2000, reinterpret_cast<void**>(&ModuleUnload), true},
         {"cuModuleGetFunction", 2000, reinterpret_cast<void**>(&ModuleGetFunction), true},
         {"cuLaunchKernel", 4000, reinterpret_cast<void**>(&LaunchKernel), true},
+        {"cuFuncSetAttribute", 9000, reinterpret_cast<void**>(&FuncSetAttribute), true},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

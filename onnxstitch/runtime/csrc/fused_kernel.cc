@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "cuda_driver.h"
 #include "input_boxes.h"
 #include "output_views.h"
@@ -57,6 +58,7 @@ constexpr const char* kRowsEntrySuffix[kEntries] = {"_rows", "_rows64"};  // 32-
 // Split rows (row_geometry[4] > 1): entries launching clusters of that many blocks per row, in
 // images for GPUs with thread-block clusters (sm_90 on); absent elsewhere.
 constexpr const char* kClusterEntrySuffix[kEntries] = {"_rows_cl", "_rows64_cl"};
+constexpr const char* kAttentionEntrySuffix = "_attn";  // shape_rule "attention": one entry
 
 // Our OrtCustomOp plus the OrtApi it was registered with (InferOutputShapeFn gets no api).
 struct OpDef {
@@ -161,6 +163,17 @@ struct Loaded {
   int cluster_blocks_per_sm = 0;  // the same for the cluster entries
 };
 
+// Pops the pushed context on every path out of Compute.
+struct CtxGuard {
+  const cu::Driver* driver = nullptr;
+  ~CtxGuard() {
+    if (driver != nullptr) {
+      cu::Context popped = nullptr;
+      driver->CtxPopCurrent(&popped);
+    }
+  }
+};
+
 class Kernel {
  public:
   Kernel(const OrtApi* api, std::string node_name) : api_(api), node_(std::move(node_name)) {}
@@ -168,6 +181,8 @@ class Kernel {
 
   Error Init(const OrtKernelInfo* info);
   Error Compute(OrtKernelContext* ctx);
+  Error ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
+                         const size_t* ranks, size_t n_in);
 
   OrtStatus* ToStatus(const Error& e) const { return api_->CreateStatus(e.code, (Who() + ": " + e.message).c_str()); }
 
@@ -180,6 +195,7 @@ class Kernel {
 
  private:
   Error EnsureDriver();
+  Error Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, const Loaded** l);
   Error ModuleFor(cu::Context ctx, const Loaded** out);
   Error LoadModule(Loaded* l);
   void UnloadAll() noexcept;
@@ -202,6 +218,7 @@ class Kernel {
   std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
   std::vector<InputBox> boxes_;        // per input, "input_boxes" (may be absent): a folded Slice/Split
   std::vector<InputWindow> windows_;   // per input, "input_windows" (may be absent): a stitched Concat
+  AttentionSpec attention_;            // shape_rule "attention" only
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -272,6 +289,14 @@ Error Kernel::Init(const OrtKernelInfo* info) {
       row_inner_ = geo.size() >= 4 ? geo[3] : 0;
       row_split_ = geo.size() == 5 ? geo[4] : 1;
     }
+  }
+
+  if (shape_rule_ == "attention") {
+    std::vector<int64_t> spec;
+    std::string error;
+    if (Error e = r.Ints("attention", &spec, &present)) return e;
+    if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'attention' (shape_rule \"attention\")");
+    if (!ParseAttention(spec, &attention_, &error)) return Fail(ORT_INVALID_ARGUMENT, error);
   }
 
   size_t n_in = 0, n_out = 0;
@@ -443,6 +468,21 @@ Error Kernel::LoadModule(Loaded* l) {
   }
   if (l->module == nullptr) return Fail(ORT_FAIL, "cannot load a kernel image for " + device_arch + ": " + why);
 
+  if (attention_.present) {
+    // One entry, with more dynamic shared memory than the default 48 KB where it needs it.
+    const std::string entry = kernel_name_ + kAttentionEntrySuffix;
+    r = driver_.ModuleGetFunction(&l->entry[0], l->module, entry.c_str());
+    if (r == cu::kSuccess && attention_.shared > 48 * 1024) {
+      r = driver_.FuncSetAttribute(l->entry[0], cu::kFuncMaxDynamicSharedBytes, static_cast<int>(attention_.shared));
+    }
+    if (r != cu::kSuccess) {
+      driver_.ModuleUnload(l->module);
+      l->module = nullptr;
+      return Fail(ORT_FAIL, "the kernel image's entry '" + entry + "' cannot be used with " +
+                                std::to_string(attention_.shared) + " bytes of shared memory: " + CuError(r));
+    }
+    return {};
+  }
   for (int v = 0; v < kEntries; ++v) {
     const std::string entry = kernel_name_ + (rows_ ? kRowsEntrySuffix[v] : kEntrySuffix[v]);
     r = driver_.ModuleGetFunction(&l->entry[v], l->module, entry.c_str());
@@ -509,20 +549,77 @@ void Kernel::UnloadAll() noexcept {
   loaded_.clear();
 }
 
-// Pops the pushed context on every path out of Compute.
-struct CtxGuard {
-  const cu::Driver* driver = nullptr;
-  ~CtxGuard() {
-    if (driver != nullptr) {
-      cu::Context popped = nullptr;
-      driver->CtxPopCurrent(&popped);
-    }
+// ORT's compute stream, its context made current on this thread until `guard` goes, and the
+// module loaded there.
+Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, const Loaded** l) {
+  cu::Context context = nullptr;
+  cu::Context* cuctx = &context;
+  void* stream_handle = nullptr;
+  STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
+  *stream = static_cast<cu::Stream>(stream_handle);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Error e = EnsureDriver()) return e;
   }
-};
+  cu::Result r = driver_.StreamContext(*stream, cuctx);
+  if ((r != cu::kSuccess || *cuctx == nullptr) && *stream == nullptr) {
+    r = driver_.CtxGetCurrent(cuctx);  // legacy default stream: the thread's current context
+  }
+  if (r != cu::kSuccess || *cuctx == nullptr) {
+    return Fail(ORT_FAIL, "cannot get the CUDA context of ORT's compute stream: " +
+                              (r != cu::kSuccess ? CuError(r) : std::string("no context")));
+  }
+  r = driver_.CtxPushCurrent(*cuctx);
+  if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuCtxPushCurrent failed: " + CuError(r));
+  guard->driver = &driver_;
+  return ModuleFor(*cuctx, l);
+}
+
+// An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], the mask's strides in
+// strides[3]; one block of `threads` per (batch, head) and `queries` queries, 1-D grid.
+Error Kernel::ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
+                               const size_t* ranks, size_t n_in) {
+  long long dims[4], mask_strides[4];
+  std::string error;
+  if (!AttentionDims(attention_, shapes, ranks, n_in, dims, mask_strides, &error)) {
+    return Fail(ORT_INVALID_ARGUMENT, error);
+  }
+  args->rank = 4;
+  for (int d = 0; d < 4; ++d) args->dims[d] = dims[d], args->strides[3][d] = mask_strides[d];
+  args->n = dims[0] * dims[1] * dims[2] * attention_.head;
+  std::vector<ShapeDim> q, shape;
+  for (size_t j = 0; j < ranks[0]; ++j) q.push_back(ShapeDim{shapes[0][j], ""});
+  AttentionOutput(q, attention_.transposed, &shape);  // ranks were checked by AttentionDims
+  int64_t out_dims[STITCH_MAX_RANK];
+  for (size_t d = 0; d < shape.size(); ++d) out_dims[d] = shape[d].value;
+  OrtValue* v = nullptr;
+  STITCH_TRY(api_->KernelContext_GetOutput(ctx, 0, out_dims, shape.size(), &v), "KernelContext_GetOutput");
+  if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output 0");
+  STITCH_TRY(api_->GetTensorMutableData(v, &args->out[0]), "GetTensorMutableData");
+  const long long tiles = (dims[2] + attention_.queries - 1) / attention_.queries;
+  const long long blocks = dims[0] * dims[1] * tiles;
+  if (args->n == 0 || dims[3] == 0) return {};  // nothing to compute (no keys: ORT would divide 0 by 0)
+  if (blocks > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many (batch, head, query tile) blocks");
+
+  cu::Stream stream = nullptr;
+  CtxGuard guard;
+  const Loaded* l = nullptr;
+  if (Error e = Enter(ctx, &guard, &stream, &l)) return e;
+  void* params[1] = {args};
+  const cu::Result r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1,
+                                            static_cast<unsigned int>(attention_.threads), 1, 1,
+                                            static_cast<unsigned int>(attention_.shared), stream, params, nullptr);
+  if (r != cu::kSuccess) {
+    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kAttentionEntrySuffix + ", grid " +
+                              std::to_string(blocks) + ") failed: " + CuError(r));
+  }
+  return {};
+}
 
 Error Kernel::Compute(OrtKernelContext* ctx) {
-  if (shape_rule_ != "broadcast" && !rows_) {
-    return Fail(ORT_NOT_IMPLEMENTED, "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\" or \"rows\")");
+  if (shape_rule_ != "broadcast" && !rows_ && !attention_.present) {
+    return Fail(ORT_NOT_IMPLEMENTED,
+                "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\", \"rows\" or \"attention\")");
   }
   size_t n_in = 0, n_out = 0;
   STITCH_TRY(api_->KernelContext_GetInputCount(ctx, &n_in), "KernelContext_GetInputCount");
@@ -598,6 +695,8 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
       shapes[i][w.axis] = w.total;
     }
   }
+
+  if (attention_.present) return ComputeAttention(ctx, &args, shapes, ranks, n_in);
 
   // Iteration shape: numpy broadcast of all input shapes (right-aligned).
   size_t rank = 0;
@@ -695,29 +794,11 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   // still get one value per row.
   if (n == 0 && !(row_outputs && n_rows > 0)) return {};
 
-  void* stream_handle = nullptr;
-  STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
-  cu::Stream stream = static_cast<cu::Stream>(stream_handle);
-
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (Error e = EnsureDriver()) return e;
-  }
-  cu::Context cuctx = nullptr;
-  cu::Result r = driver_.StreamContext(stream, &cuctx);
-  if ((r != cu::kSuccess || cuctx == nullptr) && stream == nullptr) {
-    r = driver_.CtxGetCurrent(&cuctx);  // legacy default stream: the thread's current context
-  }
-  if (r != cu::kSuccess || cuctx == nullptr) {
-    return Fail(ORT_FAIL, "cannot get the CUDA context of ORT's compute stream: " +
-                              (r != cu::kSuccess ? CuError(r) : std::string("no context")));
-  }
-  r = driver_.CtxPushCurrent(cuctx);
-  if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuCtxPushCurrent failed: " + CuError(r));
-  CtxGuard guard{&driver_};
-
+  cu::Stream stream = nullptr;
+  CtxGuard guard;
   const Loaded* l = nullptr;
-  if (Error e = ModuleFor(cuctx, &l)) return e;
+  if (Error e = Enter(ctx, &guard, &stream, &l)) return e;
+  cu::Result r = cu::kSuccess;
 
   if (rows_) {
     // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
@@ -852,7 +933,7 @@ bool BroadcastSymbolic(const std::vector<std::vector<ShapeDim>>& ins, std::vecto
 
 void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::string rule;
-  if (!ReadString(api, ctx, "shape_rule", &rule) || (rule != "broadcast" && rule != "rows")) return;
+  if (!ReadString(api, ctx, "shape_rule", &rule) || (rule != "broadcast" && rule != "rows" && rule != "attention")) return;
   std::vector<int64_t> dtypes;
   if (!ReadInts(api, ctx, "output_dtypes", &dtypes) || dtypes.empty()) return;
   std::vector<int64_t> out_kinds(dtypes.size(), 0);
@@ -917,7 +998,17 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
     ins[i][windows[i].axis] = ShapeDim{windows[i].total, ""};
   }
   std::vector<ShapeDim> shape;
-  if (!BroadcastSymbolic(ins, &shape)) return;
+  if (rule == "attention") {
+    std::vector<int64_t> spec;
+    AttentionSpec attention;
+    std::string error;
+    if (ins.empty() || !ReadInts(api, ctx, "attention", &spec) || !ParseAttention(spec, &attention, &error) ||
+        !AttentionOutput(ins[0], attention.transposed, &shape)) {
+      return;
+    }
+  } else if (!BroadcastSymbolic(ins, &shape)) {
+    return;
+  }
   std::vector<int64_t> view_attr;
   std::vector<OutputView> views;
   std::string view_error;

@@ -1,0 +1,263 @@
+"""Stage 5b: attention — the core of scaled dot-product attention as one kernel.
+
+Design note
+-----------
+Exporters write attention's core as MatMul(q, kᵀ) → (Mul | Div by a scalar) → (Add mask) →
+Softmax over the keys → MatMul(·, v), often followed by the Transpose that puts heads back
+beside each other ([b, h, s, d] → [b, s, h, d]). Stock ONNX Runtime runs that as two batched
+GEMMs around a Softmax kernel and a Transpose, writing and re-reading the scores each time.
+Here the chain is one kernel (codegen_attention.py): a block owns 64 queries of one (batch,
+head), walks the keys in tiles of 64 with the running-maximum Softmax of FlashAttention, and
+writes the context once, transposed when the Transpose was part of the chain.
+
+Both products run on tensor cores in TF32, as ONNX Runtime's float32 GEMMs do by default
+(`use_tf32`), so the groups are marked `tf32` and verified at TF32's accuracy (verify.py).
+
+This module decides legality only (which chains can be one kernel, and why not); taking a
+legal chain is a rule, not an ILP choice: it removes two GEMM launches and two round trips of
+the scores whatever else is planned. The chain's nodes are claimed before planning, so the
+planner treats them as opaque and cannot put one of them in another group. A chain is
+convex by construction (its intermediates have no reader outside it), so claiming it adds no
+cycle to any plan.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto as TP
+
+from .cost import CostModel, node_bytes, node_us
+from .graph import FusionGraph, constant_value
+from .plan import Group, Plan
+from .shapes import Shape
+
+# Head sizes the kernel is generated for: whole mma fragments (8), registers for the
+# context (D / 2 floats per thread) and the query fragments (D / 2) within one thread's budget.
+MIN_HEAD, MAX_HEAD = 8, 128
+CLAIMED = "in an attention kernel (attention.py)"
+
+
+@dataclass(frozen=True)
+class Match:
+    """One attention chain: its nodes and what the kernel needs to know of them."""
+
+    nodes: tuple[int, ...]  # topological: MatMul, [Mul|Div], [Add], Softmax, MatMul, [Transpose]
+    q: str  # [L..., Sq, D]
+    kt: str  # [L..., D, Sk]: the first MatMul's second operand, keys already transposed
+    v: str  # [L..., Sk, D]
+    mask: str | None  # added to the scaled scores; broadcasts to [L..., Sq, Sk]
+    scale: float  # the scores' multiplier (1 when there is no Mul/Div)
+    output: str  # the context, [L..., Sq, D], or [b, Sq, h, D] when `transposed`
+    transposed: bool
+    head_dim: int
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.q, self.kt, self.v) + ((self.mask,) if self.mask else ())
+
+    def describe(self) -> str:
+        """One line for reports."""
+        mask = f" + '{self.mask}'" if self.mask else ""
+        return (f"'{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax → · '{self.v}' → '{self.output}'"
+                f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}")
+
+
+@dataclass(frozen=True)
+class Found:
+    """The chains that become attention kernels, and the near-misses with why."""
+
+    matches: tuple[Match, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def _only_reader(g: FusionGraph, tensor: str) -> int | None:
+    """The node reading `tensor` when it is the only one and the tensor leaves no other way."""
+    readers = g.consumers.get(tensor, ())
+    if len(readers) != 1 or tensor in g.graph_outputs:
+        return None
+    return readers[0]
+
+
+def _scalar(g: FusionGraph, tensor: str) -> float | None:
+    c = g.constants.get(tensor)
+    if c is None or math.prod(c.dims) != 1 or c.data_type not in (TP.FLOAT, TP.DOUBLE, TP.FLOAT16):
+        return None
+    return float(np.asarray(constant_value(g, tensor)))
+
+
+def _shape(g: FusionGraph, tensor: str) -> Shape | None:
+    info = g.tensors.get(tensor)
+    return None if info is None else info.shape
+
+
+def _same(a: object, b: object) -> bool:
+    """Dims known equal: the same number or the same symbol."""
+    return a is not None and a == b
+
+
+def _scaled(g: FusionGraph, t: str) -> tuple[str, float, int | None] | None:
+    """(product, scale, the Mul/Div node or None) when `t` is a MatMul's product, possibly
+    multiplied or divided by a scalar constant; None otherwise."""
+    at = g.producer.get(t)
+    if at is None:
+        return None
+    n = g.nodes[at]
+    if n.op_type == "MatMul":
+        return t, 1.0, None
+    if n.op_type not in ("Mul", "Div"):
+        return None
+    a, b = n.inputs[:2]
+    for inner, factor in ((a, b), (b, a)) if n.op_type == "Mul" else ((a, b),):
+        value = _scalar(g, factor)
+        p = g.producer.get(inner)
+        if value is not None and value != 0 and p is not None and g.nodes[p].op_type == "MatMul":
+            return inner, (value if n.op_type == "Mul" else 1.0 / value), at
+    return None
+
+
+def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
+    """The chain around Softmax `soft`: (nodes, match), why it cannot be one kernel, or None
+    when the Softmax is not between two MatMuls at all (nothing worth reporting)."""
+    n = g.nodes[soft]
+    x = n.inputs[0]
+    nodes = [soft]
+    mask: str | None = None
+    at = g.producer.get(x)
+    if at is not None and g.nodes[at].op_type == "Add" and _scaled(g, x) is None:
+        a, b = g.nodes[at].inputs[:2]
+        inner, mask = (a, b) if _scaled(g, a) is not None else (b, a)
+        nodes.insert(0, at)
+        x = inner
+    scaled = _scaled(g, x)
+    if scaled is None:
+        return None
+    product, scale, scaler = scaled
+    if scaler is not None:
+        nodes.insert(0, scaler)
+    first = g.producer[product]
+    probs = n.outputs[0]
+    second = _only_reader(g, probs)
+    if second is None or g.nodes[second].op_type != "MatMul" or g.nodes[second].inputs[0] != probs:
+        return None
+    name = f"attention at '{n.name or n.outputs[0]}'"
+    chain = [first] + nodes
+    for i, j in zip(chain, chain[1:]):
+        if any(_only_reader(g, t) != j for t in g.nodes[i].outputs if t):
+            return f"{name}: '{g.nodes[i].outputs[0]}' is also read outside the chain"
+    q, kt = g.nodes[first].inputs[:2]
+    v = g.nodes[second].inputs[1]
+    ctx = g.nodes[second].outputs[0]
+    nodes = chain + [second]
+    transposed = False
+    after = _only_reader(g, ctx)
+    if after is not None and g.nodes[after].op_type == "Transpose" and \
+            list(g.nodes[after].attrs.get("perm", ())) == [0, 2, 1, 3]:
+        nodes.append(after)
+        ctx, transposed = g.nodes[after].outputs[0], True
+    why = _shape_reason(g, q, kt, v, mask, ctx, soft)
+    if why:
+        return f"{name}: {why}"
+    match = Match(tuple(nodes), q, kt, v, mask, scale, ctx, transposed, int(_shape(g, q)[-1]))  # type: ignore[index]
+    return nodes, match
+
+
+def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, mask: str | None, ctx: str, soft: int) -> str | None:
+    """Why these operands do not fit the kernel (None when they do)."""
+    for t in (q, kt, v, mask, ctx):
+        if t is not None and (g.tensors.get(t) is None or g.tensors[t].dtype != TP.FLOAT):
+            info = g.tensors.get(t)
+            have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
+            return f"'{t}' is {have}: the kernel is float32 only (float16 keeps its stitched Softmax)"
+    qs, ks, vs = _shape(g, q), _shape(g, kt), _shape(g, v)
+    if qs is None or ks is None or vs is None:
+        return "operand shapes are unknown"
+    if not 3 <= len(qs) <= 4 or len(ks) != len(qs) or len(vs) != len(qs):
+        return f"operands of rank {len(qs)}, {len(ks)}, {len(vs)}: [b, s, d] or [b, h, s, d] each"
+    if not all(_same(a, b) and _same(a, c) for a, b, c in zip(qs[:-2], ks[:-2], vs[:-2])):
+        return f"batch dims of q {list(qs)}, kᵀ {list(ks)} and v {list(vs)} differ (no broadcasting)"
+    d = qs[-1]
+    if not isinstance(d, int) or not _same(d, ks[-2]) or not _same(d, vs[-1]):
+        return f"head dims {qs[-1]}, {ks[-2]}, {vs[-1]} are not one fixed size"
+    if d % 8 or not MIN_HEAD <= d <= MAX_HEAD:
+        return f"head size {d}: a multiple of 8 from {MIN_HEAD} to {MAX_HEAD} is needed"
+    if not _same(ks[-1], vs[-2]):
+        return f"keys {ks[-1]} and values {vs[-2]} differ in length"
+    if mask is not None:
+        ms = _shape(g, mask)
+        scores = tuple(qs[:-1]) + (ks[-1],)
+        if ms is None or len(ms) > len(scores):
+            return "the mask's shape is unknown or of higher rank than the scores"
+        for have, want in zip(reversed(ms), reversed(scores)):
+            if have != 1 and not _same(have, want):
+                return f"the mask {list(ms)} does not broadcast to the scores {list(scores)}"
+    if g.opset < 13 and g.nodes[soft].attrs.get("axis", 1) not in (-1, len(qs) - 1):
+        return "Softmax before opset 13 over more than the keys"
+    if g.opset >= 13 and int(g.nodes[soft].attrs.get("axis", -1)) % len(qs) != len(qs) - 1:
+        return "Softmax is not over the keys (the last axis)"
+    return None
+
+
+def find(g: FusionGraph) -> Found:
+    """Every attention chain of `g` that one kernel can run, and the near-misses with why."""
+    matches: list[Match] = []
+    refusals: list[str] = []
+    taken: set[int] = set()
+    for n in g.nodes:
+        if n.op_type != "Softmax" or n.domain not in ("", "ai.onnx"):
+            continue
+        got = _chain(g, n.index)
+        if got is None:
+            continue
+        if isinstance(got, str):
+            refusals.append(got)
+            continue
+        nodes, match = got
+        if taken & set(nodes):
+            continue
+        taken |= set(nodes)
+        matches.append(match)
+    return Found(tuple(matches), tuple(refusals))
+
+
+def claim(g: FusionGraph, found: Found) -> FusionGraph:
+    """`g` with the chains' nodes kept out of the planner's groups."""
+    members = {i for m in found.matches for i in m.nodes}
+    if not members:
+        return g
+    nodes = tuple(dataclasses.replace(n, reason=CLAIMED) if n.index in members else n for n in g.nodes)
+    return dataclasses.replace(g, nodes=nodes)
+
+
+def of_group(g: FusionGraph, nodes: tuple[int, ...]) -> Match | None:
+    """The attention chain a group's nodes are, or None for any other group."""
+    soft = [i for i in nodes if g.nodes[i].op_type == "Softmax"]
+    if len(soft) != 1 or not any(g.nodes[i].op_type == "MatMul" for i in nodes):
+        return None
+    got = _chain(g, soft[0])
+    return got[1] if isinstance(got, tuple) and set(got[0]) == set(nodes) else None
+
+
+def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
+    """The plan's group for chain `m`: priced as one launch moving q, kᵀ, v, the mask and the
+    context once each (the products' arithmetic is far below the memory time at these sizes)."""
+    moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
+    return Group(name, m.nodes, m.inputs, (m.output,), None, moved, cost.kernel_us(moved),
+                 tuple(g.nodes[i].label for i in m.nodes), tf32=True)
+
+
+def extend_plan(plan: Plan, g: FusionGraph, cost: CostModel, found: Found) -> Plan:
+    """`plan` (made with the chains claimed) with one group per chain; the totals count each
+    chain as its kernel instead of its nodes."""
+    if not found.matches:
+        return plan
+    groups = tuple(group_of(g, cost, f"a{k}", m) for k, m in enumerate(found.matches))
+    members = [i for grp in groups for i in grp.nodes]
+    return dataclasses.replace(
+        plan, groups=plan.groups + groups,
+        predicted_us_after=plan.predicted_us_after - sum(node_us(g, cost, i) for i in members)
+        + sum(grp.predicted_us for grp in groups),
+        bytes_after=plan.bytes_after - sum(node_bytes(g, i) for i in members) + sum(grp.predicted_bytes for grp in groups),
+        kernels_after=plan.kernels_after - len(members) + len(groups))
