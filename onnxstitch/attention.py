@@ -139,18 +139,19 @@ def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
         nodes.insert(0, scaler)
     first = g.producer[product]
     probs = n.outputs[0]
-    second = _only_reader(g, probs)
-    if second is None or g.nodes[second].op_type != "MatMul" or g.nodes[second].inputs[0] != probs:
+    second = next((c for c in g.consumers.get(probs, ()) if g.nodes[c].op_type == "MatMul"
+                   and g.nodes[c].inputs[0] == probs), None)
+    if second is None:
         return None
     name = f"attention at '{n.name or n.outputs[0]}'"
-    chain = [first] + nodes
+    chain = [first] + nodes + [second]
     for i, j in zip(chain, chain[1:]):
         if any(_only_reader(g, t) != j for t in g.nodes[i].outputs if t):
             return f"{name}: '{g.nodes[i].outputs[0]}' is also read outside the chain"
     q, kt = g.nodes[first].inputs[:2]
     v = g.nodes[second].inputs[1]
     ctx = g.nodes[second].outputs[0]
-    nodes = chain + [second]
+    nodes = chain
     transposed = False
     after = _only_reader(g, ctx)
     if after is not None and g.nodes[after].op_type == "Transpose" and \

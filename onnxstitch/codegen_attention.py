@@ -1,68 +1,94 @@
 """Stage 6 for attention chains (attention.py): one kernel for QKᵀ·scale + mask → Softmax → ·V.
 
 Kernel ABI: docs/abi.md, shape_rule "attention". A block of 4 warps owns 64 queries of one
-(batch, head); each warp 16 of them, held as TF32 `mma.sync` m16n8k8 A fragments for the whole
-kernel. The keys go by in tiles of 64: the tile of Kᵀ and of V is staged in shared memory
-(rows padded by 8 floats so the fragment reads hit 32 different banks), the warp computes its
-16 × 64 scores on tensor cores, scales them, adds the mask, and folds them into a running row
-maximum and sum (FlashAttention's online Softmax: earlier partial results are rescaled by
-exp(old max − new max)). The probabilities go through a per-warp shared buffer into A
-fragments for the second product. The context is normalised once at the end and stored at
-[b, h, s, d], or [b, s, h, d] when the chain's Transpose was folded. Sequence lengths are
-runtime values (tiles are guarded); the head size is compiled in.
+(batch, head); each warp holds its 16 queries as TF32 `mma.sync` m16n8k8 A fragments for the
+whole kernel. The keys go by in tiles staged in shared memory (Kᵀ and V, rows padded by 8 floats
+so the fragment reads hit 32 banks, rounded to TF32 once as they are staged): the warp computes
+its 16 × KT scores on tensor cores (head slices outside key blocks, so each step has KT/8
+independent products), scales them, adds the mask, and folds them into a running row maximum
+and sum (FlashAttention's online Softmax: earlier partial results are rescaled by
+exp(old max − new max)); the probabilities go through a per-warp shared buffer into A fragments
+for the second product. The context is normalised once and stored at [b, h, s, d], or
+[b, s, h, d] when the chain's Transpose was folded. Sequence lengths are runtime values (tiles
+are guarded); the head size is compiled in. Variants measured on an H100 (fewer warps, staged
+queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-notes.md.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from . import attention
 from .codegen import ARGS_STRUCT, ATTENTION_ENTRY_SUFFIX as ENTRY_SUFFIX, KernelSource
 from .graph import FusionGraph
 
-QUERIES = 64  # per block: 4 warps × 16 rows of the mma tile
-KEYS = 64  # per tile of keys
-THREADS = 128
+WARPS = 4  # per block, 16 queries each: the mma tile's rows
+# Shared memory a block may take (A100 allows 163 KB per block).
+SHARED_BUDGET = 160 * 1024
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Code-generation choices (scripts/bench_attention.py compares them; the defaults are what
+    optimize uses)."""
+
+    keys: int = 64  # keys per tile: 64 or 128 (H100, BERT: 12.7 against 13.0 µs)
+    fast_exp: bool = True  # ex2.approx.ftz (2 ulp) rather than exp2f
+    staged_tf32: bool = True  # round K, V and P to TF32 once as they are staged, rather than as
+    # each fragment is read (4 warps read each element; H100, BERT: 12.7 against 14.0 µs)
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
 MMA_PRELUDE = r"""
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ unsigned stitch_tf32(float x) {
   unsigned u;
-  asm volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
   return u;
 }
 // c (16×8, f32) += a (16×8, tf32, row) · b (8×8, tf32, col); fragments as the PTX ISA lays
 // them out for lane (g = lane / 4, t = lane % 4): a = (g, t), (g+8, t), (g, t+4), (g+8, t+4);
 // b = (t, g), (t+4, g); c = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
 __device__ __forceinline__ void stitch_mma_tf32(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
+// 2^x, 2 ulp; subnormal results flush to 0 (far below what a probability can add to a sum
+// of at least 1).
+__device__ __forceinline__ float stitch_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 """
 
 
-def shared_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of one block: the Kᵀ and V tiles and the probabilities."""
-    return 4 * (head_dim * (KEYS + 8) + KEYS * (head_dim + 8) + QUERIES * (KEYS + 4))
+def shared_bytes(head_dim: int, options: AttentionOptions) -> int:
+    """Dynamic shared memory of one block: the Kᵀ and V tiles and each warp's probabilities."""
+    kt = options.keys
+    return 4 * (head_dim * (kt + 8) + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
 
 
 def _literal(x: float) -> str:
     return f"{float.hex(float(x))}f" if x == x else "__int_as_float(0x7fc00000)"
 
 
-def generate(graph: FusionGraph, name: str, m: attention.Match) -> KernelSource:
+def generate(graph: FusionGraph, name: str, m: attention.Match,
+             options: AttentionOptions = AttentionOptions()) -> KernelSource:
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
-    d = m.head_dim
-    scale = _literal(m.scale)
-    mask = "true" if m.mask else "false"
-    body = f"""
+    d, kt = m.head_dim, options.keys
+    threads, queries = 32 * WARPS, 16 * WARPS
+    source = f"""
 {ARGS_STRUCT}
 {MMA_PRELUDE}
+#define EXP2 {"stitch_ex2" if options.fast_exp else "exp2f"}
+{"#define STAGE(x) __uint_as_float(stitch_tf32(x))" if options.staged_tf32 else "#define STAGE(x) (x)"}
+{"#define FRAG(x) __float_as_uint(x)" if options.staged_tf32 else "#define FRAG(x) stitch_tf32(x)"}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {QUERIES}, KT = {KEYS}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
-  constexpr bool MASK = {mask}, TRANSPOSED = {"true" if m.transposed else "false"};
-  constexpr float LOG2E = 1.4426950408889634f;
+extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
+  constexpr bool MASK = {"true" if m.mask else "false"}, TRANSPOSED = {"true" if m.transposed else "false"};
+  constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) float stitch_smem[];
   float* Ks = stitch_smem;     // [D][KS]: the tile's columns of Kᵀ
@@ -87,55 +113,66 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}{ENTRY_SUFFIX}(con
     qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * D + k * 8 + tg + 4] : 0.f);
     qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * D + k * 8 + tg + 4] : 0.f);
   }}
-  const float* mk = nullptr;
-  long long ma = 0, mb = 0, mc = 0;
+  // The mask's rows for this thread's two queries (element strides from the runtime; 0 where
+  // it broadcasts), its keys `mc` apart.
+  const float* mka = nullptr;
+  const float* mkb = nullptr;
+  int mc = 0;
   if (MASK) {{
-    mk = static_cast<const float*>(a.in[3]) + b * a.strides[3][0] + h * a.strides[3][1];
-    ma = (long long)(qa < Sq ? qa : 0) * a.strides[3][2], mb = (long long)(qb < Sq ? qb : 0) * a.strides[3][2];
-    mc = a.strides[3][3];
+    const float* mk = static_cast<const float*>(a.in[3]) + b * a.strides[3][0] + h * a.strides[3][1];
+    mka = mk + (long long)(qa < Sq ? qa : 0) * a.strides[3][2], mkb = mk + (long long)(qb < Sq ? qb : 0) * a.strides[3][2];
+    mc = (int)a.strides[3][3];
   }}
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
   const bool vec_keys = (Sk & 3) == 0;
+  float* p0 = Ps + (r0 + g) * PS;
+  float* p1 = p0 + 8 * PS;
   for (int t0 = 0; t0 < Sk; t0 += KT) {{
     __syncthreads();  // every warp is done with the previous tile
+    // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
     if (vec_keys && t0 + KT <= Sk) {{
-      for (int i = t; i < D * KT / 4; i += {THREADS}) {{
+      for (int i = t; i < D * KT / 4; i += {threads}) {{
         const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
-        *reinterpret_cast<float4*>(Ks + dd * KS + j) = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
+        float4 x = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
+        x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+        *reinterpret_cast<float4*>(Ks + dd * KS + j) = x;
       }}
     }} else {{
-      for (int i = t; i < D * KT; i += {THREADS}) {{
+      for (int i = t; i < D * KT; i += {threads}) {{
         const int dd = i / KT, j = i % KT;
-        Ks[dd * KS + j] = t0 + j < Sk ? kt[(long long)dd * Sk + t0 + j] : 0.f;
+        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
       }}
     }}
-    for (int i = t; i < KT * D / 4; i += {THREADS}) {{
+    for (int i = t; i < KT * D / 4; i += {threads}) {{
       const int j = i / (D / 4), c = (i % (D / 4)) * 4;
-      *reinterpret_cast<float4*>(Vs + j * VS + c) = t0 + j < Sk
-          ? *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * D + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      float4 x = t0 + j < Sk ? *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * D + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+      *reinterpret_cast<float4*>(Vs + j * VS + c) = x;
     }}
     __syncthreads();
+    // Scores: KT/8 blocks of 8 keys, summed over D/8 head slices (independent products per step).
     float s[KT / 8][4];
 #pragma unroll
-    for (int n = 0; n < KT / 8; ++n) {{
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-      for (int k = 0; k < NT; ++k)
-        stitch_mma_tf32(s[n], qf[k], stitch_tf32(Ks[(k * 8 + tg) * KS + n * 8 + g]),
-                        stitch_tf32(Ks[(k * 8 + tg + 4) * KS + n * 8 + g]));
+    for (int k = 0; k < NT; ++k) {{
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n)
+        stitch_mma_tf32(s[n], qf[k], FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g]));
     }}
     float x0 = NEG_INF, x1 = NEG_INF;
+    const bool full = t0 + KT <= Sk;
 #pragma unroll
     for (int n = 0; n < KT / 8; ++n) {{
 #pragma unroll
       for (int e = 0; e < 2; ++e) {{
         const int key = t0 + n * 8 + 2 * tg + e;
-        if (key < Sk) {{
-          s[n][e] = MASK ? fmaf(s[n][e], {scale}, mk[ma + key * mc]) : s[n][e] * {scale};
-          s[n][2 + e] = MASK ? fmaf(s[n][2 + e], {scale}, mk[mb + key * mc]) : s[n][2 + e] * {scale};
+        if (full || key < Sk) {{
+          s[n][e] = MASK ? fmaf(s[n][e], SCALE, mka[key * mc]) : s[n][e] * SCALE;
+          s[n][2 + e] = MASK ? fmaf(s[n][2 + e], SCALE, mkb[key * mc]) : s[n][2 + e] * SCALE;
         }} else {{
           s[n][e] = s[n][2 + e] = NEG_INF;
         }}
@@ -150,29 +187,25 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}{ENTRY_SUFFIX}(con
     // New maxima; a row with no finite score yet keeps 0 as its base so exp gives 0, not NaN.
     const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
     const float base0 = n0 == NEG_INF ? 0.f : n0, base1 = n1 == NEG_INF ? 0.f : n1;
-    const float c0 = exp2f((m0 - base0) * LOG2E), c1 = exp2f((m1 - base1) * LOG2E);
+    const float c0 = EXP2((m0 - base0) * LOG2E), c1 = EXP2((m1 - base1) * LOG2E);
     m0 = n0, m1 = n1, l0 *= c0, l1 *= c1;
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
-    float* p0 = Ps + (r0 + g) * PS;
-    float* p1 = p0 + 8 * PS;
 #pragma unroll
     for (int n = 0; n < KT / 8; ++n) {{
-      const float e0 = exp2f((s[n][0] - base0) * LOG2E), e1 = exp2f((s[n][1] - base0) * LOG2E);
-      const float e2 = exp2f((s[n][2] - base1) * LOG2E), e3 = exp2f((s[n][3] - base1) * LOG2E);
+      const float e0 = EXP2((s[n][0] - base0) * LOG2E), e1 = EXP2((s[n][1] - base0) * LOG2E);
+      const float e2 = EXP2((s[n][2] - base1) * LOG2E), e3 = EXP2((s[n][3] - base1) * LOG2E);
       l0 += e0 + e1, l1 += e2 + e3;
-      p0[n * 8 + 2 * tg] = e0, p0[n * 8 + 2 * tg + 1] = e1;
-      p1[n * 8 + 2 * tg] = e2, p1[n * 8 + 2 * tg + 1] = e3;
+      *reinterpret_cast<float2*>(p0 + n * 8 + 2 * tg) = make_float2(STAGE(e0), STAGE(e1));
+      *reinterpret_cast<float2*>(p1 + n * 8 + 2 * tg) = make_float2(STAGE(e2), STAGE(e3));
     }}
     __syncwarp();  // a warp reads back only its own rows
 #pragma unroll
     for (int k = 0; k < KT / 8; ++k) {{
-      const unsigned pf[4] = {{stitch_tf32(p0[k * 8 + tg]), stitch_tf32(p1[k * 8 + tg]),
-                              stitch_tf32(p0[k * 8 + tg + 4]), stitch_tf32(p1[k * 8 + tg + 4])}};
+      const unsigned pf[4] = {{FRAG(p0[k * 8 + tg]), FRAG(p1[k * 8 + tg]), FRAG(p0[k * 8 + tg + 4]), FRAG(p1[k * 8 + tg + 4])}};
 #pragma unroll
       for (int n = 0; n < NT; ++n)
-        stitch_mma_tf32(o[n], pf, stitch_tf32(Vs[(k * 8 + tg) * VS + n * 8 + g]),
-                        stitch_tf32(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
+        stitch_mma_tf32(o[n], pf, FRAG(Vs[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
     }}
     __syncwarp();  // the next tile's probabilities overwrite these rows
   }}
@@ -181,7 +214,9 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}{ENTRY_SUFFIX}(con
     l0 += __shfl_xor_sync(0xffffffffu, l0, k);
     l1 += __shfl_xor_sync(0xffffffffu, l1, k);
   }}
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
+  // No keys: zeros, as ONNX Runtime's empty product; a row whose every score is -inf: NaN, as
+  // its Softmax.
+  const float i0 = Sk > 0 ? 1.f / l0 : 0.f, i1 = Sk > 0 ? 1.f / l1 : 0.f;
   float* out = static_cast<float*>(a.out[0]);
   const long long rowa = TRANSPOSED ? (b * Sq + qa) * H + h : bh * Sq + qa;
   const long long rowb = TRANSPOSED ? (b * Sq + qb) * H + h : bh * Sq + qb;
@@ -193,6 +228,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}{ENTRY_SUFFIX}(con
 }}
 """
     return KernelSource(
-        name=name, source=body, vec_width=1, inputs=m.inputs, outputs=(m.output,),
+        name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), shape_rule="attention",
-        attention=(d, QUERIES, THREADS, shared_bytes(d), int(m.mask is not None), int(m.transposed)))
+        attention=(d, queries, threads, shared_bytes(d, options), int(m.mask is not None), int(m.transposed)))

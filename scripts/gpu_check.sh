@@ -15,18 +15,13 @@
 #   bash scripts/bench_bert.sh float32,float16       (stock vs stitched vs ORT's optimizer, ncu;
 #                                                     carry build/bertc)
 #   bash scripts/zoo_merge.sh float32                (sibling GEMMs merged or not; carry build/zoo2c)
+#   bash scripts/gpu_attention.sh                    (attention kernels: tests, sanitizers, variants
+#                                                     (bench_attention.py), BERT with and without
+#                                                     them; carry build/bertc)
 set -uo pipefail
-OUT=${OUT:-/tmp/onnxstitch-out}
-mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
-export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
+source scripts/gpu_env.sh
 log="$OUT/gpu_check.log"
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())"
-  python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
-} 2>&1 | tee "$log"
+gpu_setup "$log"
 sel=${1:-}
 python3 -m pytest -p no:cacheprovider -m gpu tests -q -W ignore $(python3 -c "import xdist" 2>/dev/null && printf -- "-n 8") ${sel:+-k "$sel"} \
   --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee -a "$log" | tail -40

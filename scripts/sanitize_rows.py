@@ -4,10 +4,12 @@ a few lanes per row, a warp per row, a block per row (shared-memory reduction), 
 path (rows longer than planned), a group norm — and the shared-memory tile of a layout view that moves the
 innermost axis (whole and partial tiles, alone and packed with Q and V), and kernels reading boxes
 of their inputs (folded Slice/Split: a box's reads must stay inside it) or windows of a Concat's
-output (reads only inside the window), each run once on small
-inputs through ONNX Runtime.
+output (reads only inside the window), and attention kernels (K/V tiles shared by the block,
+probabilities per warp; ragged tiles), each run once on small inputs through ONNX Runtime.
 
-    compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py
+    compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py [NAME-PART]
+
+(NAME-PART: only the cases whose name holds it, e.g. `attention`.)
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
+from tests.attention_models import CORES, core_model  # noqa: E402
 from tests.concat_models import concat_models  # noqa: E402
 from tests.slice_models import slice_models  # noqa: E402
 from tests.row_models import dynamic_row_model, group_norm_models, long_row_model, row_models, trailing_models  # noqa: E402
@@ -55,10 +58,15 @@ def cases():
             yield f"boxes-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
         for name, model, _ in concat_models(cols, TP.FLOAT16):  # windowed reads stay in their windows
             yield f"windows-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
+    for core in CORES[1:4]:  # ragged query and key tiles, masks broadcast three ways
+        yield f"attention-{core.id}", core_model(core), {}, {}
 
 
 def main() -> int:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
     for name, model, plan, run in cases():
+        if only not in name:
+            continue
         res = onnxstitch.optimize(model, shapes=plan, verify=False, reductions=True)
         sess = onnxstitch.session(res.model)
         feeds = random_feeds(model, 0, run)

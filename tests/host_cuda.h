@@ -38,12 +38,14 @@ using std::sqrt; using std::tanh; using std::fabs;
 namespace stitch_host {
 struct Cluster;
 struct Block {
-  explicit Block(int threads) : sync(threads), slots((threads + 31) / 32) {
+  explicit Block(int threads) : sync(threads), slots((threads + 31) / 32), mma((threads + 31) / 32) {
     for (int w = 0; w < (threads + 31) / 32; ++w) warps.emplace_back(std::make_unique<std::barrier<>>(32));
   }
   std::barrier<> sync;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<std::array<unsigned long long, 32>> slots;
+  // Per warp: each lane's operands of an mma.sync (stitch_mma_tf32): a[0..3], b0, b1.
+  std::vector<std::array<std::array<float, 6>, 32>> mma;
   // Shared memory: one allocation per declaration (its id), made by the first thread there,
   // poisoned (all bits set: NaN in floats, -1 in integers) as a kernel must write before it reads.
   std::mutex m;
@@ -83,9 +85,56 @@ inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < 
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 
 inline void __syncthreads() { stitch_host::block->sync.arrive_and_wait(); }
+// Every lane of the warp takes part (the kernels call it with all 32 lanes).
+inline void __syncwarp(unsigned = 0xffffffffu) { stitch_host::block->warps[threadIdx.x / 32]->arrive_and_wait(); }
+
+// CUDA's vector types (16- and 8-byte aligned, as on the device) and their constructors.
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+using ::exp2f; using ::fmaf; using ::fmaxf; using ::fminf;
+
+// TF32 tensor cores (the device forms are inline PTX in codegen_attention.MMA_PRELUDE).
+// cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 explicit mantissa bits; the
+// float32 bit pattern with its low 13 bits zero. NaN and infinities pass through.
+inline unsigned stitch_tf32(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & ~0x1fffu;  // a carry out of the mantissa steps the exponent (to inf past the largest)
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, c += a · b, for the whole warp: every
+// lane deposits its fragments (lane = 4g + t: a = A(g, t), A(g+8, t), A(g, t+4), A(g+8, t+4);
+// b0 = B(t, g), b1 = B(t+4, g)), then computes its own c = C(g, 2t), C(g, 2t+1), C(g+8, 2t),
+// C(g+8, 2t+1) from the assembled 16×8 A and 8×8 B, accumulating in float.
+inline void stitch_mma_tf32(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto& ops = stitch_host::block->mma[warp];
+  auto& bar = *stitch_host::block->warps[warp];
+  const unsigned mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  std::memcpy(ops[lane].data(), mine, sizeof(mine));
+  bar.arrive_and_wait();
+  float A[16][8], B[8][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const auto& f = ops[l];
+    A[g][t] = f[0], A[g + 8][t] = f[1], A[g][t + 4] = f[2], A[g + 8][t + 4] = f[3];
+    B[t][g] = f[4], B[t + 4][g] = f[5];
+  }
+  bar.arrive_and_wait();  // every lane has read the fragments before any writes the next ones
+  const int g = lane / 4, t = lane % 4;
+  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  for (int e = 0; e < 4; ++e) {
+    float sum = 0.f;
+    for (int k = 0; k < 8; ++k) sum += A[rows[e]][k] * B[k][cols[e]];
+    c[e] += sum;
+  }
+}
 
 // Thread-block clusters (the device forms are inline PTX in codegen_rows.CLUSTER_PRELUDE).
 inline unsigned stitch_cluster_rank() { return stitch_host::block->rank; }

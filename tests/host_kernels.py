@@ -34,7 +34,12 @@ _PTX = {"cvt.f32.f16": "stitch_host::h2f({a})", "cvt.rn.f16.f32": "stitch_host::
 _ASM = re.compile(r'asm\("([\w.]+) %0, %1(?:, %2)?;" : "=\w"\((\w+)\) : "\w"\((\w+)\)(?:, "\w"\((\w+)\))?\);')
 
 
+# Device-only blocks (thread-block clusters, tensor-core products): tests/host_cuda.h has their
+# host forms.
+_DEVICE_ONLY = re.compile(r"#if defined\(__CUDA_ARCH__\)[^\n]*\n.*?#endif\n", re.S)
 _SHARED = re.compile(r"__shared__ ([\w ]+?) (\w+)((?:\[[^\]]+\])+);")
+# Dynamic shared memory (attention kernels): its size is the launch's, KernelSource.attention[3].
+_DYNAMIC = re.compile(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];")
 
 
 def host_source(src: KernelSource) -> str:
@@ -45,10 +50,18 @@ def host_source(src: KernelSource) -> str:
         return f"{out} = {_PTX[op].format(a=a, b=b)};"
 
     ids = iter(range(1 << 20))
-    body = _ASM.sub(swap, src.source)
+    body = _ASM.sub(swap, _DEVICE_ONLY.sub("", src.source))
     # Shared memory per block (host_cuda.h): the blocks of a cluster run at the same time.
     body = _SHARED.sub(lambda m: f"auto& {m[2]} = stitch_host::shared<{m[1]}{m[3]}>({next(ids)});", body)
+    if src.shape_rule == "attention":
+        body = _DYNAMIC.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(stitch_host::block->storage("
+                            f"{next(ids)}, {src.attention[3]}));", body)
     assert "asm(" not in body and "__shared__" not in body, "a device construct without a host form"
+    if src.shape_rule == "attention":
+        (entry,) = src.entries
+        return (f'#include "host_cuda.h"\n{body}\n'
+                f'extern "C" void stitch_host_run(const StitchArgs* a, int grid, int threads, int wide, int clusters) {{\n'
+                f'  (void)wide; (void)clusters;\n  stitch_host_launch({entry}, *a, grid, threads);\n}}\n')
     fast, wide = src.entries
     plain = f"if (wide) stitch_host_launch({wide}, *a, grid, threads); else stitch_host_launch({fast}, *a, grid, threads);"
     if src.row_split > 1:
@@ -120,6 +133,9 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
     the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice);
     `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row."""
     inputs = boxed(src, [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs])
+    if src.shape_rule == "attention":
+        _launch_attention(src, inputs, outputs, folder)
+        return
     counted = lifted(src, inputs)
     shape = np.broadcast_shapes(*counted) if inputs else ()
     n = math.prod(shape)
@@ -157,6 +173,56 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
         threads = 256
         grid = max(1, min(math.ceil(work / threads), grid_cap))
     _library(src, folder).stitch_host_run(ctypes.byref(a), grid, threads, int(use_wide), int(clusters))
+
+
+def _aligned(x: np.ndarray) -> np.ndarray:
+    """`x`, or a copy of it at a 16-byte aligned address (device allocations are; the attention
+    kernel loads kᵀ and v 16 bytes at a time)."""
+    if x.ctypes.data % 16 == 0:
+        return x
+    raw = np.empty(x.nbytes + 16, np.uint8)
+    start = -raw.ctypes.data % 16
+    y = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    y[...] = x
+    return y
+
+
+def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                      folder: Path) -> None:
+    """An attention kernel's launch, as the runtime's ComputeAttention (attention.h's
+    AttentionDims): dims [B, H, Sq, Sk] (B = 1 for rank-3 operands), the mask's element strides
+    over them (right-aligned, 0 where it broadcasts) in strides[3], n = B·H·Sq·D, one block of
+    `attention[2]` threads per (batch, head, tile of `attention[1]` queries)."""
+    head, queries, threads, _, has_mask, transposed = src.attention
+    inputs = [_aligned(x) for x in inputs]
+    assert len(inputs) == 3 + has_mask, "q, kᵀ, v and the mask when it has one"
+    q, kt, v = inputs[:3]
+    r = q.ndim
+    assert 3 <= r <= 4 and kt.ndim == r and v.ndim == r and (r == 4 or not transposed)
+    assert q.shape[-1] == head and kt.shape[-2] == head and v.shape[-1] == head and kt.shape[-1] == v.shape[-2]
+    assert q.shape[:-2] == kt.shape[:-2] == v.shape[:-2]
+    scores = (q.shape[0] if r == 4 else 1, q.shape[r - 3], q.shape[-2], kt.shape[-1])
+    a = _Args()
+    a.rank, a.n = 4, math.prod(scores[:3]) * head
+    for d, s in enumerate(scores):
+        a.dims[d] = s
+    for k, x in enumerate(inputs):
+        a.inp[k] = x.ctypes.data
+    if has_mask:
+        mask = inputs[3]
+        assert mask.ndim <= r, "the mask has a higher rank than the scores"
+        for j, m in enumerate(mask.shape):
+            d = 4 - mask.ndim + j
+            assert m in (1, scores[d]), f"the mask {mask.shape} does not broadcast to the scores {scores}"
+            a.strides[3][d] = 0 if m == 1 and scores[d] != 1 else mask.strides[j] // mask.itemsize
+    (y,) = outputs
+    want = (scores[0], scores[2], scores[1], head) if transposed else q.shape
+    assert y.flags.c_contiguous and y.shape == tuple(want) and y.dtype == np.float32
+    a.out[0] = y.ctypes.data
+    if a.n == 0:
+        return  # nothing to compute, as the runtime
+    grid = scores[0] * scores[1] * math.ceil(scores[2] / queries)
+    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, threads, 0, 0)
 
 
 def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Sequence[str],

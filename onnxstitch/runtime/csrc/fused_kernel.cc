@@ -598,7 +598,7 @@ Error Kernel::ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const in
   STITCH_TRY(api_->GetTensorMutableData(v, &args->out[0]), "GetTensorMutableData");
   const long long tiles = (dims[2] + attention_.queries - 1) / attention_.queries;
   const long long blocks = dims[0] * dims[1] * tiles;
-  if (args->n == 0 || dims[3] == 0) return {};  // nothing to compute (no keys: ORT would divide 0 by 0)
+  if (args->n == 0) return {};  // no queries (without keys the kernel writes zeros, as ORT)
   if (blocks > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many (batch, head, query tile) blocks");
 
   cu::Stream stream = nullptr;

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Attention kernels on the GPU: each generated variant (codegen_attention.AttentionOptions)
+launched alone from its cubin — time per launch (CUDA events around back-to-back launches) and
+relative error against float64 numpy — then the attention core end to end, stock ONNX Runtime
+against onnxstitch with CUDA graphs, per shape (BERT-base's with both mask shapes exporters
+write, a 512-token sequence, ViT-B/16's 197 tokens without a mask).
+
+    python3 scripts/bench_attention.py [--out bench_attention.json] [--reps 200]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from onnxstitch import attention, bench, codegen_attention, compile as nvrtc  # noqa: E402
+from onnxstitch import graph as graph_mod, load, shapes as shapes_mod  # noqa: E402
+from scripts.bench_elementwise import _Args, launch_ms  # noqa: E402
+from tests.attention_models import Core, core_feeds, core_model, core_reference, relative_error  # noqa: E402
+
+CASES = {
+    "bert-mask-bqk": Core((8, 12), 128, 128, 64, (8, 1, 128, 128)),
+    "bert-mask-bk": Core((8, 12), 128, 128, 64, (8, 1, 1, 128)),
+    "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
+    "vit": Core((8, 12), 197, 197, 64, None),
+}
+VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
+            for k in (64, 128) for st in (True, False)}
+
+
+def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Match]:
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes_mod.resolve_shapes(m, {})
+    g = graph_mod.build(m, shapes_mod.infer(m)[1], dims)
+    (match,) = attention.find(g).matches
+    return g, match
+
+
+def kernel_alone(core: Core, options: codegen_attention.AttentionOptions, reps: int) -> dict:
+    """One variant's kernel: µs per launch and relative error against float64."""
+    import cupy as cp
+
+    g, match = chain(core_model(core))
+    src = codegen_attention.generate(g, "stitch_bench", match, options)
+    image = nvrtc.compile_kernel(src, (f"sm_{cp.cuda.Device().compute_capability}",)).images[0]
+    cuda = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
+    assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, src.entries[0].encode()) == 0
+    shared = src.attention[3]
+    assert cuda.cuFuncSetAttribute(fn, 8, shared) == 0  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    feeds = core_feeds(core, np.random.default_rng(0))
+    dev = {k: cp.asarray(v) for k, v in feeds.items()}
+    want = core_reference(core, feeds)
+    out = cp.full(want.shape, np.nan, cp.float32)
+    args = _Args()
+    for k, name in enumerate(("q", "kt", "v", "mask")):
+        if name in dev:
+            args.inp[k] = dev[name].data.ptr
+    args.out[0] = out.data.ptr
+    lead = core.lead if len(core.lead) == 2 else (1,) + core.lead
+    dims = (*lead, core.sq, core.sk)
+    args.rank, args.n = 4, int(np.prod(dims[:3])) * core.d
+    for d, v in enumerate(dims):
+        args.dims[d] = v
+    if core.mask is not None:  # the mask's element strides over [B, H, Sq, Sk], 0 where it broadcasts
+        own = np.zeros(core.mask, np.float32).strides
+        for j, size in enumerate(core.mask):
+            d = 4 - len(core.mask) + j
+            args.strides[3][d] = 0 if size == 1 and dims[d] != 1 else own[j] // 4
+    blocks = dims[0] * dims[1] * -(-core.sq // src.attention[1])
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+
+    def launch():
+        r = cuda.cuLaunchKernel(fn, blocks, 1, 1, src.attention[2], 1, 1, shared, None, params, None)
+        assert r == 0, f"cuLaunchKernel: {r}"
+
+    launch()
+    cp.cuda.runtime.deviceSynchronize()
+    err = relative_error(out.get(), want)
+    for _ in range(20):
+        launch()
+    return {"kernel_us": launch_ms(launch, reps) * 1e3, "relative_error_vs_float64": err, "shared_bytes": shared,
+            "blocks": blocks}
+
+
+def end_to_end(core: Core, reps: int) -> dict:
+    """The core as a model: stock ONNX Runtime against onnxstitch, CUDA graphs."""
+    import onnxstitch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, stitched = Path(tmp) / "core.onnx", Path(tmp) / "core.stitched.onnx"
+        onnx.save(core_model(core), model)
+        res = onnxstitch.optimize(str(model))
+        onnx.save(res.model, stitched)
+        r = bench.run(model, stitched, config=bench.BenchConfig(iters=reps, cuda_graph=True))
+        out = r.to_json()
+        out["verification"] = res.report.verification.to_json() if res.report.verification else None
+        return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("bench_attention.json"))
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    ap.add_argument("--variants", default=";".join(VARIANTS), help="semicolon-separated, of: " + "; ".join(VARIANTS))
+    ap.add_argument("--no-end-to-end", action="store_true", help="kernels alone only (for ncu)")
+    ap.add_argument("--rounds", type=int, default=1, help="time the variants this many times, alternating (the best counts)")
+    args = ap.parse_args()
+    bench.require_gpu("bench_attention")
+    result: dict = {"gpu": bench.gpu_name(), "cases": {}, "probe_tf32_kernel_us": []}
+    for case in args.cases.split(","):
+        core = CASES[case]
+        row: dict = {"core": dataclasses.asdict(core), "variants": {}}
+        for r in range(args.rounds):
+            if case == "bert-mask-bk":  # the hand-written probe at the same shape: how the machine runs now
+                from scripts.probe_attention import TC_KERNEL, TC_SHARED, probe_kernel
+                ref = probe_kernel(TC_KERNEL, "attention_tc", TC_SHARED, args.reps)["kernel_us"]
+                result["probe_tf32_kernel_us"].append(ref)
+                print(f"{case:14} {'probe_attention.py TF32 kernel':40} round {r}: {ref:8.2f} µs", flush=True)
+            for label in args.variants.split(";"):
+                v = kernel_alone(core, VARIANTS[label], args.reps)
+                best = row["variants"].setdefault(label, v)
+                best["rounds_us"] = best.get("rounds_us", []) + [v["kernel_us"]]
+                best["kernel_us"] = min(best["rounds_us"])
+                print(f"{case:14} {label:40} round {r}: {v['kernel_us']:8.2f} µs  rel. err "
+                      f"{v['relative_error_vs_float64']:.1e}", flush=True)
+        result["cases"][case] = row
+        if args.no_end_to_end:
+            continue
+        row["end_to_end"] = end_to_end(core, args.reps)
+        cfg = row["end_to_end"]["configs"]
+        print(f"{case:14} end to end, CUDA graphs: " +
+              "  ".join(f"{k}: {v['median_ms'] * 1e3:.2f} µs ({v['launches_per_run']:.0f} launches)"
+                        for k, v in cfg.items()), flush=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+# Sourced by the GPU scripts (gpu_check.sh, gpu_attention.sh): the environment they run in on the
+# GPU machine (staged packages in /tmp/site, the library built here in .carry/) and
+# `gpu_setup LOG`, which records the device and installs onnxstitch without its dependencies.
+OUT=${OUT:-/tmp/onnxstitch-out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
+export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
+
+gpu_setup() {
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())"
+    python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
+  } 2>&1 | tee "$1"
+}

@@ -1,0 +1,42 @@
+"""Attention kernels on the GPU (marker `gpu`): each core of tests/attention_models.py
+optimized as the pipeline does (verified there against stock ORT CUDA at TF32's accuracy),
+then run through the custom op with poisoned outputs against a float64 reference on fresh
+random inputs. TF32 rounds both products' inputs to 10 mantissa bits: about 5e-4 relative,
+so 2e-3 is four times the expected error and far below a wrong mask, scale or layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onnxstitch
+
+from ..attention_models import CORES, core_feeds, core_model, core_reference, relative_error
+from ..stitching import fresh_seed
+from .test_stitched_gpu import run_gpu
+
+pytestmark = pytest.mark.gpu
+
+TF32_REFERENCE_TOLERANCE = 2e-3
+
+
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.id)
+def test_attention_kernel_matches_float64(core) -> None:
+    res = onnxstitch.optimize(core_model(core))
+    assert [grp.tf32 for grp in res.report.plan.groups] == [True] and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    feeds = core_feeds(core, np.random.default_rng(fresh_seed()))
+    want = core_reference(core, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+
+
+def test_attention_kernel_at_another_sequence_length() -> None:
+    # Planned at 128, run at 77: sequence lengths are runtime values.
+    core = CORES[0]
+    res = onnxstitch.optimize(core_model(core, seq="seq"), shapes={"seq": [128]})
+    assert [grp.tf32 for grp in res.report.plan.groups] == [True]
+    other = type(core)(core.lead, 77, 77, core.d, (core.lead[0], 1, 1, 77))
+    feeds = core_feeds(other, np.random.default_rng(fresh_seed()))
+    want = core_reference(other, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE

@@ -1,0 +1,176 @@
+"""Attention chains on the CPU: which chains become one kernel and why others do not
+(attention.py), the plan and report around them, the stitched model through its fallback
+function against the original on fresh random inputs, TF32-aware verification, and the
+runtime's "attention" shape rule up to the first driver call (the CPU-EP test build)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxstitch
+from onnxstitch import attention, graph as graph_mod, load, shapes, verify
+from onnxstitch.runtime import build as rtbuild
+
+from .attention_models import CORES, Core, core_feeds, core_model, core_reference, relative_error
+from .stitching import fresh_seed
+
+SMALL = Core((2, 3), 10, 10, 16, (2, 1, 1, 10))
+
+
+def found(model: onnx.ModelProto) -> attention.Found:
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes.resolve_shapes(m, {})
+    return attention.find(graph_mod.build(m, shapes.infer(m)[1], dims))
+
+
+def run_cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("core", CORES, ids=lambda c: c.id)
+def test_every_core_is_one_chain(core: Core) -> None:
+    (m,) = found(core_model(core)).matches
+    assert (m.head_dim, m.mask is not None, m.transposed) == (core.d, core.mask is not None, core.transposed)
+    assert m.scale == pytest.approx(1 / np.sqrt(core.d), rel=1e-6)
+    assert len(m.nodes) == 4 + (core.mask is not None) + core.transposed  # MatMul, Mul, Softmax, MatMul
+
+
+def _edited(model: onnx.ModelProto, edit) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    edit(out.graph)
+    return out
+
+
+def _extra_output(g: onnx.GraphProto) -> None:
+    g.output.append(helper.make_tensor_value_info("p", TP.FLOAT, [2, 3, 10, 10]))
+
+
+def _softmax_axis(g: onnx.GraphProto) -> None:
+    soft = next(n for n in g.node if n.op_type == "Softmax")
+    del soft.attribute[:]
+    soft.attribute.append(helper.make_attribute("axis", 2))
+
+
+@pytest.mark.parametrize("model,reason", [
+    (core_model(SMALL, dtype=TP.FLOAT16), "float32 only"),
+    (core_model(dataclasses.replace(SMALL, d=12)), "head size 12"),
+    (_edited(core_model(SMALL), _extra_output), "also read outside the chain"),
+    (_edited(core_model(SMALL), _softmax_axis), "not over the keys"),
+    (core_model(dataclasses.replace(SMALL, mask=(3, 10))), "does not broadcast"),
+], ids=["float16", "head-12", "probabilities-read-outside", "softmax-axis", "mask-shape"])
+def test_chains_left_apart_say_why(model: onnx.ModelProto, reason: str) -> None:
+    f = found(model)
+    assert not f.matches and len(f.refusals) == 1 and reason in f.refusals[0]
+
+
+def test_a_softmax_between_no_matmuls_is_not_a_near_miss() -> None:
+    x = helper.make_tensor_value_info("x", TP.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, [4, 8])
+    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"])], "g", [x], [y])
+    assert found(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])) == attention.Found()
+
+
+def test_bert_plans_one_attention_kernel_per_layer() -> None:
+    model = onnx.load(str(Path(__file__).resolve().parents[1] / "models/small/bert-base-float32.onnx"))
+    res = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False)
+    chains = [grp for grp in res.report.plan.groups if grp.tf32]
+    assert len(chains) == len(res.report.attention) == 2 and not res.report.attention_refusals
+    kernels = {k["group"]: k for k in res.report.kernels}
+    assert all(kernels[grp.name]["scheme"] == "attention" and kernels[grp.name]["transposed_output"] for grp in chains)
+    # Their nodes are in no other group: the planner saw them as opaque.
+    others = {i for grp in res.report.plan.groups if not grp.tf32 for i in grp.nodes}
+    assert not others & {i for grp in chains for i in grp.nodes}
+    off = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False, attention=False)
+    assert not any(grp.tf32 for grp in off.report.plan.groups)
+    assert off.report.plan.kernels_after > res.report.plan.kernels_after
+
+
+@pytest.mark.parametrize("seq", [16, 37])
+def test_stitched_core_runs_anywhere_through_its_function(seq: int) -> None:
+    # Planned at 16, run at 16 and 37: the fused node keeps the sequence dynamic, and without the
+    # library ONNX Runtime runs the function holding the original chain.
+    core = dataclasses.replace(SMALL, sq=16, sk=16, mask=(2, 1, 1, 16))
+    res = onnxstitch.optimize(core_model(core, seq="seq"), shapes={"seq": [16]})
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+    node = res.model.graph.node[0]
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["shape_rule"] == b"attention"
+    run = dataclasses.replace(core, sq=seq, sk=seq, mask=(2, 1, 1, seq))
+    feeds = core_feeds(run, np.random.default_rng(fresh_seed()))
+    (got,) = run_cpu(res.model, feeds)
+    assert relative_error(got, core_reference(run, feeds)) <= 1e-5
+
+
+def test_verification_holds_tf32_groups_to_tf32_accuracy() -> None:
+    rng = np.random.default_rng(fresh_seed())
+    want = rng.standard_normal(1000).astype(np.float32)
+    off_by = lambda rel: (want * (1 + rel * rng.choice([-1, 1], want.shape))).astype(want.dtype)  # noqa: E731
+    assert not verify.compare(off_by(1e-3), want)[0]  # float32: 1e-4
+    assert verify.compare(off_by(1e-3), want, tf32=True)[0]
+    assert not verify.compare(off_by(1e-2), want, tf32=True)[0]  # a wrong mask or scale is far beyond
+    half = want.astype(np.float16)
+    assert verify.compare(off_by(1e-3).astype(np.float16), half, tf32=True)[0]
+    assert not verify.compare(off_by(1e-1).astype(np.float16), half, tf32=True)[0]  # half keeps its own
+
+
+# The runtime's "attention" rule on the CPU-EP test build: everything before the first driver call.
+
+@pytest.fixture(scope="module")
+def cpu_lib() -> Path:
+    return rtbuild.build(extra_flags=("-DONNXSTITCH_CPU_EP_FOR_TESTS",))
+
+
+def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spec: list[int] | None) -> bytes:
+    names = list(shapes_in)
+    attrs = dict(kernel_name="k0", vec_width=1, input_kinds=[1] * len(names), output_dtypes=[TP.FLOAT],
+                 shape_rule="attention", ptx=b"// none")
+    if spec is not None:
+        attrs["attention"] = spec
+    node = helper.make_node("FusedKernel", names, ["y"], name="fused0", domain="com.onnxstitch", **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TP.FLOAT, s) for n, s in shapes_in.items()],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, out_shape)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.onnxstitch", 1)],
+                          ir_version=10)
+    return m.SerializeToString()
+
+
+def cpu_run(lib: Path, model: bytes, feeds: dict) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(lib))
+    so.log_severity_level = 4
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def zeros(*shape: int) -> np.ndarray:
+    return np.zeros(shape, np.float32)
+
+
+def test_runtime_allocates_the_transposed_context(cpu_lib: Path) -> None:
+    # No queries: the output is allocated at [b, s, h, d] and nothing is launched.
+    model = attention_node_model({"q": [2, 3, 0, 8], "kt": [2, 3, 8, 5], "v": [2, 3, 5, 8], "m": [2, 1, 1, 5]},
+                                 None, [8, 64, 128, 0, 1, 1])
+    (y,) = cpu_run(cpu_lib, model, {"q": zeros(2, 3, 0, 8), "kt": zeros(2, 3, 8, 5), "v": zeros(2, 3, 5, 8),
+                                    "m": zeros(2, 1, 1, 5)})
+    assert y.shape == (2, 0, 3, 8)
+
+
+@pytest.mark.parametrize("spec,feeds,message", [
+    (None, {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "missing INTS attribute 'attention'"),
+    ([12, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 12), "kt": zeros(1, 12, 4), "v": zeros(1, 4, 12)}, "attention must be"),
+    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "and a mask, got 3"),
+    ([8, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 4, 8), "v": zeros(1, 4, 8)}, "do not fit"),
+    ([8, 64, 128, 0, 0, 1], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "of rank 4"),
+    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8), "m": zeros(3, 4)},
+     "does not broadcast"),
+], ids=["missing", "head-12", "no-mask-input", "k-not-transposed", "transposed-rank-3", "mask"])
+def test_runtime_names_what_does_not_fit(cpu_lib: Path, spec, feeds, message) -> None:
+    model = attention_node_model({k: list(v.shape) for k, v in feeds.items()}, None, spec)
+    with pytest.raises(Exception, match=f"fused0.*{message}"):
+        cpu_run(cpu_lib, model, feeds)
