@@ -33,8 +33,10 @@ CASES = {
     "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
     "vit": Core((8, 12), 197, 197, 64, None),
 }
-VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
-            for k in (64, 128) for st in (True, False)}
+VARIANTS = {f"keys={k},staged_tf32={int(st)},double_buffer={int(db)}":
+            codegen_attention.AttentionOptions(keys=k, staged_tf32=st, double_buffer=db)
+            for k, st, db in ((64, True, False), (64, False, False), (128, True, False), (64, True, True),
+                              (64, False, True))}
 
 
 def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Match]:
