@@ -15,11 +15,13 @@ queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-n
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from . import attention
 from .codegen import ARGS_STRUCT, ATTENTION_ENTRY_SUFFIX as ENTRY_SUFFIX, KernelSource
 from .graph import FusionGraph
+from .shapes import symbolic_value
 
 WARPS = 4  # per block, 16 queries each: the mma tile's rows
 # Shared memory a block may take (A100 allows 163 KB per block).
@@ -33,8 +35,12 @@ class AttentionOptions:
 
     keys: int = 64  # keys per tile: 64 or 128 (H100, BERT: 12.7 against 13.0 µs)
     fast_exp: bool = True  # ex2.approx.ftz (2 ulp) rather than exp2f
-    staged_tf32: bool = True  # round K, V and P to TF32 once as they are staged, rather than as
-    # each fragment is read (4 warps read each element; H100, BERT: 12.7 against 14.0 µs)
+    # Round K, V and P to TF32 once as they are staged, rather than as each fragment is read (4
+    # warps read each element): H100, BERT's 128 keys 12.7–13.3 against 14.0–15.3 µs. None: by
+    # shape, staged where the planned key count is a multiple of 4; otherwise Kᵀ is staged
+    # element by element and the conversions there cost more than they save (ViT's 197 keys:
+    # 52.8–80.7 staged against 32.5–46.1 µs, two runs).
+    staged_tf32: bool | None = None
     double_buffer: bool = False  # two tile buffers: the next tile is copied (cp.async) while this
     # one is computed
 
@@ -174,6 +180,10 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
+    if options.staged_tf32 is None:
+        keys = (graph.tensors[m.kt].shape or (None,))[-1]
+        planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
+        options = dataclasses.replace(options, staged_tf32=planned % 4 == 0)
     source = f"""
 {ARGS_STRUCT}
 {MMA_PRELUDE}

@@ -33,7 +33,7 @@ CASES = {
     "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
     "vit": Core((8, 12), 197, 197, 64, None),
 }
-VARIANTS = {f"keys={k},staged_tf32={int(st)},double_buffer={int(db)}":
+VARIANTS = {f"keys={k},staged_tf32={int(st)},double_buffer={int(db)}":  # each fixed, not by shape
             codegen_attention.AttentionOptions(keys=k, staged_tf32=st, double_buffer=db)
             for k, st, db in ((64, True, False), (64, False, False), (128, True, False), (64, True, True),
                               (64, False, True))}

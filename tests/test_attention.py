@@ -71,6 +71,19 @@ def test_chains_left_apart_say_why(model: onnx.ModelProto, reason: str) -> None:
     assert not f.matches and len(f.refusals) == 1 and reason in f.refusals[0]
 
 
+@pytest.mark.parametrize("keys,staged", [(128, True), (197, False)])
+def test_tf32_rounding_is_staged_where_keys_come_in_16_byte_chunks(keys: int, staged: bool) -> None:
+    from onnxstitch import codegen_attention
+
+    model = core_model(dataclasses.replace(SMALL, sq=keys, sk=keys, mask=None))
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes.resolve_shapes(m, {})
+    g = graph_mod.build(m, shapes.infer(m)[1], dims)
+    (match,) = attention.find(g).matches
+    src = codegen_attention.generate(g, "k", match).source
+    assert ("#define STAGE(x) __uint_as_float(stitch_tf32(x))" in src) == staged
+
+
 def test_a_softmax_between_no_matmuls_is_not_a_near_miss() -> None:
     x = helper.make_tensor_value_info("x", TP.FLOAT, [4, 8])
     y = helper.make_tensor_value_info("y", TP.FLOAT, [4, 8])

@@ -142,6 +142,7 @@ def reference(c: Case, ins: list[np.ndarray]) -> np.ndarray:
 # The default kernel, and the variants scripts/bench_attention.py compares.
 OPTIONS = {"default": codegen_attention.AttentionOptions(),
            "tf32-at-fragments": codegen_attention.AttentionOptions(staged_tf32=False),
+           "tf32-staged": codegen_attention.AttentionOptions(staged_tf32=True),
            "keys-128": codegen_attention.AttentionOptions(keys=128),
            "double-buffer": codegen_attention.AttentionOptions(double_buffer=True),
            "double-buffer-tf32-at-fragments": codegen_attention.AttentionOptions(double_buffer=True, staged_tf32=False)}
