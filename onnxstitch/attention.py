@@ -2,7 +2,8 @@
 
 Design note
 -----------
-Exporters write attention's core as MatMul(q, kᵀ) → (Mul | Div by a scalar) → (Add mask) →
+Exporters write attention's core as MatMul(q, kᵀ) → (Mul | Div by a scalar) → (Add mask, after
+Add position bias in T5) →
 Softmax over the keys → MatMul(·, v), often followed by the Transpose that puts heads back
 beside each other ([b, h, s, d] → [b, s, h, d]). Stock ONNX Runtime runs that as two batched
 GEMMs around a Softmax kernel and a Transpose, writing and re-reading the scores each time.
@@ -37,6 +38,9 @@ from .shapes import Shape
 # Head sizes the kernel is generated for: whole mma fragments (8), registers for the
 # context (D / 2 floats per thread) and the query fragments (D / 2) within one thread's budget.
 MIN_HEAD, MAX_HEAD = 8, 128
+# Terms added to the scaled scores (a mask; T5 adds a position bias first): the kernel reads
+# each through its own strides (docs/abi.md).
+MAX_MASKS = 2
 CLAIMED = "in an attention kernel (attention.py)"
 
 
@@ -44,11 +48,11 @@ CLAIMED = "in an attention kernel (attention.py)"
 class Match:
     """One attention chain: its nodes and what the kernel needs to know of them."""
 
-    nodes: tuple[int, ...]  # topological: MatMul, [Mul|Div], [Add], Softmax, MatMul, [Transpose]
+    nodes: tuple[int, ...]  # topological: MatMul, [Mul|Div], [Add, [Add]], Softmax, MatMul, [Transpose]
     q: str  # [L..., Sq, D]
     kt: str  # [L..., D, Sk]: the first MatMul's second operand, keys already transposed
     v: str  # [L..., Sk, D]
-    mask: str | None  # added to the scaled scores; broadcasts to [L..., Sq, Sk]
+    masks: tuple[str, ...]  # added to the scaled scores in this order; each broadcasts to [L..., Sq, Sk]
     scale: float  # the scores' multiplier (1 when there is no Mul/Div)
     output: str  # the context, [L..., Sq, D], or [b, Sq, h, D] when `transposed`
     transposed: bool
@@ -56,11 +60,11 @@ class Match:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return (self.q, self.kt, self.v) + ((self.mask,) if self.mask else ())
+        return (self.q, self.kt, self.v) + self.masks
 
     def describe(self) -> str:
         """One line for reports."""
-        mask = f" + '{self.mask}'" if self.mask else ""
+        mask = "".join(f" + '{t}'" for t in self.masks)
         return (f"'{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax → · '{self.v}' → '{self.output}'"
                 f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}")
 
@@ -118,17 +122,31 @@ def _scaled(g: FusionGraph, t: str) -> tuple[str, float, int | None] | None:
     return None
 
 
+def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
+    """Whether `t` is the (scaled) product, or reaches it through at most `adds` more Adds."""
+    if _scaled(g, t) is not None:
+        return True
+    at = g.producer.get(t)
+    return adds > 0 and at is not None and g.nodes[at].op_type == "Add" and \
+        any(_leads_to_scores(g, u, adds - 1) for u in g.nodes[at].inputs[:2])
+
+
 def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
     """The chain around Softmax `soft`: (nodes, match), why it cannot be one kernel, or None
     when the Softmax is not between two MatMuls at all (nothing worth reporting)."""
     n = g.nodes[soft]
     x = n.inputs[0]
     nodes = [soft]
-    mask: str | None = None
-    at = g.producer.get(x)
-    if at is not None and g.nodes[at].op_type == "Add" and _scaled(g, x) is None:
+    masks: list[str] = []
+    # Additive terms, outermost first: at each Add, the operand that leads back to the product
+    # is the chain, the other a term.
+    while len(masks) < MAX_MASKS and _scaled(g, x) is None:
+        at = g.producer.get(x)
+        if at is None or g.nodes[at].op_type != "Add":
+            break
         a, b = g.nodes[at].inputs[:2]
-        inner, mask = (a, b) if _scaled(g, a) is not None else (b, a)
+        inner, term = (a, b) if _leads_to_scores(g, a, MAX_MASKS - len(masks) - 1) else (b, a)
+        masks.insert(0, term)
         nodes.insert(0, at)
         x = inner
     scaled = _scaled(g, x)
@@ -158,17 +176,18 @@ def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
             list(g.nodes[after].attrs.get("perm", ())) == [0, 2, 1, 3]:
         nodes.append(after)
         ctx, transposed = g.nodes[after].outputs[0], True
-    why = _shape_reason(g, q, kt, v, mask, ctx, soft)
+    why = _shape_reason(g, q, kt, v, tuple(masks), ctx, soft)
     if why:
         return f"{name}: {why}"
-    match = Match(tuple(nodes), q, kt, v, mask, scale, ctx, transposed, int(_shape(g, q)[-1]))  # type: ignore[index]
+    match = Match(tuple(nodes), q, kt, v, tuple(masks), scale, ctx, transposed, int(_shape(g, q)[-1]))  # type: ignore[index]
     return nodes, match
 
 
-def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, mask: str | None, ctx: str, soft: int) -> str | None:
+def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...], ctx: str,
+                  soft: int) -> str | None:
     """Why these operands do not fit the kernel (None when they do)."""
-    for t in (q, kt, v, mask, ctx):
-        if t is not None and (g.tensors.get(t) is None or g.tensors[t].dtype != TP.FLOAT):
+    for t in (q, kt, v, *masks, ctx):
+        if g.tensors.get(t) is None or g.tensors[t].dtype != TP.FLOAT:
             info = g.tensors.get(t)
             have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
             return f"'{t}' is {have}: the kernel is float32 only (float16 keeps its stitched Softmax)"
@@ -186,11 +205,11 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, mask: str | None, ctx
         return f"head size {d}: a multiple of 8 from {MIN_HEAD} to {MAX_HEAD} is needed"
     if not _same(ks[-1], vs[-2]):
         return f"keys {ks[-1]} and values {vs[-2]} differ in length"
-    if mask is not None:
+    scores = tuple(qs[:-1]) + (ks[-1],)
+    for mask in masks:
         ms = _shape(g, mask)
-        scores = tuple(qs[:-1]) + (ks[-1],)
         if ms is None or len(ms) > len(scores):
-            return "the mask's shape is unknown or of higher rank than the scores"
+            return f"the shape of mask '{mask}' is unknown or of higher rank than the scores"
         for have, want in zip(reversed(ms), reversed(scores)):
             if have != 1 and not _same(have, want):
                 return f"the mask {list(ms)} does not broadcast to the scores {list(scores)}"

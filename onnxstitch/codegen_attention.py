@@ -1,11 +1,11 @@
-"""Stage 6 for attention chains (attention.py): one kernel for QKᵀ·scale + mask → Softmax → ·V.
+"""Stage 6 for attention chains (attention.py): one kernel for QKᵀ·scale + masks → Softmax → ·V.
 
 Kernel ABI: docs/abi.md, shape_rule "attention". A block of 4 warps owns 64 queries of one
 (batch, head); each warp holds its 16 queries as TF32 `mma.sync` m16n8k8 A fragments for the
 whole kernel. The keys go by in tiles staged in shared memory (Kᵀ and V, rows padded by 8 floats
 so the fragment reads hit 32 banks, rounded to TF32 once as they are staged): the warp computes
 its 16 × KT scores on tensor cores (head slices outside key blocks, so each step has KT/8
-independent products), scales them, adds the mask, and folds them into a running row maximum
+independent products), scales them, adds the masks (up to two terms), and folds them into a running row maximum
 and sum (FlashAttention's online Softmax: earlier partial results are rescaled by
 exp(old max − new max)); the probabilities go through a per-warp shared buffer into A fragments
 for the second product. The context is normalised once and stored at [b, h, s, d], or
@@ -180,6 +180,17 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
+    # Each additive term's rows for this thread's two queries (element strides from the runtime,
+    # 0 where it broadcasts; input 3 + i, strides[3 + i]), its keys `mc<i>` apart.
+    mask_rows = "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{3 + i}]) + b * a.strides[{3 + i}][0] + h * a.strides[{3 + i}][1];
+  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{3 + i}][2];
+  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{3 + i}][2];
+  const int mc{i} = (int)a.strides[{3 + i}][3];""" for i in range(len(m.masks)))
+
+    def scaled(elem: str, row: str) -> str:
+        terms = " + ".join(f"mk{row}{i}[key * mc{i}]" for i in range(len(m.masks)))
+        return f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
+
     if options.staged_tf32 is None:
         keys = (graph.tensors[m.kt].shape or (None,))[-1]
         planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
@@ -195,7 +206,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
   constexpr int THREADS = {threads}, BUF = D * KS + KT * VS;  // a tile buffer's floats (Kᵀ, then V)
   constexpr bool STAGED = {"true" if options.staged_tf32 else "false"};
-  constexpr bool MASK = {"true" if m.mask else "false"}, TRANSPOSED = {"true" if m.transposed else "false"};
+  constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) float stitch_smem[];
@@ -221,16 +232,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * D + k * 8 + tg + 4] : 0.f);
     qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * D + k * 8 + tg + 4] : 0.f);
   }}
-  // The mask's rows for this thread's two queries (element strides from the runtime; 0 where
-  // it broadcasts), its keys `mc` apart.
-  const float* mka = nullptr;
-  const float* mkb = nullptr;
-  int mc = 0;
-  if (MASK) {{
-    const float* mk = static_cast<const float*>(a.in[3]) + b * a.strides[3][0] + h * a.strides[3][1];
-    mka = mk + (long long)(qa < Sq ? qa : 0) * a.strides[3][2], mkb = mk + (long long)(qb < Sq ? qb : 0) * a.strides[3][2];
-    mc = (int)a.strides[3][3];
-  }}
+{mask_rows}
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -257,8 +259,8 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
       for (int e = 0; e < 2; ++e) {{
         const int key = t0 + n * 8 + 2 * tg + e;
         if (full || key < Sk) {{
-          s[n][e] = MASK ? fmaf(s[n][e], SCALE, mka[key * mc]) : s[n][e] * SCALE;
-          s[n][2 + e] = MASK ? fmaf(s[n][2 + e], SCALE, mkb[key * mc]) : s[n][2 + e] * SCALE;
+          s[n][e] = {scaled("e", "a")};
+          s[n][2 + e] = {scaled("2 + e", "b")};
         }} else {{
           s[n][e] = s[n][2 + e] = NEG_INF;
         }}
@@ -316,4 +318,4 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     return KernelSource(
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), shape_rule="attention",
-        attention=(d, queries, threads, shared_bytes(d, options), int(m.mask is not None), int(m.transposed)))
+        attention=(d, queries, threads, shared_bytes(d, options), len(m.masks), int(m.transposed)))

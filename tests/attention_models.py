@@ -21,11 +21,14 @@ class Core:
     d: int
     mask: tuple[int, ...] | None
     transposed: bool = True
+    bias: tuple[int, ...] | None = None  # a term added before the mask (T5's position bias)
 
     @property
     def id(self) -> str:
         m = "x".join(map(str, self.mask)) if self.mask else "none"
-        return f"{'x'.join(map(str, self.lead))}-q{self.sq}-k{self.sk}-d{self.d}-mask{m}{'-T' if self.transposed else ''}"
+        bias = f"-bias{'x'.join(map(str, self.bias))}" if self.bias else ""
+        return (f"{'x'.join(map(str, self.lead))}-q{self.sq}-k{self.sk}-d{self.d}-mask{m}{bias}"
+                f"{'-T' if self.transposed else ''}")
 
 
 def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None = None) -> onnx.ModelProto:
@@ -34,8 +37,11 @@ def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None 
     scale = numpy_helper.from_array(np.array(1 / np.sqrt(c.d), np.float32), "scale")
     nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
     last = "ss"
+    if c.bias is not None:
+        nodes.append(helper.make_node("Add", ["ss", "bias"], ["sb"]))
+        last = "sb"
     if c.mask is not None:
-        nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
+        nodes.append(helper.make_node("Add", [last, "mask"], ["sm"]))
         last = "sm"
     nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["ctx"])]
     sq, sk = (seq, seq) if seq else (c.sq, c.sk)
@@ -47,8 +53,9 @@ def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None 
         nodes[-1].output[0] = "y"
     vi = helper.make_tensor_value_info
     ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]), vi("v", dtype, [*c.lead, sk, c.d])]
-    if c.mask is not None:
-        ins.append(vi("mask", dtype, [seq if seq and m == c.sk else m for m in c.mask]))
+    for name, shape in (("bias", c.bias), ("mask", c.mask)):
+        if shape is not None:
+            ins.append(vi(name, dtype, [seq if seq and m == c.sk else m for m in shape]))
     g = helper.make_graph(nodes, "attention", ins, [vi("y", dtype, out_shape)], [scale])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
@@ -60,6 +67,8 @@ def core_feeds(c: Core, rng: np.random.Generator, masked: float = -3.4e38) -> di
     never a whole row."""
     feeds = {"q": rng.standard_normal((*c.lead, c.sq, c.d)), "kt": rng.standard_normal((*c.lead, c.d, c.sk)),
              "v": rng.standard_normal((*c.lead, c.sk, c.d))}
+    if c.bias is not None:
+        feeds["bias"] = rng.standard_normal(c.bias)
     if c.mask is not None:
         hidden = rng.random(c.mask) < 0.1
         hidden[..., 0] = False
@@ -71,8 +80,9 @@ def core_reference(c: Core, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """softmax(q·kᵀ/√d + mask)·v in float64, transposed as the model does."""
     q, kt, v = (feeds[k].astype(np.float64) for k in ("q", "kt", "v"))
     s = q @ kt / np.sqrt(c.d)
-    if c.mask is not None:
-        s = s + feeds["mask"].astype(np.float64)
+    for name in ("bias", "mask"):
+        if name in feeds:
+            s = s + feeds[name].astype(np.float64)
     p = np.exp(s - s.max(-1, keepdims=True))
     y = (p / p.sum(-1, keepdims=True)) @ v
     return y.transpose(0, 2, 1, 3) if c.transposed else y
@@ -93,4 +103,5 @@ CORES = [
     Core((3,), 64, 64, 128, None, transposed=False),
     Core((2, 3), 197, 197, 64, None),
     Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False),
+    Core((2, 4), 70, 70, 64, (2, 1, 1, 70), bias=(1, 4, 70, 70)),
 ]

@@ -190,12 +190,12 @@ def _aligned(x: np.ndarray) -> np.ndarray:
 def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                       folder: Path) -> None:
     """An attention kernel's launch, as the runtime's ComputeAttention (attention.h's
-    AttentionDims): dims [B, H, Sq, Sk] (B = 1 for rank-3 operands), the mask's element strides
-    over them (right-aligned, 0 where it broadcasts) in strides[3], n = B·H·Sq·D, one block of
-    `attention[2]` threads per (batch, head, tile of `attention[1]` queries)."""
-    head, queries, threads, _, has_mask, transposed = src.attention
+    AttentionDims): dims [B, H, Sq, Sk] (B = 1 for rank-3 operands), mask k's element strides
+    over them (right-aligned, 0 where it broadcasts) in strides[3 + k], n = B·H·Sq·D, one block
+    of `attention[2]` threads per (batch, head, tile of `attention[1]` queries)."""
+    head, queries, threads, _, masks, transposed = src.attention
     inputs = [_aligned(x) for x in inputs]
-    assert len(inputs) == 3 + has_mask, "q, kᵀ, v and the mask when it has one"
+    assert len(inputs) == 3 + masks, "q, kᵀ, v and the masks"
     q, kt, v = inputs[:3]
     r = q.ndim
     assert 3 <= r <= 4 and kt.ndim == r and v.ndim == r and (r == 4 or not transposed)
@@ -208,13 +208,12 @@ def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: 
         a.dims[d] = s
     for k, x in enumerate(inputs):
         a.inp[k] = x.ctypes.data
-    if has_mask:
-        mask = inputs[3]
+    for k, mask in enumerate(inputs[3:]):
         assert mask.ndim <= r, "the mask has a higher rank than the scores"
         for j, m in enumerate(mask.shape):
             d = 4 - mask.ndim + j
             assert m in (1, scores[d]), f"the mask {mask.shape} does not broadcast to the scores {scores}"
-            a.strides[3][d] = 0 if m == 1 and scores[d] != 1 else mask.strides[j] // mask.itemsize
+            a.strides[3 + k][d] = 0 if m == 1 and scores[d] != 1 else mask.strides[j] // mask.itemsize
     (y,) = outputs
     want = (scores[0], scores[2], scores[1], head) if transposed else q.shape
     assert y.flags.c_contiguous and y.shape == tuple(want) and y.dtype == np.float32

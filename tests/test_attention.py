@@ -37,9 +37,10 @@ def run_cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.id)
 def test_every_core_is_one_chain(core: Core) -> None:
     (m,) = found(core_model(core)).matches
-    assert (m.head_dim, m.mask is not None, m.transposed) == (core.d, core.mask is not None, core.transposed)
+    want_masks = tuple(t for t, shape in (("bias", core.bias), ("mask", core.mask)) if shape is not None)
+    assert (m.head_dim, m.masks, m.transposed) == (core.d, want_masks, core.transposed)
     assert m.scale == pytest.approx(1 / np.sqrt(core.d), rel=1e-6)
-    assert len(m.nodes) == 4 + (core.mask is not None) + core.transposed  # MatMul, Mul, Softmax, MatMul
+    assert len(m.nodes) == 4 + len(want_masks) + core.transposed  # MatMul, Mul, Softmax, MatMul
 
 
 def _edited(model: onnx.ModelProto, edit) -> onnx.ModelProto:
@@ -89,6 +90,16 @@ def test_a_softmax_between_no_matmuls_is_not_a_near_miss() -> None:
     y = helper.make_tensor_value_info("y", TP.FLOAT, [4, 8])
     g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"])], "g", [x], [y])
     assert found(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])) == attention.Found()
+
+
+@pytest.mark.parametrize("name,layers", [("bert-base", 2), ("t5-small-encoder", 2), ("vit-b16", 2), ("gpt2", 2),
+                                         ("llama-layer", 1)])
+def test_zoo_transformers_have_their_attention_cores_matched(name: str, layers: int) -> None:
+    model = onnx.load(str(Path(__file__).resolve().parents[1] / f"models/small/{name}-float32.onnx"))
+    f = found(model)
+    assert len(f.matches) == layers and not f.refusals
+    if name.startswith("t5"):  # position bias, then the mask
+        assert all(len(m.masks) == 2 for m in f.matches)
 
 
 def test_bert_plans_one_attention_kernel_per_layer() -> None:
@@ -177,7 +188,7 @@ def test_runtime_allocates_the_transposed_context(cpu_lib: Path) -> None:
 @pytest.mark.parametrize("spec,feeds,message", [
     (None, {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "missing INTS attribute 'attention'"),
     ([12, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 12), "kt": zeros(1, 12, 4), "v": zeros(1, 4, 12)}, "attention must be"),
-    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "and a mask, got 3"),
+    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "and 1 mask\\(s\\), got 3"),
     ([8, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 4, 8), "v": zeros(1, 4, 8)}, "do not fit"),
     ([8, 64, 128, 0, 0, 1], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "of rank 4"),
     ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8), "m": zeros(3, 4)},

@@ -45,6 +45,7 @@ class Case:
     transposed: bool = False
     padding: bool = False  # a BERT padding mask: 0, or -3.4e38 on the masked keys
     masked_tile: bool = False  # padding: the first 128 keys (a whole tile) masked in batch 0
+    bias: tuple[int, ...] | None = None  # a term added before the mask (T5's position bias)
 
 
 CASES = {
@@ -59,6 +60,8 @@ CASES = {
     "two_whole_key_tiles": Case((1, 2), 16, 256, 16, (1, 2, 16, 256)),
     "rank3_mask": Case((3,), 33, 70, 16, (3, 1, 70)),
     "rank3_no_mask": Case((3,), 70, 64, 32),
+    "t5_position_bias_then_padding": Case((2, 2), 70, 70, 32, (2, 1, 1, 70), padding=True, bias=(1, 2, 70, 70)),
+    "bias_alone": Case((1, 2), 20, 33, 16, None, transposed=True, bias=(20, 33)),
 }
 
 
@@ -73,9 +76,13 @@ def attention_model(c: Case) -> onnx.ModelProto:
     nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
              helper.make_node("Mul", ["scores", "scale"], ["scaled"])]
     x = "scaled"
+    if c.bias is not None:
+        inputs.append(helper.make_tensor_value_info("bias", TP.FLOAT, list(c.bias)))
+        nodes.append(helper.make_node("Add", ["bias", "scaled"], ["biased"]))  # the term first, as T5
+        x = "biased"
     if c.mask is not None:
         inputs.append(helper.make_tensor_value_info("mask", TP.FLOAT, list(c.mask)))
-        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"]))
+        nodes.append(helper.make_node("Add", [x, "mask"], ["masked"]))
         x = "masked"
     nodes += [helper.make_node("Softmax", [x], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "v"], ["context"])]
@@ -106,8 +113,9 @@ def inputs_for(c: Case, rng: np.random.Generator) -> list[np.ndarray]:
     q = rng.standard_normal(lead + (c.sq, c.d), np.float32)
     kt = rng.standard_normal(lead + (c.d, c.sk), np.float32)
     v = rng.standard_normal(lead + (c.sk, c.d), np.float32)
+    terms = [] if c.bias is None else [rng.standard_normal(c.bias, np.float32)]
     if c.mask is None:
-        return [q, kt, v]
+        return [q, kt, v] + terms
     if c.padding:
         # Each batch keeps its first keys (at least one) and pads the rest, as BERT's mask.
         mask = np.zeros(c.mask, np.float32)
@@ -123,15 +131,15 @@ def inputs_for(c: Case, rng: np.random.Generator) -> list[np.ndarray]:
             mask[0, ..., -1] = 0
     else:
         mask = (2 * rng.standard_normal(c.mask)).astype(np.float32)
-    return [q, kt, v, mask]
+    return [q, kt, v] + terms + [mask]
 
 
 def reference(c: Case, ins: list[np.ndarray]) -> np.ndarray:
     """softmax(q·kᵀ/√d + mask)·v in float64, transposed to [b, s, h, d] when the model does."""
     q, kt, v = (x.astype(np.float64) for x in ins[:3])
     s = q @ kt * np.float64(np.float32(1 / np.sqrt(c.d)))
-    if c.mask is not None:
-        s = s + ins[3].astype(np.float64)
+    for term in ins[3:]:  # the bias, then the mask
+        s = s + term.astype(np.float64)
     s -= s.max(axis=-1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
@@ -153,7 +161,8 @@ OPTIONS = {"default": codegen_attention.AttentionOptions(),
 def test_attention_kernel_matches_float64(name, variant, folder) -> None:
     c = CASES[name]
     match, src = generated(attention_model(c), OPTIONS[variant])
-    assert (match.head_dim, match.mask is not None, match.transposed) == (c.d, c.mask is not None, c.transposed)
+    terms = (c.bias is not None) + (c.mask is not None)
+    assert (match.head_dim, len(match.masks), match.transposed) == (c.d, terms, c.transposed)
     assert src.shape_rule == "attention" and src.attention[0] == c.d
     seed = fresh_seed()
     ins = inputs_for(c, np.random.default_rng(seed))
@@ -166,7 +175,7 @@ def test_attention_kernel_matches_float64(name, variant, folder) -> None:
     if c.padding:
         # Keys under -3.4e38 take no weight: v's rows there can be anything.
         noisy = [x.copy() for x in ins]
-        masked = (ins[3] == BERT_MASKED)[:, 0, 0, :]  # [b, sk]
+        masked = (ins[-1] == BERT_MASKED)[:, 0, 0, :]  # [b, sk]
         noisy[2][np.broadcast_to(masked[:, None, :], noisy[2].shape[:-1])] = 1e4
         again = np.full(expected.shape, np.nan, np.float32)
         launch(src, noisy, [again], folder)

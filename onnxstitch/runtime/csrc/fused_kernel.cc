@@ -575,17 +575,20 @@ Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, 
   return ModuleFor(*cuctx, l);
 }
 
-// An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], the mask's strides in
-// strides[3]; one block of `threads` per (batch, head) and `queries` queries, 1-D grid.
+// An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], mask k's strides in
+// strides[3 + k]; one block of `threads` per (batch, head) and `queries` queries, 1-D grid.
 Error Kernel::ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
                                const size_t* ranks, size_t n_in) {
-  long long dims[4], mask_strides[4];
+  long long dims[4], mask_strides[kMaxMasks][4];
   std::string error;
   if (!AttentionDims(attention_, shapes, ranks, n_in, dims, mask_strides, &error)) {
     return Fail(ORT_INVALID_ARGUMENT, error);
   }
   args->rank = 4;
-  for (int d = 0; d < 4; ++d) args->dims[d] = dims[d], args->strides[3][d] = mask_strides[d];
+  for (int d = 0; d < 4; ++d) args->dims[d] = dims[d];
+  for (int k = 0; k < attention_.masks; ++k) {
+    for (int d = 0; d < 4; ++d) args->strides[3 + k][d] = mask_strides[k][d];
+  }
   args->n = dims[0] * dims[1] * dims[2] * attention_.head;
   std::vector<ShapeDim> q, shape;
   for (size_t j = 0; j < ranks[0]; ++j) q.push_back(ShapeDim{shapes[0][j], ""});
