@@ -23,9 +23,10 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnxstitch import attention, bench, codegen_attention, compile as nvrtc  # noqa: E402
-from onnxstitch import graph as graph_mod, load, shapes as shapes_mod  # noqa: E402
+from onnxstitch import graph as graph_mod  # noqa: E402
 from scripts.bench_elementwise import _Args, launch_ms  # noqa: E402
-from tests.attention_models import Core, core_feeds, core_model, core_reference, relative_error  # noqa: E402
+from tests.attention_models import (Core, attention_graph, core_feeds, core_model, core_reference,  # noqa: E402
+                                    relative_error)
 
 CASES = {
     "bert-mask-bqk": Core((8, 12), 128, 128, 64, (8, 1, 128, 128)),
@@ -40,10 +41,8 @@ VARIANTS = {f"keys={k},staged_tf32={int(st)},double_buffer={int(db)}":  # each f
 
 
 def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Match]:
-    m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes_mod.resolve_shapes(m, {})
-    g = graph_mod.build(m, shapes_mod.infer(m)[1], dims)
-    (match,) = attention.find(g).matches
+    g, found = attention_graph(model)
+    (match,) = found.matches
     return g, match
 
 

@@ -9,6 +9,8 @@ import onnx
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+from onnxstitch import attention, graph as graph_mod, load, shapes
+
 
 @dataclass(frozen=True)
 class Core:
@@ -62,14 +64,16 @@ def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None 
     return m
 
 
-def core_feeds(c: Core, rng: np.random.Generator, masked: float = -3.4e38) -> dict[str, np.ndarray]:
+def core_feeds(c: Core, rng: np.random.Generator, masked: float | None = -3.4e38) -> dict[str, np.ndarray]:
     """Random operands; the mask holds 0 or `masked` (BERT's float32 minimum), a tenth masked,
-    never a whole row."""
+    never a whole row, or with `masked` None normal values (scaled by 2)."""
     feeds = {"q": rng.standard_normal((*c.lead, c.sq, c.d)), "kt": rng.standard_normal((*c.lead, c.d, c.sk)),
              "v": rng.standard_normal((*c.lead, c.sk, c.d))}
     if c.bias is not None:
         feeds["bias"] = rng.standard_normal(c.bias)
-    if c.mask is not None:
+    if c.mask is not None and masked is None:
+        feeds["mask"] = 2 * rng.standard_normal(c.mask)
+    elif c.mask is not None:
         hidden = rng.random(c.mask) < 0.1
         hidden[..., 0] = False
         feeds["mask"] = np.where(hidden, masked, 0.0)
@@ -105,3 +109,11 @@ CORES = [
     Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False),
     Core((2, 4), 70, 70, 64, (2, 1, 1, 70), bias=(1, 4, 70, 70)),
 ]
+
+
+def attention_graph(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Found]:
+    """The model's FusionGraph, built as the pipeline builds it, and its attention chains."""
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes.resolve_shapes(m, {})
+    g = graph_mod.build(m, shapes.infer(m)[1], dims)
+    return g, attention.find(g)

@@ -15,19 +15,17 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import onnxstitch
-from onnxstitch import attention, graph as graph_mod, load, shapes, verify
+from onnxstitch import attention, verify
 from onnxstitch.runtime import build as rtbuild
 
-from .attention_models import CORES, Core, core_feeds, core_model, core_reference, relative_error
+from .attention_models import CORES, Core, attention_graph, core_feeds, core_model, core_reference, relative_error
 from .stitching import fresh_seed
 
 SMALL = Core((2, 3), 10, 10, 16, (2, 1, 1, 10))
 
 
 def found(model: onnx.ModelProto) -> attention.Found:
-    m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes.resolve_shapes(m, {})
-    return attention.find(graph_mod.build(m, shapes.infer(m)[1], dims))
+    return attention_graph(model)[1]
 
 
 def run_cpu(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -76,11 +74,8 @@ def test_chains_left_apart_say_why(model: onnx.ModelProto, reason: str) -> None:
 def test_tf32_rounding_is_staged_where_keys_come_in_16_byte_chunks(keys: int, staged: bool) -> None:
     from onnxstitch import codegen_attention
 
-    model = core_model(dataclasses.replace(SMALL, sq=keys, sk=keys, mask=None))
-    m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes.resolve_shapes(m, {})
-    g = graph_mod.build(m, shapes.infer(m)[1], dims)
-    (match,) = attention.find(g).matches
+    g, f = attention_graph(core_model(dataclasses.replace(SMALL, sq=keys, sk=keys, mask=None)))
+    (match,) = f.matches
     src = codegen_attention.generate(g, "k", match).source
     assert ("#define STAGE(x) __uint_as_float(stitch_tf32(x))" in src) == staged
 

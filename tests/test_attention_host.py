@@ -6,9 +6,10 @@ products; about 5e-4 in practice), every output element written (outputs are poi
 
 The cases walk whole and ragged tiles of queries and keys (64 each), cross attention, head sizes
 16, 32 and 64, masks broadcast over heads, rows or batches (and none), rank-3 operands,
-the context stored transposed to [b, s, h, d] or not, and BERT's padding mask (-3.4e38 on some
-keys, a whole tile of keys masked in one case) whose keys must get no weight: their rows of v
-are then overwritten with 1e4 and the context must not change."""
+the context stored transposed to [b, s, h, d] or not, T5's position bias before a mask, and
+BERT's padding mask (-3.4e38 on some keys, a whole tile of keys masked in one case) whose keys
+must get no weight: their rows of v are then overwritten with 1e4 and the context must not
+change. Each case runs the default kernel and the variants scripts/bench_attention.py compares."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,11 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
 
-from onnxstitch import attention, codegen_attention, graph as graph_mod, load, shapes
+from onnxstitch import codegen_attention
 
+from .attention_models import Core, attention_graph, core_feeds, core_model, core_reference
 from .host_kernels import HAVE_GXX, launch
 from .stitching import fresh_seed
 
@@ -37,114 +37,52 @@ def folder(tmp_path_factory):
 
 @dataclass(frozen=True)
 class Case:
-    lead: tuple[int, ...]  # [b, h] or [L] (rank-3 operands)
-    sq: int
-    sk: int
-    d: int
-    mask: tuple[int, ...] | None = None  # the mask's shape, broadcast to the scores [*lead, sq, sk]
-    transposed: bool = False
-    padding: bool = False  # a BERT padding mask: 0, or -3.4e38 on the masked keys
+    core: Core
+    padding: bool = False  # BERT's padding mask: 0, or -3.4e38 on the masked keys
     masked_tile: bool = False  # padding: the first 128 keys (a whole tile) masked in batch 0
-    bias: tuple[int, ...] | None = None  # a term added before the mask (T5's position bias)
 
 
 CASES = {
     # BERT: whole tiles, a [b, 1, 1, s] padding mask, the context transposed to [b, s, h, d].
-    "bert_64": Case((2, 2), 64, 64, 64, (2, 1, 1, 64), transposed=True, padding=True),
-    "ragged_70_rows_mask": Case((2, 1), 70, 70, 64, (2, 1, 70, 70)),
-    "few_queries_long_keys_transposed": Case((1, 2), 5, 130, 32, None, transposed=True),
-    "cross_70x40_head_mask": Case((1, 2), 70, 40, 16, (1, 2, 70, 40)),
+    "bert_64": Case(Core((2, 2), 64, 64, 64, (2, 1, 1, 64)), padding=True),
+    "ragged_70_rows_mask": Case(Core((2, 1), 70, 70, 64, (2, 1, 70, 70), transposed=False)),
+    "few_queries_long_keys_transposed": Case(Core((1, 2), 5, 130, 32, None)),
+    "cross_70x40_head_mask": Case(Core((1, 2), 70, 40, 16, (1, 2, 70, 40), transposed=False)),
     # (Tiles of 64 or 128 keys, as codegen_attention chooses: these sizes are whole, ragged and
     # several tiles under either.)
-    "padding_masks_a_whole_tile": Case((2, 1), 20, 200, 16, (2, 1, 1, 200), padding=True, masked_tile=True),
-    "two_whole_key_tiles": Case((1, 2), 16, 256, 16, (1, 2, 16, 256)),
-    "rank3_mask": Case((3,), 33, 70, 16, (3, 1, 70)),
-    "rank3_no_mask": Case((3,), 70, 64, 32),
-    "t5_position_bias_then_padding": Case((2, 2), 70, 70, 32, (2, 1, 1, 70), padding=True, bias=(1, 2, 70, 70)),
-    "bias_alone": Case((1, 2), 20, 33, 16, None, transposed=True, bias=(20, 33)),
+    "padding_masks_a_whole_tile": Case(Core((2, 1), 20, 200, 16, (2, 1, 1, 200), transposed=False), padding=True,
+                                       masked_tile=True),
+    "two_whole_key_tiles": Case(Core((1, 2), 16, 256, 16, (1, 2, 16, 256), transposed=False)),
+    "rank3_mask": Case(Core((3,), 33, 70, 16, (3, 1, 70), transposed=False)),
+    "rank3_no_mask": Case(Core((3,), 70, 64, 32, None, transposed=False)),
+    "t5_position_bias_then_padding": Case(Core((2, 2), 70, 70, 32, (2, 1, 1, 70), bias=(1, 2, 70, 70)), padding=True),
+    "bias_alone": Case(Core((1, 2), 20, 33, 16, None, bias=(20, 33))),
 }
-
-
-def attention_model(c: Case) -> onnx.ModelProto:
-    """MatMul(q, kᵀ) → Mul(1/√d) → [Add(mask)] → Softmax(-1) → MatMul(·, v) → [Transpose 0213],
-    as exporters write it. The tensors are named alike in every case, so kernels that differ
-    only in shapes are one source (one host build)."""
-    lead = list(c.lead)
-    inputs = [helper.make_tensor_value_info("q", TP.FLOAT, lead + [c.sq, c.d]),
-              helper.make_tensor_value_info("kt", TP.FLOAT, lead + [c.d, c.sk]),
-              helper.make_tensor_value_info("v", TP.FLOAT, lead + [c.sk, c.d])]
-    nodes = [helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-             helper.make_node("Mul", ["scores", "scale"], ["scaled"])]
-    x = "scaled"
-    if c.bias is not None:
-        inputs.append(helper.make_tensor_value_info("bias", TP.FLOAT, list(c.bias)))
-        nodes.append(helper.make_node("Add", ["bias", "scaled"], ["biased"]))  # the term first, as T5
-        x = "biased"
-    if c.mask is not None:
-        inputs.append(helper.make_tensor_value_info("mask", TP.FLOAT, list(c.mask)))
-        nodes.append(helper.make_node("Add", [x, "mask"], ["masked"]))
-        x = "masked"
-    nodes += [helper.make_node("Softmax", [x], ["probs"], axis=-1),
-              helper.make_node("MatMul", ["probs", "v"], ["context"])]
-    out, shape = "context", lead + [c.sq, c.d]
-    if c.transposed:
-        nodes.append(helper.make_node("Transpose", ["context"], ["out"], perm=[0, 2, 1, 3]))
-        out, shape = "out", [lead[0], c.sq, lead[1], c.d]
-    scale = numpy_helper.from_array(np.array(1 / np.sqrt(c.d), np.float32), "scale")
-    graph = helper.make_graph(nodes, "attention", inputs, [helper.make_tensor_value_info(out, TP.FLOAT, shape)],
-                              [scale])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def generated(model: onnx.ModelProto, options: codegen_attention.AttentionOptions = codegen_attention.AttentionOptions()):
     """(the chain attention.find matches, its kernel source), the graph built as the pipeline does."""
-    m = load.constants_to_initializers(load.load(model))
-    m, dim_values = shapes.resolve_shapes(m, {})
-    _, infos = shapes.infer(m)
-    g = graph_mod.build(m, infos, dim_values, True)
-    found = attention.find(g)
+    g, found = attention_graph(model)
     assert len(found.matches) == 1, found.refusals
     match = found.matches[0]
     return match, codegen_attention.generate(g, "stitch_h0", match, options)
 
 
-def inputs_for(c: Case, rng: np.random.Generator) -> list[np.ndarray]:
-    lead = c.lead
-    q = rng.standard_normal(lead + (c.sq, c.d), np.float32)
-    kt = rng.standard_normal(lead + (c.d, c.sk), np.float32)
-    v = rng.standard_normal(lead + (c.sk, c.d), np.float32)
-    terms = [] if c.bias is None else [rng.standard_normal(c.bias, np.float32)]
-    if c.mask is None:
-        return [q, kt, v] + terms
+def feeds_for(c: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random operands; a padding case's mask as BERT's: each batch keeps its first keys and
+    pads the rest with -3.4e38 (some keys in the middle too), every row keeping a key."""
+    feeds = core_feeds(c.core, rng, masked=None)
     if c.padding:
-        # Each batch keeps its first keys (at least one) and pads the rest, as BERT's mask.
-        mask = np.zeros(c.mask, np.float32)
-        for b in range(c.mask[0]):
-            keep = rng.integers(1, c.sk) if c.sk > 1 else 1
-            mask[b, ..., keep:] = BERT_MASKED
-        # Some keys masked in the middle too, and a whole first tile of keys in batch 0.
-        mask[..., rng.integers(0, c.sk, 3)] = BERT_MASKED
-        # Every row keeps a key: the first, or in batch 0 of `masked_tile` the last.
+        mask = np.zeros(c.core.mask, np.float32)
+        for b in range(mask.shape[0]):
+            mask[b, ..., rng.integers(1, c.core.sk) if c.core.sk > 1 else 1:] = BERT_MASKED
+        mask[..., rng.integers(0, c.core.sk, 3)] = BERT_MASKED
         mask[..., 0] = 0
-        if c.masked_tile:
+        if c.masked_tile:  # batch 0 keeps only its last key
             mask[0, ..., :128] = BERT_MASKED
             mask[0, ..., -1] = 0
-    else:
-        mask = (2 * rng.standard_normal(c.mask)).astype(np.float32)
-    return [q, kt, v] + terms + [mask]
-
-
-def reference(c: Case, ins: list[np.ndarray]) -> np.ndarray:
-    """softmax(q·kᵀ/√d + mask)·v in float64, transposed to [b, s, h, d] when the model does."""
-    q, kt, v = (x.astype(np.float64) for x in ins[:3])
-    s = q @ kt * np.float64(np.float32(1 / np.sqrt(c.d)))
-    for term in ins[3:]:  # the bias, then the mask
-        s = s + term.astype(np.float64)
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    ctx = p @ v
-    return ctx.transpose(0, 2, 1, 3) if c.transposed else ctx
+        feeds["mask"] = mask
+    return feeds
 
 
 # The default kernel, and the variants scripts/bench_attention.py compares.
@@ -160,13 +98,15 @@ OPTIONS = {"default": codegen_attention.AttentionOptions(),
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_kernel_matches_float64(name, variant, folder) -> None:
     c = CASES[name]
-    match, src = generated(attention_model(c), OPTIONS[variant])
-    terms = (c.bias is not None) + (c.mask is not None)
-    assert (match.head_dim, len(match.masks), match.transposed) == (c.d, terms, c.transposed)
-    assert src.shape_rule == "attention" and src.attention[0] == c.d
+    core = c.core
+    match, src = generated(core_model(core), OPTIONS[variant])
+    terms = (core.bias is not None) + (core.mask is not None)
+    assert (match.head_dim, len(match.masks), match.transposed) == (core.d, terms, core.transposed)
+    assert src.shape_rule == "attention" and src.attention[0] == core.d
     seed = fresh_seed()
-    ins = inputs_for(c, np.random.default_rng(seed))
-    expected = reference(c, ins)
+    feeds = feeds_for(c, np.random.default_rng(seed))
+    ins = [feeds[t] for t in src.inputs]
+    expected = core_reference(core, feeds)
     got = np.full(expected.shape, np.nan, np.float32)  # poisoned: every element must be written
     launch(src, ins, [got], folder)
     assert np.isfinite(got).all(), f"{name} (seed {seed}): elements not written or not finite"
@@ -175,7 +115,7 @@ def test_attention_kernel_matches_float64(name, variant, folder) -> None:
     if c.padding:
         # Keys under -3.4e38 take no weight: v's rows there can be anything.
         noisy = [x.copy() for x in ins]
-        masked = (ins[-1] == BERT_MASKED)[:, 0, 0, :]  # [b, sk]
+        masked = (feeds["mask"] == BERT_MASKED)[:, 0, 0, :]  # [b, sk]
         noisy[2][np.broadcast_to(masked[:, None, :], noisy[2].shape[:-1])] = 1e4
         again = np.full(expected.shape, np.nan, np.float32)
         launch(src, noisy, [again], folder)
