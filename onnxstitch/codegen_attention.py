@@ -205,7 +205,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
   constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
   constexpr int THREADS = {threads}, BUF = D * KS + KT * VS;  // a tile buffer's floats (Kᵀ, then V)
-  constexpr bool STAGED = {"true" if options.staged_tf32 else "false"};
+{"  constexpr bool STAGED = " + ("true;" if options.staged_tf32 else "false;") if options.double_buffer else ""}
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
