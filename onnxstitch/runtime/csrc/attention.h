@@ -77,14 +77,14 @@ inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH
   // Scores [L..., Sq, Sk] as four dims.
   const int64_t scores[4] = {r == 4 ? q[0] : 1, q[r - 3], q[r - 2], k[r - 1]};
   for (int d = 0; d < 4; ++d) dims[d] = scores[d];
-  for (int k = 0; k < s.masks; ++k) {
-    const size_t i = 3 + static_cast<size_t>(k), mr = ranks[i];
+  for (int t = 0; t < s.masks; ++t) {
+    const size_t i = 3 + static_cast<size_t>(t), mr = ranks[i];
     if (mr > r) {
       *error = "the mask " + text(i) + " has a higher rank than the scores";
       return false;
     }
     long long stride = 1;
-    for (int d = 0; d < 4; ++d) mask_strides[k][d] = 0;
+    for (int d = 0; d < 4; ++d) mask_strides[t][d] = 0;
     for (size_t j = mr; j-- > 0;) {
       const int d = static_cast<int>(4 - mr + j);  // right-aligned against the four score dims
       const int64_t m = shapes[i][j];
@@ -92,7 +92,7 @@ inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH
         *error = "the mask " + text(i) + " does not broadcast to the scores";
         return false;
       }
-      mask_strides[k][d] = (m == 1 && scores[d] != 1) ? 0 : stride;
+      mask_strides[t][d] = (m == 1 && scores[d] != 1) ? 0 : stride;
       stride *= m;
     }
   }
