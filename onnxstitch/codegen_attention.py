@@ -24,8 +24,6 @@ from .graph import FusionGraph
 from .shapes import symbolic_value
 
 WARPS = 4  # per block, 16 queries each: the mma tile's rows
-# Shared memory a block may take (A100 allows 163 KB per block).
-SHARED_BUDGET = 160 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,8 +39,6 @@ class AttentionOptions:
     # element by element and the conversions there cost more than they save (ViT's 197 keys:
     # 52.8–80.7 staged against 32.5–46.1 µs, two runs).
     staged_tf32: bool | None = None
-    double_buffer: bool = False  # two tile buffers: the next tile is copied (cp.async) while this
-    # one is computed
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
 MMA_PRELUDE = r"""
@@ -60,17 +56,6 @@ __device__ __forceinline__ void stitch_mma_tf32(float* c, const unsigned* a, uns
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Asynchronous copies into shared memory (sm_80 on): `src_bytes` of 16 (or 4), zeros after.
-__device__ __forceinline__ void stitch_cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void stitch_cp_async4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void stitch_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void stitch_cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 #endif
 // 2^x, 2 ulp; subnormal results flush to 0 (far below what a probability can add to a sum
 // of at least 1).
@@ -83,92 +68,11 @@ __device__ __forceinline__ float stitch_ex2(float x) {
 
 
 def shared_bytes(head_dim: int, options: AttentionOptions) -> int:
-    """Dynamic shared memory of one block: the Kᵀ and V tiles (two of each with a double
-    buffer) and each warp's probabilities."""
-    kt, buffers = options.keys, 2 if options.double_buffer else 1
-    return 4 * (buffers * (head_dim * (kt + 8) + kt * (head_dim + 8)) + WARPS * 16 * (kt + 4))
+    """Dynamic shared memory of one block: the Kᵀ and V tiles and each warp's probabilities."""
+    kt = options.keys
+    return 4 * (head_dim * (kt + 8) + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
 
 
-# The tile loop's head with two buffers: the tile was copied asynchronously during the previous
-# tile's products (the first one before the loop); each thread rounds what it copied, one
-# barrier makes the tile visible and frees the other buffer, whose copy of the next tile starts.
-_DOUBLE_BUFFER = """
-  auto issue = [&](int t0, float* Kd, float* Vd) {
-    if (vec_keys) {  // 16-byte chunks, each wholly inside or outside the keys (Sk % 4 == 0)
-      for (int i = t; i < D * KT / 4; i += THREADS) {
-        const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
-        const bool in = t0 + j < Sk;
-        stitch_cp_async16(Kd + dd * KS + j, in ? kt + (long long)dd * Sk + t0 + j : kt, in ? 16 : 0);
-      }
-    } else {
-      for (int i = t; i < D * KT; i += THREADS) {
-        const int dd = i / KT, j = i % KT;
-        const bool in = t0 + j < Sk;
-        stitch_cp_async4(Kd + dd * KS + j, in ? kt + (long long)dd * Sk + t0 + j : kt, in ? 4 : 0);
-      }
-    }
-    for (int i = t; i < KT * D / 4; i += THREADS) {
-      const int j = i / (D / 4), c = (i % (D / 4)) * 4;
-      const bool in = t0 + j < Sk;
-      stitch_cp_async16(Vd + j * VS + c, in ? v + (long long)(t0 + j) * D + c : v, in ? 16 : 0);
-    }
-    stitch_cp_async_commit();
-  };
-  // Each thread rounds to TF32 the elements it copied (no barrier needed before).
-  auto round_own = [&](float* Kd, float* Vd) {
-    if (!STAGED) return;
-    if (vec_keys) {
-      for (int i = t; i < D * KT / 4; i += THREADS) {
-        float4* x = reinterpret_cast<float4*>(Kd + (i / (KT / 4)) * KS + (i % (KT / 4)) * 4);
-        float4 y = *x;
-        y.x = STAGE(y.x), y.y = STAGE(y.y), y.z = STAGE(y.z), y.w = STAGE(y.w);
-        *x = y;
-      }
-    } else {
-      for (int i = t; i < D * KT; i += THREADS) Kd[(i / KT) * KS + i % KT] = STAGE(Kd[(i / KT) * KS + i % KT]);
-    }
-    for (int i = t; i < KT * D / 4; i += THREADS) {
-      float4* x = reinterpret_cast<float4*>(Vd + (i / (D / 4)) * VS + (i % (D / 4)) * 4);
-      float4 y = *x;
-      y.x = STAGE(y.x), y.y = STAGE(y.y), y.z = STAGE(y.z), y.w = STAGE(y.w);
-      *x = y;
-    }
-  };
-  if (Sk > 0) issue(0, Ks, Vs);
-  for (int t0 = 0, it = 0; t0 < Sk; t0 += KT, ++it) {
-    float* Kc = it & 1 ? Ks + BUF : Ks;
-    float* Vc = it & 1 ? Vs + BUF : Vs;
-    stitch_cp_async_wait();
-    round_own(Kc, Vc);
-    __syncthreads();  // the tile is in place for every warp, which are all done with the other buffer
-    if (t0 + KT < Sk) issue(t0 + KT, it & 1 ? Ks : Ks + BUF, it & 1 ? Vs : Vs + BUF);"""
-
-_SINGLE_BUFFER = """
-  for (int t0 = 0; t0 < Sk; t0 += KT) {
-    float* Kc = Ks;
-    float* Vc = Vs;
-    __syncthreads();  // every warp is done with the previous tile
-    // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
-    if (vec_keys && t0 + KT <= Sk) {
-      for (int i = t; i < D * KT / 4; i += THREADS) {
-        const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
-        float4 x = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
-        x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
-        *reinterpret_cast<float4*>(Ks + dd * KS + j) = x;
-      }
-    } else {
-      for (int i = t; i < D * KT; i += THREADS) {
-        const int dd = i / KT, j = i % KT;
-        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
-      }
-    }
-    for (int i = t; i < KT * D / 4; i += THREADS) {
-      const int j = i / (D / 4), c = (i % (D / 4)) * 4;
-      float4 x = t0 + j < Sk ? *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * D + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-      x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
-      *reinterpret_cast<float4*>(Vs + j * VS + c) = x;
-    }
-    __syncthreads();"""
 
 
 def _literal(x: float) -> str:
@@ -204,15 +108,14 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
   constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
-  constexpr int THREADS = {threads}, BUF = D * KS + KT * VS;  // a tile buffer's floats (Kᵀ, then V)
-{"  constexpr bool STAGED = " + ("true;" if options.staged_tf32 else "false;") if options.double_buffer else ""}
+  constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) float stitch_smem[];
   float* Ks = stitch_smem;     // [D][KS]: the tile's columns of Kᵀ
-  float* Vs = Ks + D * KS;     // [KT][VS]: the tile's rows of V (a second buffer BUF floats on)
-  float* Ps = stitch_smem + {2 if options.double_buffer else 1} * BUF;  // [QT][PS]: probabilities, 16 rows per warp
+  float* Vs = Ks + D * KS;     // [KT][VS]: the tile's rows of V
+  float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp
   const long long H = a.dims[1];
   const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
   const int tiles = (Sq + QT - 1) / QT;
@@ -240,7 +143,29 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   const bool vec_keys = (Sk & 3) == 0;
   float* p0 = Ps + (r0 + g) * PS;
   float* p1 = p0 + 8 * PS;
-{_DOUBLE_BUFFER if options.double_buffer else _SINGLE_BUFFER}
+  for (int t0 = 0; t0 < Sk; t0 += KT) {{
+    __syncthreads();  // every warp is done with the previous tile
+    // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
+    if (vec_keys && t0 + KT <= Sk) {{
+      for (int i = t; i < D * KT / 4; i += THREADS) {{
+        const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
+        float4 x = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
+        x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+        *reinterpret_cast<float4*>(Ks + dd * KS + j) = x;
+      }}
+    }} else {{
+      for (int i = t; i < D * KT; i += THREADS) {{
+        const int dd = i / KT, j = i % KT;
+        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
+      }}
+    }}
+    for (int i = t; i < KT * D / 4; i += THREADS) {{
+      const int j = i / (D / 4), c = (i % (D / 4)) * 4;
+      float4 x = t0 + j < Sk ? *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * D + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+      *reinterpret_cast<float4*>(Vs + j * VS + c) = x;
+    }}
+    __syncthreads();
     // Scores: KT/8 blocks of 8 keys, summed over D/8 head slices (independent products per step).
     float s[KT / 8][4];
 #pragma unroll
@@ -249,7 +174,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     for (int k = 0; k < NT; ++k) {{
 #pragma unroll
       for (int n = 0; n < KT / 8; ++n)
-        stitch_mma_tf32(s[n], qf[k], FRAG(Kc[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Kc[(k * 8 + tg + 4) * KS + n * 8 + g]));
+        stitch_mma_tf32(s[n], qf[k], FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g]));
     }}
     float x0 = NEG_INF, x1 = NEG_INF;
     const bool full = t0 + KT <= Sk;
@@ -293,7 +218,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
       const unsigned pf[4] = {{FRAG(p0[k * 8 + tg]), FRAG(p1[k * 8 + tg]), FRAG(p0[k * 8 + tg + 4]), FRAG(p1[k * 8 + tg + 4])}};
 #pragma unroll
       for (int n = 0; n < NT; ++n)
-        stitch_mma_tf32(o[n], pf, FRAG(Vc[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vc[(k * 8 + tg + 4) * VS + n * 8 + g]));
+        stitch_mma_tf32(o[n], pf, FRAG(Vs[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
     }}
     __syncwarp();  // the next tile's probabilities overwrite these rows
   }}

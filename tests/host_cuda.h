@@ -102,19 +102,6 @@ using ::exp2f; using ::fmaf; using ::fmaxf; using ::fminf;
 // TF32 tensor cores (the device forms are inline PTX in codegen_attention.MMA_PRELUDE).
 // cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 explicit mantissa bits; the
 // float32 bit pattern with its low 13 bits zero. NaN and infinities pass through.
-// cp.async (codegen_attention.py's double buffer): the host copies at once, so commit and wait
-// have nothing to do; bytes past `src_bytes` are zeros, as on the device.
-inline void stitch_cp_async16(void* dst, const void* src, int src_bytes) {
-  std::memset(dst, 0, 16);
-  if (src_bytes > 0) std::memcpy(dst, src, src_bytes);
-}
-inline void stitch_cp_async4(void* dst, const void* src, int src_bytes) {
-  std::memset(dst, 0, 4);
-  if (src_bytes > 0) std::memcpy(dst, src, src_bytes);
-}
-inline void stitch_cp_async_commit() {}
-inline void stitch_cp_async_wait() {}
-
 inline unsigned stitch_tf32(float x) {
   unsigned u;
   std::memcpy(&u, &x, 4);

@@ -89,9 +89,7 @@ def feeds_for(c: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
 OPTIONS = {"default": codegen_attention.AttentionOptions(),
            "tf32-at-fragments": codegen_attention.AttentionOptions(staged_tf32=False),
            "tf32-staged": codegen_attention.AttentionOptions(staged_tf32=True),
-           "keys-128": codegen_attention.AttentionOptions(keys=128),
-           "double-buffer": codegen_attention.AttentionOptions(double_buffer=True),
-           "double-buffer-tf32-at-fragments": codegen_attention.AttentionOptions(double_buffer=True, staged_tf32=False)}
+           "keys-128": codegen_attention.AttentionOptions(keys=128)}
 
 
 @pytest.mark.parametrize("variant", list(OPTIONS))
