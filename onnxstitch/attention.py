@@ -32,7 +32,7 @@ from onnx import TensorProto as TP
 
 from .cost import CostModel, node_bytes, node_us
 from .graph import FusionGraph, constant_value
-from .plan import Group, Plan
+from .plan import Group, Plan, topological_groups
 from .shapes import Shape
 
 # Head sizes the kernel is generated for: whole mma fragments (8), registers for the
@@ -269,14 +269,16 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
 
 
 def extend_plan(plan: Plan, g: FusionGraph, cost: CostModel, found: Found) -> Plan:
-    """`plan` (made with the chains claimed) with one group per chain; the totals count each
-    chain as its kernel instead of its nodes."""
+    """`plan` (made with the chains claimed) with one group per chain, the groups kept in a
+    topological order of the contraction (Plan.groups); the totals count each chain as its
+    kernel instead of its nodes."""
     if not found.matches:
         return plan
     groups = tuple(group_of(g, cost, f"a{k}", m) for k, m in enumerate(found.matches))
     members = [i for grp in groups for i in grp.nodes]
+    every = plan.groups + groups
     return dataclasses.replace(
-        plan, groups=plan.groups + groups,
+        plan, groups=tuple(every[k] for k in topological_groups(g, [grp.nodes for grp in every])),
         predicted_us_after=plan.predicted_us_after - sum(node_us(g, cost, i) for i in members)
         + sum(grp.predicted_us for grp in groups),
         bytes_after=plan.bytes_after - sum(node_bytes(g, i) for i in members) + sum(grp.predicted_bytes for grp in groups),

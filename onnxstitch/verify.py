@@ -205,7 +205,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
            groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
            device: str = "auto", source: onnx.ModelProto | None = None) -> Verification:
     """Run both models on seeded random inputs and compare every graph output and every fused
-    group's outputs. Raises VerifyError naming the first group whose outputs differ. `source`:
+    group's outputs (`groups` in the plan's topological order). Raises VerifyError naming the first group whose outputs differ. `source`:
     the model as the user gave it, when `original` is its normalized form (normalize.py); the
     graph outputs are then compared against it as well."""
     if not groups:
@@ -244,10 +244,11 @@ def _run_and_compare(ref_src: bytes | str, new_src: bytes | str, original: onnx.
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     worst = 0.0
-    # Groups run in model order, so a TF32 group's rounding reaches the groups after it: once one
-    # has run, every later float32 comparison (and the graph outputs) is held to TF32's accuracy.
+    # The plan's groups come in a topological order, so every group a TF32 group's rounding can
+    # reach comes after it: once one has run, every later float32 comparison (and the graph
+    # outputs) is held to TF32's accuracy.
     tf32 = False
-    for grp in sorted(groups, key=lambda grp: min(grp.nodes)):
+    for grp in groups:
         tf32 = tf32 or grp.tf32
         half = any(graph.tensors[t].dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) for t in grp.inputs)
         for t in grp.outputs:

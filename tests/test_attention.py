@@ -112,6 +112,20 @@ def test_bert_plans_one_attention_kernel_per_layer() -> None:
     assert off.report.plan.kernels_after > res.report.plan.kernels_after
 
 
+def test_plan_keeps_its_groups_in_topological_order_with_the_chains() -> None:
+    # Verification relies on it (a TF32 group's rounding reaches only later groups): a group
+    # reading a chain's context comes after the chain, though chains join the plan last.
+    model = core_model(SMALL)
+    g = model.graph
+    g.node.extend([helper.make_node("Mul", ["y", "two"], ["y2"]), helper.make_node("Relu", ["y2"], ["z"])])
+    g.initializer.append(onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    g.output[0].name = "z"
+    groups = onnxstitch.optimize(model, verify=False).report.plan.groups
+    assert sorted(grp.tf32 for grp in groups) == [False, True]
+    writer = {t: k for k, grp in enumerate(groups) for t in grp.outputs}
+    assert all(writer.get(t, -1) < k for k, grp in enumerate(groups) for t in grp.inputs)
+
+
 @pytest.mark.parametrize("seq", [16, 37])
 def test_stitched_core_runs_anywhere_through_its_function(seq: int) -> None:
     # Planned at 16, run at 16 and 37: the fused node keeps the sequence dynamic, and without the
