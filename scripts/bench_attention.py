@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnxstitch import attention, bench, codegen_attention, compile as nvrtc  # noqa: E402
 from onnxstitch import graph as graph_mod  # noqa: E402
-from scripts.bench_elementwise import _Args, launch_ms  # noqa: E402
+from scripts.bench_elementwise import launch_ms  # noqa: E402
+from tests.host_kernels import attention_args  # noqa: E402
 from tests.attention_models import (Core, attention_graph, core_feeds, core_model, core_reference,  # noqa: E402
                                     relative_error)
 
@@ -34,10 +35,8 @@ CASES = {
     "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
     "vit": Core((8, 12), 197, 197, 64, None),
 }
-VARIANTS = {f"keys={k},staged_tf32={int(st)},double_buffer={int(db)}":  # each fixed, not by shape
-            codegen_attention.AttentionOptions(keys=k, staged_tf32=st, double_buffer=db)
-            for k, st, db in ((64, True, False), (64, False, False), (128, True, False), (64, True, True),
-                              (64, False, True))}
+VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
+            for k, st in ((64, True), (64, False), (128, True))}  # each fixed, not by shape
 
 
 def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Match]:
@@ -60,25 +59,11 @@ def kernel_alone(core: Core, options: codegen_attention.AttentionOptions, reps: 
     shared = src.attention[3]
     assert cuda.cuFuncSetAttribute(fn, 8, shared) == 0  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     feeds = core_feeds(core, np.random.default_rng(0))
-    dev = {k: cp.asarray(v) for k, v in feeds.items()}
+    dev = {k: cp.asarray(v) for k, v in feeds.items()}  # named as the model's inputs, src.inputs
     want = core_reference(core, feeds)
     out = cp.full(want.shape, np.nan, cp.float32)
-    args = _Args()
-    for k, name in enumerate(("q", "kt", "v", "mask")):
-        if name in dev:
-            args.inp[k] = dev[name].data.ptr
-    args.out[0] = out.data.ptr
-    lead = core.lead if len(core.lead) == 2 else (1,) + core.lead
-    dims = (*lead, core.sq, core.sk)
-    args.rank, args.n = 4, int(np.prod(dims[:3])) * core.d
-    for d, v in enumerate(dims):
-        args.dims[d] = v
-    if core.mask is not None:  # the mask's element strides over [B, H, Sq, Sk], 0 where it broadcasts
-        own = np.zeros(core.mask, np.float32).strides
-        for j, size in enumerate(core.mask):
-            d = 4 - len(core.mask) + j
-            args.strides[3][d] = 0 if size == 1 and dims[d] != 1 else own[j] // 4
-    blocks = dims[0] * dims[1] * -(-core.sq // src.attention[1])
+    args, blocks = attention_args(src, [dev[t].shape for t in src.inputs], [dev[t].data.ptr for t in src.inputs],
+                                  out.shape, out.data.ptr)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
 
     def launch():

@@ -187,41 +187,51 @@ def _aligned(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
-                      folder: Path) -> None:
-    """An attention kernel's launch, as the runtime's ComputeAttention (attention.h's
-    AttentionDims): dims [B, H, Sq, Sk] (B = 1 for rank-3 operands), mask k's element strides
-    over them (right-aligned, 0 where it broadcasts) in strides[3 + k], n = B·H·Sq·D, one block
-    of `attention[2]` threads per (batch, head, tile of `attention[1]` queries)."""
-    head, queries, threads, _, masks, transposed = src.attention
-    inputs = [_aligned(x) for x in inputs]
-    assert len(inputs) == 3 + masks, "q, kᵀ, v and the masks"
-    q, kt, v = inputs[:3]
-    r = q.ndim
-    assert 3 <= r <= 4 and kt.ndim == r and v.ndim == r and (r == 4 or not transposed)
-    assert q.shape[-1] == head and kt.shape[-2] == head and v.shape[-1] == head and kt.shape[-1] == v.shape[-2]
-    assert q.shape[:-2] == kt.shape[:-2] == v.shape[:-2]
-    scores = (q.shape[0] if r == 4 else 1, q.shape[r - 3], q.shape[-2], kt.shape[-1])
+def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointers: Sequence[int],
+                   out_shape: tuple[int, ...], out: int) -> tuple[_Args, int]:
+    """(StitchArgs, grid) of an attention kernel's launch, as the runtime's ComputeAttention fills
+    them (attention.h's AttentionDims), for row-major inputs of `shapes` at `pointers` (q, kᵀ, v,
+    then the masks) and the output of `out_shape` at `out`: dims [B, H, Sq, Sk] (B = 1 for
+    rank-3 operands), mask k's element strides over them (right-aligned, 0 where it broadcasts)
+    in strides[3 + k], n = B·H·Sq·D; a block of `attention[2]` threads per (batch, head, tile of
+    `attention[1]` queries). Host launches and scripts/bench_attention.py share it."""
+    head, queries, _, _, masks, transposed = src.attention
+    assert len(shapes) == len(pointers) == 3 + masks, "q, kᵀ, v and the masks"
+    qs, ks, vs = shapes[:3]
+    r = len(qs)
+    assert 3 <= r <= 4 and len(ks) == r and len(vs) == r and (r == 4 or not transposed)
+    assert qs[-1] == head and ks[-2] == head and vs[-1] == head and ks[-1] == vs[-2]
+    assert qs[:-2] == ks[:-2] == vs[:-2]
+    scores = (qs[0] if r == 4 else 1, qs[r - 3], qs[-2], ks[-1])
     a = _Args()
     a.rank, a.n = 4, math.prod(scores[:3]) * head
     for d, s in enumerate(scores):
         a.dims[d] = s
-    for k, x in enumerate(inputs):
-        a.inp[k] = x.ctypes.data
-    for k, mask in enumerate(inputs[3:]):
-        assert mask.ndim <= r, "the mask has a higher rank than the scores"
-        for j, m in enumerate(mask.shape):
-            d = 4 - mask.ndim + j
-            assert m in (1, scores[d]), f"the mask {mask.shape} does not broadcast to the scores {scores}"
-            a.strides[3 + k][d] = 0 if m == 1 and scores[d] != 1 else mask.strides[j] // mask.itemsize
+    for k, p in enumerate(pointers):
+        a.inp[k] = p
+    for k, ms in enumerate(shapes[3:]):
+        assert len(ms) <= r, "the mask has a higher rank than the scores"
+        for j, m in enumerate(ms):
+            d = 4 - len(ms) + j
+            assert m in (1, scores[d]), f"the mask {ms} does not broadcast to the scores {scores}"
+            a.strides[3 + k][d] = 0 if m == 1 and scores[d] != 1 else math.prod(ms[j + 1:])
+    want = (scores[0], scores[2], scores[1], head) if transposed else tuple(qs)
+    assert tuple(out_shape) == want, f"the context is {want}, not {tuple(out_shape)}"
+    a.out[0] = out
+    return a, scores[0] * scores[1] * math.ceil(scores[2] / queries)
+
+
+def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                      folder: Path) -> None:
+    """An attention kernel's launch on the host (attention_args), inputs at 16-byte aligned
+    addresses as device allocations are."""
+    inputs = [_aligned(x) for x in inputs]
     (y,) = outputs
-    want = (scores[0], scores[2], scores[1], head) if transposed else q.shape
-    assert y.flags.c_contiguous and y.shape == tuple(want) and y.dtype == np.float32
-    a.out[0] = y.ctypes.data
+    assert y.flags.c_contiguous and y.dtype == np.float32
+    a, grid = attention_args(src, [x.shape for x in inputs], [x.ctypes.data for x in inputs], y.shape, y.ctypes.data)
     if a.n == 0:
         return  # nothing to compute, as the runtime
-    grid = scores[0] * scores[1] * math.ceil(scores[2] / queries)
-    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, threads, 0, 0)
+    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, src.attention[2], 0, 0)
 
 
 def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Sequence[str],
