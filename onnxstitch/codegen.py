@@ -60,7 +60,7 @@ class KernelSource:
     input_boxes: tuple[slices.Box | None, ...] = ()
     # Per input: the Concat window it is read in (concats.py), None when read unshifted.
     input_windows: tuple[concats.Window | None, ...] = ()
-    # attention only: [head size, queries per block, threads, dynamic shared bytes, has a mask,
+    # attention only: [head size, queries per block, threads, dynamic shared bytes, masks (0-2),
     # output transposed to [b, s, h, d]] (docs/abi.md)
     attention: tuple[int, ...] = ()
 

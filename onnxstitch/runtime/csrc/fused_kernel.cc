@@ -552,8 +552,7 @@ void Kernel::UnloadAll() noexcept {
 // ORT's compute stream, its context made current on this thread until `guard` goes, and the
 // module loaded there.
 Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, const Loaded** l) {
-  cu::Context context = nullptr;
-  cu::Context* cuctx = &context;
+  cu::Context cuctx = nullptr;
   void* stream_handle = nullptr;
   STITCH_TRY(api_->KernelContext_GetGPUComputeStream(ctx, &stream_handle), "KernelContext_GetGPUComputeStream");
   *stream = static_cast<cu::Stream>(stream_handle);
@@ -561,18 +560,18 @@ Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, 
     std::lock_guard<std::mutex> lock(mu_);
     if (Error e = EnsureDriver()) return e;
   }
-  cu::Result r = driver_.StreamContext(*stream, cuctx);
-  if ((r != cu::kSuccess || *cuctx == nullptr) && *stream == nullptr) {
-    r = driver_.CtxGetCurrent(cuctx);  // legacy default stream: the thread's current context
+  cu::Result r = driver_.StreamContext(*stream, &cuctx);
+  if ((r != cu::kSuccess || cuctx == nullptr) && *stream == nullptr) {
+    r = driver_.CtxGetCurrent(&cuctx);  // legacy default stream: the thread's current context
   }
-  if (r != cu::kSuccess || *cuctx == nullptr) {
+  if (r != cu::kSuccess || cuctx == nullptr) {
     return Fail(ORT_FAIL, "cannot get the CUDA context of ORT's compute stream: " +
                               (r != cu::kSuccess ? CuError(r) : std::string("no context")));
   }
-  r = driver_.CtxPushCurrent(*cuctx);
+  r = driver_.CtxPushCurrent(cuctx);
   if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuCtxPushCurrent failed: " + CuError(r));
   guard->driver = &driver_;
-  return ModuleFor(*cuctx, l);
+  return ModuleFor(cuctx, l);
 }
 
 // An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], mask k's strides in
