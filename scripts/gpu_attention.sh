@@ -4,7 +4,7 @@
 # BERT-base float32 with and without attention kernels (scripts/bench_bert.sh, same run).
 # Setup as scripts/gpu_check.sh (staged packages in /tmp/site, .carry/libonnxstitch_ops.so;
 # carry build/bertc for BERT). Everything goes to $OUT.
-#   bash scripts/gpu_attention.sh [BERT dtypes, default float32] [bench_bert.sh variants, default reductions,noattention]
+#   bash scripts/gpu_attention.sh [BERT dtypes, default float32; none: no BERT] [bench_bert.sh variants, default reductions,noattention]
 set -uo pipefail
 source scripts/gpu_env.sh
 log="$OUT/gpu_attention.log"
@@ -21,5 +21,5 @@ if command -v compute-sanitizer >/dev/null; then
   done
 fi
 python3 scripts/bench_attention.py --out "$OUT/bench_attention.json" 2>&1 | tee -a "$log"
-BERT_NCU=${BERT_NCU:-0} bash scripts/bench_bert.sh "${1:-float32}" "${2:-reductions,noattention}" 2>&1 | tee -a "$log"
+[ "${1:-float32}" = none ] || BERT_NCU=${BERT_NCU:-0} bash scripts/bench_bert.sh "${1:-float32}" "${2:-reductions,noattention}" 2>&1 | tee -a "$log"
 exit "$status"

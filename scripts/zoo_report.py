@@ -41,13 +41,15 @@ def _entry(label: str, res: bench.BenchResult | None, err: str = "") -> dict:
             "speedup": res.speedup, "max_abs_err": res.max_abs_err, "result": res.to_json()}
 
 
-def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: bool = True) -> dict:
+def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: bool = True,
+            attention: bool = True) -> dict:
     """Optimize one zoo model and time it every way; errors are recorded, not raised."""
     row: dict = {"model": item["name"], "dtype": item["dtype"], "shapes": item["shapes"]}
     shapes = {k: [v] for k, v in item["shapes"].items()}
     try:
         t0 = time.perf_counter()
-        res = onnxstitch.optimize(item["path"], shapes=shapes, reductions=reductions, merge=merge)
+        res = onnxstitch.optimize(item["path"], shapes=shapes, reductions=reductions, merge=merge,
+                                    attention=attention)
         row["optimize_s"] = time.perf_counter() - t0
         row["plan"] = {"kernels_before": res.report.plan.kernels_before, "kernels_after": res.report.plan.kernels_after,
                        "groups": len(res.report.plan.groups)}
@@ -151,6 +153,8 @@ def main() -> int:
                     help="leave row reductions to ONNX Runtime (optimize --no-reductions)")
     ap.add_argument("--no-merge-matmuls", dest="merge", action="store_false",
                     help="keep sibling MatMuls apart (optimize --no-merge-matmuls)")
+    ap.add_argument("--no-attention", dest="attention", action="store_false",
+                    help="leave attention chains to the other stages (optimize --no-attention)")
     args = ap.parse_args()
     started = time.monotonic()
     bench.require_gpu("the zoo report")
@@ -179,7 +183,8 @@ def main() -> int:
                 break
             print(f"… {item['name']} {item['dtype']}", flush=True)
             try:
-                rows.append(measure(item, args.iters, Path(tmp), args.reductions, args.merge))
+                rows.append(measure(item, args.iters, Path(tmp), args.reductions, args.merge,
+                                    args.attention))
             except Exception:
                 traceback.print_exc()
                 rows.append({"model": item["name"], "dtype": item["dtype"], "error": "crashed (see log)"})
