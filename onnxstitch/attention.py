@@ -11,6 +11,13 @@ Here the chain is one kernel (codegen_attention.py): a block owns 64 queries of 
 head), walks the keys in tiles of 64 with the running-maximum Softmax of FlashAttention, and
 writes the context once, transposed when the Transpose was part of the chain.
 
+Where q, kᵀ and v are each a projection's output split into heads — Transpose ← Reshape
+[b, s, h·d] → [b, s, h, d] ← [Add bias] ← [Slice or Split of the columns] ← x [b, s, w], as
+BERT, GPT-2, ViT and T5 write them (the merge stage makes Q/K/V one GEMM and a Slice each) —
+the kernel reads x itself at the head's columns and adds the bias as it loads: the kernel that
+would add the biases and write q, kᵀ and v apart (as much traffic as the attention itself at
+BERT's sizes) is not needed.
+
 Both products run on tensor cores in TF32, as ONNX Runtime's float32 GEMMs do by default
 (`use_tf32`), so the groups are marked `tf32` and verified at TF32's accuracy (verify.py).
 
@@ -45,10 +52,23 @@ CLAIMED = "in an attention kernel (attention.py)"
 
 
 @dataclass(frozen=True)
+class Projection:
+    """An operand read straight from a projection's output `x` [b, s, w]: head j's columns are
+    offset + j·d .. offset + (j+1)·d, plus `bias` [h·d] where the chain adds one; `nodes` are the
+    Transpose, Reshape, Add and Slice/Split between x and the operand."""
+
+    x: str
+    offset: int
+    bias: str | None
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Match:
     """One attention chain: its nodes and what the kernel needs to know of them."""
 
-    nodes: tuple[int, ...]  # topological: MatMul, [Mul|Div], [Add, [Add]], Softmax, MatMul, [Transpose]
+    # topological: [the projections' nodes], MatMul, [Mul|Div], [Add, [Add]], Softmax, MatMul, [Transpose]
+    nodes: tuple[int, ...]
     q: str  # [L..., Sq, D]
     kt: str  # [L..., D, Sk]: the first MatMul's second operand, keys already transposed
     v: str  # [L..., Sk, D]
@@ -57,16 +77,32 @@ class Match:
     output: str  # the context, [L..., Sq, D], or [b, Sq, h, D] when `transposed`
     transposed: bool
     head_dim: int
+    # q, kᵀ and v read from their projections (all three or none), with `heads` heads.
+    projections: tuple[Projection, ...] = ()
+    heads: int = 0
+
+    @property
+    def biased(self) -> bool:
+        return any(p.bias for p in self.projections)
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        return (self.q, self.kt, self.v) + self.masks
+        """The kernel's inputs: q, kᵀ, v (or the projections' outputs, then their biases), then
+        the masks (docs/abi.md)."""
+        if not self.projections:
+            return (self.q, self.kt, self.v) + self.masks
+        biases = tuple(p.bias for p in self.projections if p.bias) if self.biased else ()
+        return tuple(p.x for p in self.projections) + biases + self.masks
 
     def describe(self) -> str:
         """One line for reports."""
         mask = "".join(f" + '{t}'" for t in self.masks)
+        read = ""
+        if self.projections:
+            cols = ", ".join(f"'{p.x}'[{p.offset}:]" for p in self.projections)
+            read = f"; q, kᵀ, v read from {cols}{' with their biases' if self.biased else ''}"
         return (f"'{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax → · '{self.v}' → '{self.output}'"
-                f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}")
+                f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}{read}")
 
 
 @dataclass(frozen=True)
@@ -180,7 +216,85 @@ def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
     if why:
         return f"{name}: {why}"
     match = Match(tuple(nodes), q, kt, v, tuple(masks), scale, ctx, transposed, int(_shape(g, q)[-1]))  # type: ignore[index]
+    projected = _projections(g, match, first, second)
+    if projected is not None:
+        match = projected
+        nodes = list(match.nodes)
     return nodes, match
+
+
+# Transposes from [b, s, h, d] to the operands: q and v [b, h, s, d], kᵀ [b, h, d, s].
+_HEADS_FIRST, _KEYS_TRANSPOSED = [0, 2, 1, 3], [0, 2, 3, 1]
+
+
+def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[Projection, int] | None:
+    """(operand `t` as columns of a projection's output, its head count) when `t` is
+    Transpose(perm) ← Reshape([b, s, h·d] → [b, s, h, d]) ← [Add a float32 bias [h·d]] ←
+    [a Slice/Split of the last axis] ← x [b, s, w] with every tensor between read once, and the
+    columns 16-byte aligned (the kernel reads 4 floats at a time); None otherwise."""
+    at = g.producer.get(t)
+    if at is None or _only_reader(g, t) != reader or g.nodes[at].op_type != "Transpose" or \
+            list(g.nodes[at].attrs.get("perm", ())) != perm:
+        return None
+    r = g.nodes[at].inputs[0]
+    rs = g.producer.get(r)
+    if rs is None or _only_reader(g, r) != at or g.nodes[rs].op_type != "Reshape":
+        return None
+    a = g.nodes[rs].inputs[0]
+    split, flat = _shape(g, r), _shape(g, a)
+    if split is None or flat is None or len(split) != 4 or len(flat) != 3 or \
+            not (_same(split[0], flat[0]) and _same(split[1], flat[1])):
+        return None
+    h, d = split[2], split[3]
+    if not isinstance(h, int) or not isinstance(d, int) or flat[2] != h * d:
+        return None
+    nodes, bias = [at, rs], None
+    ad = g.producer.get(a)
+    if ad is not None and _only_reader(g, a) == rs and g.nodes[ad].op_type == "Add":
+        x0, x1 = g.nodes[ad].inputs[:2]
+        for y, b in ((x0, x1), (x1, x0)):
+            if b in g.constants and _shape(g, b) == (h * d,) and g.tensors[b].dtype == TP.FLOAT and \
+                    _shape(g, y) == flat:
+                a, bias = y, b
+                nodes.append(ad)
+                break
+    box = g.boxes.get(a)
+    x, offset = a, 0
+    if box is not None and _only_reader(g, a) == nodes[-1] and box.axis == 2:
+        x, offset = box.source, box.start
+        nodes.append(g.producer[a])
+    xs = _shape(g, x)
+    info = g.tensors.get(x)
+    if xs is None or len(xs) != 3 or info is None or info.dtype != TP.FLOAT or not _same(xs[0], flat[0]) or \
+            not _same(xs[1], flat[1]) or not isinstance(xs[2], int) or xs[2] % 4 or offset % 4 or \
+            offset + h * d > xs[2]:
+        return None
+    return Projection(x, offset, bias, tuple(nodes)), h
+
+
+def _projections(g: FusionGraph, m: Match, first: int, second: int) -> Match | None:
+    """`m` reading q, kᵀ and v from their projections (module docstring), or None when one of
+    them is not such a read, their head counts or biases differ, or a Split's other outputs are
+    read outside the chain."""
+    got = [_projection(g, m.q, _HEADS_FIRST, first), _projection(g, m.kt, _KEYS_TRANSPOSED, first),
+           _projection(g, m.v, _HEADS_FIRST, second)]
+    if any(p is None for p in got):
+        return None
+    projections = tuple(p for p, _ in got)  # type: ignore[misc]
+    heads = {h for _, h in got}  # type: ignore[misc]
+    if len(heads) != 1 or len({p.bias is None for p in projections}) != 1:
+        return None
+    members = {i for p in projections for i in p.nodes}
+    # Every output of the nodes before the Transposes (a Split's three included) stays inside.
+    for i in members - {p.nodes[0] for p in projections}:
+        for t in g.nodes[i].outputs:
+            if t and (t in g.graph_outputs or any(c not in members for c in g.consumers.get(t, ()))):
+                return None
+    xq, xk, xv = (_shape(g, p.x) for p in projections)
+    if not (_same(xq[0], xk[0]) and _same(xq[0], xv[0]) and _same(xk[1], xv[1])):  # type: ignore[index]
+        return None
+    nodes = tuple(sorted(set(m.nodes) | members))
+    return dataclasses.replace(m, nodes=nodes, projections=projections, heads=heads.pop())
 
 
 def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...], ctx: str,

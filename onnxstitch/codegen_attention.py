@@ -9,7 +9,9 @@ independent products), scales them, adds the masks (up to two terms), and folds 
 and sum (FlashAttention's online Softmax: earlier partial results are rescaled by
 exp(old max − new max)); the probabilities go through a per-warp shared buffer into A fragments
 for the second product. The context is normalised once and stored at [b, h, s, d], or
-[b, s, h, d] when the chain's Transpose was folded. Sequence lengths are runtime values (tiles
+[b, s, h, d] when the chain's Transpose was folded. Operands read from projections [b, s, w]
+(attention.Projection) are addressed at the head's columns with their biases added as they are
+loaded; K's tile is then staged as rows. Sequence lengths are runtime values (tiles
 are guarded); the head size is compiled in. Variants measured on an H100 (fewer warps, staged
 queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-notes.md.
 """
@@ -67,10 +69,12 @@ __device__ __forceinline__ float stitch_ex2(float x) {
 """
 
 
-def shared_bytes(head_dim: int, options: AttentionOptions) -> int:
-    """Dynamic shared memory of one block: the Kᵀ and V tiles and each warp's probabilities."""
+def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False) -> int:
+    """Dynamic shared memory of one block: the K tile (as Kᵀ [D][KT + 8], or as rows [KT][D + 4]
+    when read from a projection), the V tile and each warp's probabilities."""
     kt = options.keys
-    return 4 * (head_dim * (kt + 8) + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
+    k_tile = kt * (head_dim + 4) if projected else head_dim * (kt + 8)
+    return 4 * (k_tile + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
 
 
 
@@ -84,21 +88,25 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
+    projected, biased = bool(m.projections), m.biased
+    first_mask = 6 if biased else 3
     # Each additive term's rows for this thread's two queries (element strides from the runtime,
-    # 0 where it broadcasts; input 3 + i, strides[3 + i]), its keys `mc<i>` apart.
-    mask_rows = "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{3 + i}]) + b * a.strides[{3 + i}][0] + h * a.strides[{3 + i}][1];
-  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{3 + i}][2];
-  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{3 + i}][2];
-  const int mc{i} = (int)a.strides[{3 + i}][3];""" for i in range(len(m.masks)))
+    # 0 where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys `mc<i>` apart.
+    mask_rows = "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
+  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
+  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
+  const int mc{i} = (int)a.strides[{first_mask + i}][3];""" for i in range(len(m.masks)))
+    operands, stage_k, k_frag, stage_v_bias, q_bias = _operand_code(m, projected, biased)
 
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(f"mk{row}{i}[key * mc{i}]" for i in range(len(m.masks)))
         return f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
 
     if options.staged_tf32 is None:
+        # Rows of K read from a projection are staged 4 floats at a time whatever the key count.
         keys = (graph.tensors[m.kt].shape or (None,))[-1]
         planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
-        options = dataclasses.replace(options, staged_tf32=planned % 4 == 0)
+        options = dataclasses.replace(options, staged_tf32=projected or planned % 4 == 0)
     source = f"""
 {ARGS_STRUCT}
 {MMA_PRELUDE}
@@ -107,14 +115,14 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 {"#define FRAG(x) __float_as_uint(x)" if options.staged_tf32 else "#define FRAG(x) stitch_tf32(x)"}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = KT + 8, VS = D + 8, PS = KT + 4;
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = {"D + 4" if projected else "KT + 8"}, VS = D + 8, PS = KT + 4;
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
   extern __shared__ __align__(16) float stitch_smem[];
-  float* Ks = stitch_smem;     // [D][KS]: the tile's columns of Kᵀ
-  float* Vs = Ks + D * KS;     // [KT][VS]: the tile's rows of V
+  float* Ks = stitch_smem;     // {"[KT][KS]: the tile's rows of K" if projected else "[D][KS]: the tile's columns of Kᵀ"}
+  float* Vs = Ks + {"KT" if projected else "D"} * KS;     // [KT][VS]: the tile's rows of V
   float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp
   const long long H = a.dims[1];
   const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
@@ -122,46 +130,34 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   const long long bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
   const int q0 = (int)(blockIdx.x % tiles) * QT;
   const int t = threadIdx.x, lane = t & 31, g = lane >> 2, tg = lane & 3, r0 = (t >> 5) * 16;
-  const float* q = static_cast<const float*>(a.in[0]) + bh * Sq * D;
-  const float* kt = static_cast<const float*>(a.in[1]) + bh * D * Sk;
-  const float* v = static_cast<const float*>(a.in[2]) + bh * Sk * D;
+{operands}
   const int qa = q0 + r0 + g, qb = qa + 8;  // this thread's two query rows
   // The warp's queries as A fragments, read once from global memory.
   unsigned qf[NT][4];
 #pragma unroll
   for (int k = 0; k < NT; ++k) {{
-    qf[k][0] = stitch_tf32(qa < Sq ? q[(long long)qa * D + k * 8 + tg] : 0.f);
-    qf[k][1] = stitch_tf32(qb < Sq ? q[(long long)qb * D + k * 8 + tg] : 0.f);
-    qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * D + k * 8 + tg + 4] : 0.f);
-    qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * D + k * 8 + tg + 4] : 0.f);
+    qf[k][0] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
+    qf[k][1] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
+    qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
+    qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
   }}
 {mask_rows}
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
-  const bool vec_keys = (Sk & 3) == 0;
   float* p0 = Ps + (r0 + g) * PS;
   float* p1 = p0 + 8 * PS;
   for (int t0 = 0; t0 < Sk; t0 += KT) {{
     __syncthreads();  // every warp is done with the previous tile
     // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
-    if (vec_keys && t0 + KT <= Sk) {{
-      for (int i = t; i < D * KT / 4; i += THREADS) {{
-        const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
-        float4 x = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
-        x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
-        *reinterpret_cast<float4*>(Ks + dd * KS + j) = x;
-      }}
-    }} else {{
-      for (int i = t; i < D * KT; i += THREADS) {{
-        const int dd = i / KT, j = i % KT;
-        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
-      }}
-    }}
+{stage_k}
     for (int i = t; i < KT * D / 4; i += THREADS) {{
       const int j = i / (D / 4), c = (i % (D / 4)) * 4;
-      float4 x = t0 + j < Sk ? *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * D + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t0 + j < Sk) {{
+        x = *reinterpret_cast<const float4*>(v + (long long)(t0 + j) * VW + c);{stage_v_bias}
+      }}
       x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
       *reinterpret_cast<float4*>(Vs + j * VS + c) = x;
     }}
@@ -174,7 +170,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     for (int k = 0; k < NT; ++k) {{
 #pragma unroll
       for (int n = 0; n < KT / 8; ++n)
-        stitch_mma_tf32(s[n], qf[k], FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g]));
+        stitch_mma_tf32(s[n], qf[k], {k_frag});
     }}
     float x0 = NEG_INF, x1 = NEG_INF;
     const bool full = t0 + KT <= Sk;
@@ -243,4 +239,64 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     return KernelSource(
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), shape_rule="attention",
-        attention=(d, queries, threads, shared_bytes(d, options), len(m.masks), int(m.transposed)))
+        attention=(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), int(m.transposed))
+        + ((m.heads, *(p.offset for p in m.projections), int(biased)) if projected else ()))
+
+
+def _operand_code(m: attention.Match, projected: bool, biased: bool):
+    """Code that differs between operands q [b, h, Sq, D], kᵀ [b, h, D, Sk], v [b, h, Sk, D] and
+    operands read from projections [b, S, W] at a head's columns (docs/abi.md): the pointers
+    (rows QW and VW floats apart), the K tile's staging, its fragment reads, and the biases."""
+    if not projected:
+        operands = """  const float* q = static_cast<const float*>(a.in[0]) + bh * Sq * D;
+  const float* kt = static_cast<const float*>(a.in[1]) + bh * D * Sk;
+  const float* v = static_cast<const float*>(a.in[2]) + bh * Sk * D;
+  constexpr int QW = D, VW = D;"""
+        stage_k = """    if ((Sk & 3) == 0 && t0 + KT <= Sk) {
+      for (int i = t; i < D * KT / 4; i += THREADS) {
+        const int dd = i / (KT / 4), j = (i % (KT / 4)) * 4;
+        float4 x = *reinterpret_cast<const float4*>(kt + (long long)dd * Sk + t0 + j);
+        x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+        *reinterpret_cast<float4*>(Ks + dd * KS + j) = x;
+      }
+    } else {
+      for (int i = t; i < D * KT; i += THREADS) {
+        const int dd = i / KT, j = i % KT;
+        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
+      }
+    }"""
+        k_frag = "FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g])"
+        return operands, stage_k, k_frag, "", lambda _i: ""
+    offq, offk, offv = (p.offset for p in m.projections)
+    # Rows of the projections (the runtime passes their widths in strides[0..2][0]); head h's
+    # columns start at offset + h·D; the biases are inputs 3..5.
+    operands = f"""  const long long QW = a.strides[0][0], KW = a.strides[1][0], VW = a.strides[2][0];
+  const float* q = static_cast<const float*>(a.in[0]) + b * Sq * QW + {offq} + h * D;
+  const float* k = static_cast<const float*>(a.in[1]) + b * Sk * KW + {offk} + h * D;
+  const float* v = static_cast<const float*>(a.in[2]) + b * Sk * VW + {offv} + h * D;"""
+    if biased:
+        operands += """
+  const float* bq = static_cast<const float*>(a.in[3]) + h * D;
+  const float* bk = static_cast<const float*>(a.in[4]) + h * D;
+  const float* bv = static_cast<const float*>(a.in[5]) + h * D;"""
+
+    def add_bias(bias: str) -> str:
+        if not biased:
+            return ""
+        return f"""
+        const float4 e = *reinterpret_cast<const float4*>({bias} + c);
+        x.x += e.x, x.y += e.y, x.z += e.z, x.w += e.w;"""
+
+    # K as rows [KT][D + 4]: 4 floats along the head at a time (16 lanes read a key's row), and
+    # the fragment reads (key g, head slice tg) hit 32 banks since D + 4 ≡ 4 (mod 8).
+    stage_k = f"""    for (int i = t; i < KT * D / 4; i += THREADS) {{
+      const int j = i / (D / 4), c = (i % (D / 4)) * 4;
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (t0 + j < Sk) {{
+        x = *reinterpret_cast<const float4*>(k + (long long)(t0 + j) * KW + c);{add_bias("bk")}
+      }}
+      x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);
+      *reinterpret_cast<float4*>(Ks + j * KS + c) = x;
+    }}"""
+    k_frag = "FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg]), FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg + 4])"
+    return operands, stage_k, k_frag, add_bias("bv"), (lambda i: f" + bq[{i}]" if biased else "")

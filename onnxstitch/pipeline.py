@@ -207,9 +207,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
 def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:
     """How a kernel is launched, for the report: its scheme and launch shape (docs/abi.md)."""
     if src.shape_rule == "attention":
-        head, queries, threads, shared, _, transposed = src.attention
-        return {"scheme": "attention", "head_size": head, "queries_per_block": queries, "block": threads,
-                "shared_bytes": shared, "transposed_output": bool(transposed), "tf32": True}
+        head, queries, threads, shared, _, transposed = src.attention[:6]
+        out = {"scheme": "attention", "head_size": head, "queries_per_block": queries, "block": threads,
+               "shared_bytes": shared, "transposed_output": bool(transposed), "tf32": True}
+        if len(src.attention) > 6:  # q, kᵀ, v read from their projections
+            out |= {"heads": src.attention[6], "column_offsets": list(src.attention[7:10]),
+                    "biases": bool(src.attention[10])}
+        return out
     if src.shape_rule == "rows":
         per_block = src.block_threads // src.row_threads
         return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,

@@ -8,8 +8,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel
 from . import concats, ops, slices, views
@@ -80,11 +81,17 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # An attention chain's body is its nodes as they are, its Transpose included.
     chain = src.shape_rule == "attention"
     computes = [i for i in group.nodes if chain or graph.nodes[i].kind not in (ops.OpKind.INJECTIVE, ops.OpKind.SLICE)]
+    # An attention chain's nodes read their own shape and slice parameters (its projections'
+    # Slices and Reshapes, attention.Projection); a Reshape's runtime shape becomes a constant.
+    nodes, made = {i: model.graph.node[i] for i in computes}, {}
+    for i in computes if chain else ():
+        nodes[i], extra = _fixed_reshape(graph, nodes[i])
+        made |= extra
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
-    read = [t for i in computes for n in [model.graph.node[i]] for t in ops.data_inputs(n.op_type, n.domain, n.input)]
+    read = [t for i in computes for n in [nodes[i]] for t in (n.input if chain else ops.data_inputs(n.op_type, n.domain, n.input))]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
-        body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits[t]))
+        body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits.get(t) or made[t]))
     # Boxed inputs (folded Slice/Split): the function receives their sources and slices them.
     boxes = src.input_boxes or (None,) * len(src.inputs)
     for b in boxes:
@@ -92,18 +99,36 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
             body.extend(slices.fallback_nodes(b))
     for i in computes:
         body.extend(_expand_fallback(model.graph.node[i], src.inputs) if graph.nodes[i].op_type == "Expand"
-                    else [model.graph.node[i]])
+                    else [nodes[i]])
     # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
     # the function does not receive.
     for view in () if chain else views.group_views(graph, members, src.outputs):
         if view is not None:
             body.extend(views.fallback_nodes(view))
     formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]
+    # A tensor bound twice (an attention kernel's one projection for q, kᵀ and v) is one formal
+    # input; the repeats get names of their own the body does not read.
+    formal = [t if t not in formal[:k] else f"{t}~{k}" for k, t in enumerate(formal)]
     fn = helper.make_function(DOMAIN, OP_TYPE, formal, list(src.outputs), body,
                               [o for o in model.opset_import if o.domain != DOMAIN],
                               attributes=list(KERNEL_ATTRS))
     fn.overload = group.name
     return fn
+
+
+def _fixed_reshape(graph: FusionGraph, node: onnx.NodeProto) -> tuple[onnx.NodeProto, dict[str, onnx.TensorProto]]:
+    """(`node`, no constants), or for a Reshape whose shape is computed at run time, the same
+    Reshape to a constant shape and that constant: its output's fixed dims, and 0 (copy the
+    input's dim) where the output has its input's symbolic dim at the same position."""
+    if node.op_type != "Reshape" or node.input[1] in graph.constants:
+        return node, {}
+    src, out = graph.tensors[node.input[0]].shape, graph.tensors[node.output[0]].shape
+    assert src is not None and out is not None
+    assert all(isinstance(d, int) or (k < len(src) and src[k] == d) for k, d in enumerate(out)), node.name
+    shape = f"{node.output[0]}~shape"
+    dims = np.array([d if isinstance(d, int) else 0 for d in out], np.int64)
+    fixed = helper.make_node("Reshape", [node.input[0], shape], list(node.output), name=node.name)
+    return fixed, {shape: numpy_helper.from_array(dims, shape)}
 
 
 def _expand_fallback(node: onnx.NodeProto, inputs: Sequence[str]) -> list[onnx.NodeProto]:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
-from tests.attention_models import CORES, core_model  # noqa: E402
+from tests.attention_models import CORES, PROJECTED, core_model, projected_model  # noqa: E402
 from tests.concat_models import concat_models  # noqa: E402
 from tests.slice_models import slice_models  # noqa: E402
 from tests.row_models import dynamic_row_model, group_norm_models, long_row_model, row_models, trailing_models  # noqa: E402
@@ -60,6 +60,8 @@ def cases():
             yield f"windows-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
     for core in CORES[1:4]:  # ragged query and key tiles, masks broadcast three ways
         yield f"attention-{core.id}", core_model(core), {}, {}
+    for p in PROJECTED[1:]:  # q, kᵀ, v read from projections: a Split, cross attention, column offsets
+        yield f"attention-projected-{p.id}", projected_model(p, np.random.default_rng(0)), {}, {}
 
 
 def main() -> int:

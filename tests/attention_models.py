@@ -36,8 +36,17 @@ class Core:
 def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None = None) -> onnx.ModelProto:
     """The core as a model with inputs q, kt, v (and mask) and output y; `seq` names the
     sequence dims (self-attention: Sq = Sk) instead of fixing them."""
+    vi = helper.make_tensor_value_info
+    sq, sk = (seq, seq) if seq else (c.sq, c.sk)
+    ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]), vi("v", dtype, [*c.lead, sk, c.d])]
+    return _model(c, [], ins, [], dtype, opset, seq)
+
+
+def _model(c: Core, nodes: list[onnx.NodeProto], ins: list, inits: list, dtype: int, opset: int,
+           seq: str | None) -> onnx.ModelProto:
+    """`nodes` (making q, kt and v from `ins`) followed by the core, as a model."""
     scale = numpy_helper.from_array(np.array(1 / np.sqrt(c.d), np.float32), "scale")
-    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    nodes = nodes + [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
     last = "ss"
     if c.bias is not None:
         nodes.append(helper.make_node("Add", ["ss", "bias"], ["sb"]))
@@ -54,11 +63,10 @@ def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None 
     else:
         nodes[-1].output[0] = "y"
     vi = helper.make_tensor_value_info
-    ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]), vi("v", dtype, [*c.lead, sk, c.d])]
     for name, shape in (("bias", c.bias), ("mask", c.mask)):
         if shape is not None:
             ins.append(vi(name, dtype, [seq if seq and m == c.sk else m for m in shape]))
-    g = helper.make_graph(nodes, "attention", ins, [vi("y", dtype, out_shape)], [scale])
+    g = helper.make_graph(nodes, "attention", ins, [vi("y", dtype, out_shape)], [scale, *inits])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -108,6 +116,122 @@ CORES = [
     Core((2, 3), 197, 197, 64, None),
     Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False),
     Core((2, 4), 70, 70, 64, (2, 1, 1, 70), bias=(1, 4, 70, 70)),
+]
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A core (lead (b, h)) whose q, kᵀ and v are split from projections as exporters write them:
+    columns of a projection's output [b, s, w] (`source`: "slice" — one Slice each, the merge
+    stage's form; "split" — GPT-2's Split into three; "matmul" — three MatMuls of x [b, s, e] by
+    constant weights, which the merge stage makes one GEMM), an optional bias Add, Reshape to
+    [b, s, h, d] and Transpose to [b, h, s, d] (kᵀ: [b, h, d, s]). Self-attention reads one x;
+    with Sq ≠ Sk ("slice" only) q comes from xq [b, sq, 4 + h·d] at column 4, k and v from
+    xkv [b, sk, 2·h·d + pad]."""
+
+    core: Core
+    source: str = "slice"
+    biased: bool = True
+    pad: int = 0  # columns after the heads (slice)
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}{'-bias' if self.biased else ''}{f'-pad{self.pad}' if self.pad else ''}-{self.core.id}"
+
+
+def projected_model(p: Projected, rng: np.random.Generator, seq: str | None = None) -> onnx.ModelProto:
+    """The core of `p` with its projections (biases and weights drawn from `rng`), inputs x (or
+    xq and xkv) and the core's terms; `seq` names the sequence dims."""
+    c = p.core
+    (b, h), hd = c.lead, c.lead[1] * c.d
+    assert c.transposed or c.sq == c.sk
+    vi = helper.make_tensor_value_info
+    sq, sk = (seq, seq) if seq else (c.sq, c.sk)
+    nodes: list[onnx.NodeProto] = []
+    inits = [numpy_helper.from_array(np.array([0, 0, h, c.d], np.int64), "heads")]
+    cols: dict[str, str] = {}
+    if p.source == "matmul":
+        e = 2 * c.d
+        ins = [vi("x", TP.FLOAT, [b, sq, e])]
+        for o in "qkv":
+            inits.append(numpy_helper.from_array((rng.standard_normal((e, hd)) / np.sqrt(e)).astype(np.float32), f"w{o}"))
+            nodes.append(helper.make_node("MatMul", ["x", f"w{o}"], [f"{o}_cols"]))
+            cols[o] = f"{o}_cols"
+    elif p.source == "split":
+        ins = [vi("x", TP.FLOAT, [b, sq, 3 * hd])]
+        nodes.append(helper.make_node("Split", ["x"], ["q_cols", "k_cols", "v_cols"], axis=2, num_outputs=3))
+        cols = {o: f"{o}_cols" for o in "qkv"}
+    else:
+        if c.sq == c.sk:
+            ins = [vi("x", TP.FLOAT, [b, sq, 3 * hd + p.pad])]
+            at = {"q": ("x", 0), "k": ("x", hd), "v": ("x", 2 * hd)}
+        else:
+            ins = [vi("xq", TP.FLOAT, [b, sq, 4 + hd]), vi("xkv", TP.FLOAT, [b, sk, 2 * hd + p.pad])]
+            at = {"q": ("xq", 4), "k": ("xkv", 0), "v": ("xkv", hd)}
+        for o, (x, start) in at.items():
+            inits += [numpy_helper.from_array(np.array([start], np.int64), f"{o}_start"),
+                      numpy_helper.from_array(np.array([start + hd], np.int64), f"{o}_end")]
+            inits.append(numpy_helper.from_array(np.array([2], np.int64), f"{o}_axis"))
+            nodes.append(helper.make_node("Slice", [x, f"{o}_start", f"{o}_end", f"{o}_axis"], [f"{o}_cols"]))
+            cols[o] = f"{o}_cols"
+    for o in "qkv":
+        flat = cols[o]
+        if p.biased:
+            inits.append(numpy_helper.from_array(rng.standard_normal(hd).astype(np.float32), f"b{o}"))
+            nodes.append(helper.make_node("Add", [flat, f"b{o}"], [f"{o}_biased"]))
+            flat = f"{o}_biased"
+        nodes.append(helper.make_node("Reshape", [flat, "heads"], [f"{o}_heads"]))
+        perm = [0, 2, 3, 1] if o == "k" else [0, 2, 1, 3]
+        nodes.append(helper.make_node("Transpose", [f"{o}_heads"], ["kt" if o == "k" else o], perm=perm))
+    return _model(c, nodes, ins, inits, TP.FLOAT, 18, seq)
+
+
+def projected_feeds(p: Projected, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random inputs of projected_model(p): x (or xq, xkv) and the core's terms."""
+    c = p.core
+    (b, h), hd = c.lead, c.lead[1] * c.d
+    terms = {k: v for k, v in core_feeds(c, rng).items() if k in ("bias", "mask")}
+    if p.source == "matmul":
+        xs = {"x": rng.standard_normal((b, c.sq, 2 * c.d))}
+    elif p.source == "split":
+        xs = {"x": rng.standard_normal((b, c.sq, 3 * hd))}
+    elif c.sq == c.sk:
+        xs = {"x": rng.standard_normal((b, c.sq, 3 * hd + p.pad))}
+    else:
+        xs = {"xq": rng.standard_normal((b, c.sq, 4 + hd)), "xkv": rng.standard_normal((b, c.sk, 2 * hd + p.pad))}
+    return {k: v.astype(np.float32) for k, v in xs.items()} | terms
+
+
+def projected_reference(p: Projected, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The context in float64: q, kᵀ and v computed from the inputs and the model's weights and
+    biases in numpy, then core_reference."""
+    c = p.core
+    (b, h), hd = c.lead, c.lead[1] * c.d
+    consts = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    f = {k: v.astype(np.float64) for k, v in feeds.items()}
+    if p.source == "matmul":
+        cols = {o: f["x"] @ consts[f"w{o}"] for o in "qkv"}
+    elif "x" in f:
+        cols = {o: f["x"][..., i * hd:(i + 1) * hd] for i, o in enumerate("qkv")}
+    else:
+        cols = {"q": f["xq"][..., 4:4 + hd], "k": f["xkv"][..., :hd], "v": f["xkv"][..., hd:2 * hd]}
+    heads = {}
+    for o in "qkv":
+        x = cols[o] + (consts[f"b{o}"] if p.biased else 0)
+        heads[o] = x.reshape(b, -1, h, c.d).transpose(0, 2, 1, 3)
+    operands = {"q": heads["q"], "kt": heads["k"].transpose(0, 1, 3, 2), "v": heads["v"]}
+    return core_reference(c, operands | {k: v for k, v in feeds.items() if k in ("bias", "mask")})
+
+
+# Projected cores the tests run: BERT's merged Q/K/V, GPT-2's Split, T5's unbiased Slices, the
+# projections' own MatMuls (merged by the pipeline), cross attention from two sources with a
+# column offset, ragged tiles, wider sources than the heads.
+PROJECTED = [
+    Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128))),
+    Projected(Core((2, 3), 70, 70, 32, (2, 1, 1, 70)), "split", biased=False),
+    Projected(Core((2, 4), 70, 70, 32, (2, 1, 1, 70), bias=(1, 4, 70, 70)), biased=False, pad=8),
+    Projected(Core((2, 2), 33, 33, 16, None, transposed=False), "matmul"),
+    Projected(Core((1, 2), 70, 40, 16, (1, 2, 70, 40)), pad=4),
 ]
 
 

@@ -191,31 +191,47 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
                    out_shape: tuple[int, ...], out: int) -> tuple[_Args, int]:
     """(StitchArgs, grid) of an attention kernel's launch, as the runtime's ComputeAttention fills
     them (attention.h's AttentionDims), for row-major inputs of `shapes` at `pointers` (q, kᵀ, v,
-    then the masks) and the output of `out_shape` at `out`: dims [B, H, Sq, Sk] (B = 1 for
-    rank-3 operands), mask k's element strides over them (right-aligned, 0 where it broadcasts)
-    in strides[3 + k], n = B·H·Sq·D; a block of `attention[2]` threads per (batch, head, tile of
+    or xq, xk, xv and their biases, then the masks) and the output of `out_shape` at `out`: dims
+    [B, H, Sq, Sk] (B = 1 for rank-3 operands), mask k's element strides over them
+    (right-aligned, 0 where it broadcasts) in strides[first mask + k], the projections' widths in
+    strides[0..2][0], n = B·H·Sq·D; a block of `attention[2]` threads per (batch, head, tile of
     `attention[1]` queries). Host launches and scripts/bench_attention.py share it."""
-    head, queries, _, _, masks, transposed = src.attention
-    assert len(shapes) == len(pointers) == 3 + masks, "q, kᵀ, v and the masks"
+    head, queries, _, _, masks, transposed = src.attention[:6]
+    projected = len(src.attention) == 11
+    first = 6 if projected and src.attention[10] else 3
+    assert len(shapes) == len(pointers) == first + masks, "q, kᵀ, v (or xq, xk, xv and biases) and the masks"
     qs, ks, vs = shapes[:3]
-    r = len(qs)
-    assert 3 <= r <= 4 and len(ks) == r and len(vs) == r and (r == 4 or not transposed)
-    assert qs[-1] == head and ks[-2] == head and vs[-1] == head and ks[-1] == vs[-2]
-    assert qs[:-2] == ks[:-2] == vs[:-2]
-    scores = (qs[0] if r == 4 else 1, qs[r - 3], qs[-2], ks[-1])
     a = _Args()
+    if projected:
+        # xq [b, Sq, Wq], xk and xv [b, Sk, W]: head j at columns offset + j·D; widths in strides[i][0].
+        heads, offsets = src.attention[6], src.attention[7:10]
+        assert all(len(x) == 3 and x[0] == qs[0] and x[2] % 4 == 0 and o + heads * head <= x[2]
+                   for x, o in zip((qs, ks, vs), offsets)) and ks[1] == vs[1]
+        assert all(tuple(x) == (heads * head,) for x in shapes[3:first])
+        scores, r = (qs[0], heads, qs[1], ks[1]), 4
+        for i, x in enumerate((qs, ks, vs)):
+            a.strides[i][0] = x[2]
+    else:
+        r = len(qs)
+        assert 3 <= r <= 4 and len(ks) == r and len(vs) == r and (r == 4 or not transposed)
+        assert qs[-1] == head and ks[-2] == head and vs[-1] == head and ks[-1] == vs[-2]
+        assert qs[:-2] == ks[:-2] == vs[:-2]
+        scores = (qs[0] if r == 4 else 1, qs[r - 3], qs[-2], ks[-1])
     a.rank, a.n = 4, math.prod(scores[:3]) * head
     for d, s in enumerate(scores):
         a.dims[d] = s
     for k, p in enumerate(pointers):
         a.inp[k] = p
-    for k, ms in enumerate(shapes[3:]):
+    for k, ms in enumerate(shapes[first:]):
         assert len(ms) <= r, "the mask has a higher rank than the scores"
         for j, m in enumerate(ms):
             d = 4 - len(ms) + j
             assert m in (1, scores[d]), f"the mask {ms} does not broadcast to the scores {scores}"
-            a.strides[3 + k][d] = 0 if m == 1 and scores[d] != 1 else math.prod(ms[j + 1:])
-    want = (scores[0], scores[2], scores[1], head) if transposed else tuple(qs)
+            a.strides[first + k][d] = 0 if m == 1 and scores[d] != 1 else math.prod(ms[j + 1:])
+    if projected:
+        want = (scores[0], scores[2], scores[1], head) if transposed else (*scores[:3], head)
+    else:
+        want = (scores[0], scores[2], scores[1], head) if transposed else tuple(qs)
     assert tuple(out_shape) == want, f"the context is {want}, not {tuple(out_shape)}"
     a.out[0] = out
     return a, scores[0] * scores[1] * math.ceil(scores[2] / queries)

@@ -18,7 +18,8 @@ import onnxstitch
 from onnxstitch import attention, verify
 from onnxstitch.runtime import build as rtbuild
 
-from .attention_models import CORES, Core, attention_graph, core_feeds, core_model, core_reference, relative_error
+from .attention_models import (CORES, PROJECTED, Core, Projected, attention_graph, core_feeds, core_model, core_reference,
+                               projected_feeds, projected_model, projected_reference, relative_error)
 from .stitching import fresh_seed
 
 SMALL = Core((2, 3), 10, 10, 16, (2, 1, 1, 10))
@@ -95,6 +96,78 @@ def test_zoo_transformers_have_their_attention_cores_matched(name: str, layers: 
     assert len(f.matches) == layers and not f.refusals
     if name.startswith("t5"):  # position bias, then the mask
         assert all(len(m.masks) == 2 for m in f.matches)
+    # q, kᵀ and v come straight from their projections, except LLaMA's (rotary embedding between).
+    assert all(len(m.projections) == (0 if name == "llama-layer" else 3) for m in f.matches)
+    assert all(m.biased == (name in ("bert-base", "vit-b16")) for m in f.matches if m.projections)
+
+
+@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+def test_projections_are_read_by_the_kernel(p: Projected) -> None:
+    model = projected_model(p, np.random.default_rng(0))
+    g, f = attention_graph(model)
+    (m,) = f.matches
+    assert m.heads == p.core.lead[1] and m.biased == p.biased
+    # Every node of the model is in the chain: Slices/Split/MatMuls' outputs are read whole.
+    absorbed = {g.nodes[i].op_type for i in m.nodes} - {"MatMul", "Mul", "Add", "Softmax", "Transpose"}
+    assert absorbed == {"Reshape"} | ({"Slice"} if p.source == "slice" else {"Split"} if p.source == "split" else set())
+    xs = {"matmul": ("q_cols", "k_cols", "v_cols"), "split": ("x",) * 3}.get(p.source)
+    if xs is None:
+        xs = ("x",) * 3 if p.core.sq == p.core.sk else ("xq", "xkv", "xkv")
+    assert tuple(x.x for x in m.projections) == xs
+
+
+def _reads_twice(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """`model` with `tensor` also a graph output."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    model.graph.output.append(next(v for v in inferred.graph.value_info if v.name == tensor))
+    return model
+
+
+@pytest.mark.parametrize("tensor", ["q_biased", "k_heads"])
+def test_a_projection_read_elsewhere_leaves_the_operands_as_they_are(tensor: str) -> None:
+    p = PROJECTED[0]
+    model = _reads_twice(projected_model(p, np.random.default_rng(0)), tensor)
+    (m,) = found(model).matches
+    assert m.projections == () and (m.q, m.kt, m.v) == ("q", "kt", "v")
+
+
+def test_a_slice_read_elsewhere_is_where_the_kernel_reads() -> None:
+    # ONNX Runtime computes v's columns anyway (a graph output): the kernel reads them there.
+    p = PROJECTED[0]
+    (m,) = found(_reads_twice(projected_model(p, np.random.default_rng(0)), "v_cols")).matches
+    assert [(x.x, x.offset) for x in m.projections] == [("x", 0), ("x", 768), ("v_cols", 0)]
+
+
+def test_a_split_with_an_output_read_elsewhere_is_not_absorbed() -> None:
+    p = PROJECTED[1]
+    (m,) = found(_reads_twice(projected_model(p, np.random.default_rng(0)), "v_cols")).matches
+    assert m.projections == ()
+
+
+def test_misaligned_columns_are_not_read_by_the_kernel() -> None:
+    # q's heads start at column 2: the kernel's 16-byte loads cannot reach them.
+    p = Projected(Core((1, 2), 10, 12, 16, None), pad=4)
+    model = projected_model(p, np.random.default_rng(0))
+    start = next(t for t in model.graph.initializer if t.name == "q_start")
+    start.CopyFrom(onnx.numpy_helper.from_array(np.array([2], np.int64), "q_start"))
+    end = next(t for t in model.graph.initializer if t.name == "q_end")
+    end.CopyFrom(onnx.numpy_helper.from_array(np.array([2 + 32], np.int64), "q_end"))
+    (m,) = found(model).matches
+    assert m.projections == ()
+
+
+def test_bert_reads_its_merged_qkv_product_in_the_attention_kernels() -> None:
+    model = onnx.load(str(Path(__file__).resolve().parents[1] / "models/small/bert-base-float32.onnx"))
+    res = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False)
+    chains = [grp for grp in res.report.plan.groups if grp.tf32]
+    kernels = {k["group"]: k for k in res.report.kernels}
+    assert chains and all(kernels[grp.name]["biases"] for grp in chains)
+    hidden = kernels[chains[0].name]["heads"] * kernels[chains[0].name]["head_size"]
+    assert all(kernels[grp.name]["column_offsets"] == [0, hidden, 2 * hidden] for grp in chains)
+    # The merged product feeds the chains directly: no kernel writes q, kᵀ and v apart.
+    merged = {t for grp in chains for t in grp.inputs if t.endswith("~merged")}
+    assert len(merged) == len(chains)
+    assert not any(merged & set(grp.inputs) for grp in res.report.plan.groups if not grp.tf32)
 
 
 def test_bert_plans_one_attention_kernel_per_layer() -> None:
@@ -141,6 +214,17 @@ def test_stitched_core_runs_anywhere_through_its_function(seq: int) -> None:
     assert relative_error(got, core_reference(run, feeds)) <= 1e-5
 
 
+@pytest.mark.parametrize("p", [PROJECTED[1], PROJECTED[4]], ids=lambda p: p.id)
+def test_stitched_projected_core_runs_anywhere_through_its_function(p: Projected) -> None:
+    rng = np.random.default_rng(fresh_seed())
+    model = projected_model(p, rng)
+    res = onnxstitch.optimize(model)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+    feeds = projected_feeds(p, rng)
+    (got,) = run_cpu(res.model, feeds)
+    assert relative_error(got, projected_reference(p, model, feeds)) <= 1e-5
+
+
 def test_verification_holds_tf32_groups_to_tf32_accuracy() -> None:
     rng = np.random.default_rng(fresh_seed())
     want = rng.standard_normal(1000).astype(np.float32)
@@ -160,8 +244,11 @@ def cpu_lib() -> Path:
     return rtbuild.build(extra_flags=("-DONNXSTITCH_CPU_EP_FOR_TESTS",))
 
 
-def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spec: list[int] | None) -> bytes:
-    names = list(shapes_in)
+def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spec: list[int] | None,
+                         names: list[str] | None = None) -> bytes:
+    """A model of one attention FusedKernel reading graph inputs `shapes_in` (as `names`, which
+    may repeat one, when given)."""
+    names = names or list(shapes_in)
     attrs = dict(kernel_name="k0", vec_width=1, input_kinds=[1] * len(names), output_dtypes=[TP.FLOAT],
                  shape_rule="attention", ptx=b"// none")
     if spec is not None:
@@ -206,4 +293,23 @@ def test_runtime_allocates_the_transposed_context(cpu_lib: Path) -> None:
 def test_runtime_names_what_does_not_fit(cpu_lib: Path, spec, feeds, message) -> None:
     model = attention_node_model({k: list(v.shape) for k, v in feeds.items()}, None, spec)
     with pytest.raises(Exception, match=f"fused0.*{message}"):
+        cpu_run(cpu_lib, model, feeds)
+
+
+def test_runtime_allocates_the_context_of_projections(cpu_lib: Path) -> None:
+    # Read from x [b, s, 3·h·d]: the context is [b, s, h, d] (transposed) or [b, h, s, d].
+    feeds = {"x": zeros(2, 0, 48), "bq": zeros(16), "bk": zeros(16), "bv": zeros(16)}
+    ins = {k: list(v.shape) for k, v in feeds.items()}
+    for transposed, shape in ((1, (2, 0, 2, 8)), (0, (2, 2, 0, 8))):
+        model = attention_node_model(ins, None, [8, 64, 128, 0, 0, transposed, 2, 0, 16, 32, 1],
+                                     ["x", "x", "x", "bq", "bk", "bv"])
+        (y,) = cpu_run(cpu_lib, model, feeds)
+        assert y.shape == shape
+
+
+def test_runtime_names_projections_that_do_not_fit(cpu_lib: Path) -> None:
+    # Two heads of 8 at column 40 of a 48-wide x: past its end.
+    feeds = {"x": zeros(1, 4, 48)}
+    model = attention_node_model({"x": [1, 4, 48]}, None, [8, 64, 128, 0, 0, 1, 2, 0, 16, 40, 0], ["x", "x", "x"])
+    with pytest.raises(Exception, match="fused0.*do not hold 2 heads of 8 at columns 0, 16, 40"):
         cpu_run(cpu_lib, model, feeds)

@@ -1,7 +1,8 @@
 """The runtime's launch arithmetic for attention kernels (runtime/csrc/attention.h's
 AttentionDims, the code ComputeAttention runs), compiled with g++ and called through ctypes:
 dims [B, H, Sq, Sk] and each mask's element strides, against numpy's own broadcasting of the
-mask to the scores (an independent computation), and its refusals."""
+mask to the scores (an independent computation), the row widths of operands read from
+projections, and its refusals."""
 from __future__ import annotations
 
 import ctypes
@@ -18,11 +19,12 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 DRIVER = r"""
 #include "attention.h"
-extern "C" int attention_dims(const long long* spec, const long long* shapes, const long long* ranks, long long n_in,
-                              long long* dims, long long* strides, char* error, int error_size) {
+extern "C" int attention_dims(const long long* spec, long long spec_size, const long long* shapes,
+                              const long long* ranks, long long n_in, long long* dims, long long* strides,
+                              long long* widths, char* error, int error_size) {
   onnxstitch::AttentionSpec s;
   std::string why;
-  std::vector<int64_t> a(spec, spec + 6);
+  std::vector<int64_t> a(spec, spec + spec_size);
   if (!onnxstitch::ParseAttention(a, &s, &why)) { snprintf(error, error_size, "%s", why.c_str()); return 0; }
   int64_t sh[8][STITCH_MAX_RANK];
   size_t rk[8];
@@ -31,7 +33,7 @@ extern "C" int attention_dims(const long long* spec, const long long* shapes, co
     for (int j = 0; j < STITCH_MAX_RANK; ++j) sh[i][j] = shapes[i * STITCH_MAX_RANK + j];
   }
   long long ms[onnxstitch::kMaxMasks][4];
-  if (!onnxstitch::AttentionDims(s, sh, rk, static_cast<size_t>(n_in), dims, ms, &why)) {
+  if (!onnxstitch::AttentionDims(s, sh, rk, static_cast<size_t>(n_in), dims, ms, widths, &why)) {
     snprintf(error, error_size, "%s", why.c_str());
     return 0;
   }
@@ -53,18 +55,24 @@ def dims_lib(tmp_path_factory) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def call(lib: ctypes.CDLL, head: int, shapes: list[tuple[int, ...]], transposed: bool = False):
-    masks = len(shapes) - 3
-    spec = (ctypes.c_longlong * 6)(head, 64, 128, 0, masks, int(transposed))
+def call(lib: ctypes.CDLL, head: int, shapes: list[tuple[int, ...]], transposed: bool = False,
+         projection: tuple[int, ...] = ()):
+    """AttentionDims over `shapes`; `projection` = (heads, q, k, v column offsets, biased) for
+    operands read from projections. (ok, dims, mask strides, widths, error)."""
+    first = 3 + 3 * (projection[-1] if projection else 0)
+    masks = max(len(shapes) - first, 0)
+    values = (head, 64, 128, 0, masks, int(transposed), *projection)
+    spec = (ctypes.c_longlong * len(values))(*values)
     flat = (ctypes.c_longlong * (8 * len(shapes)))()
     for i, sh in enumerate(shapes):
         for j, v in enumerate(sh):
             flat[i * 8 + j] = v
     ranks = (ctypes.c_longlong * len(shapes))(*[len(sh) for sh in shapes])
-    dims, strides = (ctypes.c_longlong * 4)(), (ctypes.c_longlong * 8)()
+    dims, strides, widths = (ctypes.c_longlong * 4)(), (ctypes.c_longlong * 8)(), (ctypes.c_longlong * 3)()
     error = ctypes.create_string_buffer(512)
-    ok = lib.attention_dims(spec, flat, ranks, len(shapes), dims, strides, error, 512)
-    return bool(ok), tuple(dims), [tuple(strides[k * 4:(k + 1) * 4]) for k in range(masks)], error.value.decode()
+    ok = lib.attention_dims(spec, len(values), flat, ranks, len(shapes), dims, strides, widths, error, 512)
+    return (bool(ok), tuple(dims), [tuple(strides[k * 4:(k + 1) * 4]) for k in range(masks)],
+            tuple(widths), error.value.decode())
 
 
 @pytest.mark.parametrize("lead,sq,sk,masks", [
@@ -77,7 +85,7 @@ def call(lib: ctypes.CDLL, head: int, shapes: list[tuple[int, ...]], transposed:
 ])
 def test_dims_and_mask_strides_match_numpy_broadcasting(dims_lib, lead, sq, sk, masks) -> None:
     d = 16
-    ok, dims, strides, why = call(dims_lib, d, [(*lead, sq, d), (*lead, d, sk), (*lead, sk, d), *masks])
+    ok, dims, strides, _, why = call(dims_lib, d, [(*lead, sq, d), (*lead, d, sk), (*lead, sk, d), *masks])
     assert ok, why
     scores = (*lead, sq, sk)
     want_dims = ((1,) + scores) if len(lead) == 1 else scores
@@ -98,5 +106,37 @@ def test_dims_and_mask_strides_match_numpy_broadcasting(dims_lib, lead, sq, sk, 
     ([(6, 5, 16), (6, 16, 7), (6, 7, 16)], True, "of rank 4"),
 ])
 def test_dims_refuse_what_does_not_fit(dims_lib, shapes, transposed, message) -> None:
-    ok, _, _, why = call(dims_lib, 16, shapes, transposed)
+    ok, _, _, _, why = call(dims_lib, 16, shapes, transposed)
     assert not ok and message in why
+
+
+@pytest.mark.parametrize("xq,xk,xv,heads,offsets,biased,masks", [
+    ((8, 128, 2304), (8, 128, 2304), (8, 128, 2304), 12, (0, 768, 1536), 1, [(8, 1, 128, 128)]),  # BERT, merged
+    ((2, 70, 512), (2, 70, 512), (2, 70, 512), 8, (0, 0, 0), 0, [(1, 8, 70, 70), (2, 1, 1, 70)]),  # T5, apart
+    ((3, 5, 100), (3, 9, 40), (3, 9, 36), 2, (4, 8, 0), 1, []),  # cross attention, wider than the heads
+])
+def test_projected_dims_from_the_projections(dims_lib, xq, xk, xv, heads, offsets, biased, masks) -> None:
+    d = 16
+    biases = [(heads * d,)] * 3 if biased else []
+    ok, dims, strides, widths, why = call(dims_lib, d, [xq, xk, xv, *biases, *masks], True,
+                                          (heads, *offsets, biased))
+    assert ok, why
+    scores = (xq[0], heads, xq[1], xk[1])
+    assert dims == scores and widths == (xq[2], xk[2], xv[2])
+    for shape, got in zip(masks, strides):
+        want = tuple(s // 4 for s in np.broadcast_to(np.zeros(shape, np.float32), scores).strides)
+        assert all(g == w or e == 1 for g, w, e in zip(got, want, scores))
+
+
+@pytest.mark.parametrize("shapes,projection,message", [
+    ([(2, 5, 64), (2, 5, 64), (2, 5, 64)], (2, 0, 0, 40, 0), "do not hold"),  # v's heads past its width
+    ([(2, 5, 64), (2, 5, 64), (2, 6, 64)], (2, 0, 0, 0, 0), "do not hold"),  # k and v of other lengths
+    ([(2, 5, 64), (3, 5, 64), (2, 5, 64)], (2, 0, 0, 0, 0), "do not hold"),  # other batches
+    ([(2, 5, 66), (2, 5, 66), (2, 5, 66)], (2, 0, 0, 0, 0), "do not hold"),  # a width not a multiple of 4
+    ([(2, 5, 64)] * 3 + [(32,), (32,), (16,)], (2, 0, 0, 0, 1), "do not hold"),  # a bias too short
+    ([(2, 5, 64)] * 3, (2, 0, 0, 0, 1), "three biases"),  # biases missing
+    ([(2, 5, 64)] * 3, (2, 0, 2, 0, 0), "multiples of 4"),  # an unaligned offset
+])
+def test_projected_dims_refuse_what_does_not_fit(dims_lib, shapes, projection, message) -> None:
+    ok, _, _, _, why = call(dims_lib, 16, shapes, True, projection)
+    assert not ok and message in why, why

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from onnxstitch import codegen_attention
 
-from .attention_models import Core, attention_graph, core_feeds, core_model, core_reference
+from .attention_models import (PROJECTED, Core, attention_graph, core_feeds, core_model, core_reference, projected_feeds,
+                               projected_model, projected_reference, relative_error)
 from .host_kernels import HAVE_GXX, launch
 from .stitching import fresh_seed
 
@@ -119,3 +121,27 @@ def test_attention_kernel_matches_float64(name, variant, folder) -> None:
         launch(src, noisy, [again], folder)
         err = np.linalg.norm(again - expected) / np.linalg.norm(expected)
         assert err <= TOLERANCE, f"{name} (seed {seed}): masked keys weigh in, relative error {err:.2e}"
+
+
+# Projected operands (attention.Projection): the kernel reads q, kᵀ and v at their heads' columns
+# of the projections' outputs and adds the biases itself.
+@pytest.mark.parametrize("variant", ["default", "keys-128"])
+@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
+    seed = fresh_seed()
+    rng = np.random.default_rng(seed)
+    model = projected_model(p, rng)
+    match, src = generated(model, OPTIONS[variant])
+    assert len(match.projections) == 3 and match.biased == p.biased
+    assert len(src.attention) == 11 and src.attention[6] == p.core.lead[1]
+    feeds = projected_feeds(p, rng)
+    values = feeds | {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    if p.source == "matmul":  # the projections' products, which ONNX Runtime computes
+        values |= {f"{o}_cols": feeds["x"] @ values[f"w{o}"] for o in "qkv"}
+    ins = [values[t] for t in src.inputs]
+    expected = projected_reference(p, model, feeds)
+    got = np.full(expected.shape, np.nan, np.float32)
+    launch(src, ins, [got], folder)
+    assert np.isfinite(got).all(), f"{p.id} (seed {seed}): elements not written or not finite"
+    err = relative_error(got, expected)
+    assert err <= TOLERANCE, f"{p.id} (seed {seed}): relative error {err:.2e}"

@@ -10,7 +10,8 @@ import pytest
 
 import onnxstitch
 
-from ..attention_models import CORES, core_feeds, core_model, core_reference, relative_error
+from ..attention_models import (CORES, PROJECTED, Projected, core_feeds, core_model, core_reference, projected_feeds,
+                                projected_model, projected_reference, relative_error)
 from ..stitching import fresh_seed
 from .test_stitched_gpu import run_gpu
 
@@ -38,5 +39,33 @@ def test_attention_kernel_at_another_sequence_length() -> None:
     other = type(core)(core.lead, 77, 77, core.d, (core.lead[0], 1, 1, 77))
     feeds = core_feeds(other, np.random.default_rng(fresh_seed()))
     want = core_reference(other, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+
+
+@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+def test_projected_attention_kernel_matches_float64(p: Projected) -> None:
+    # q, kᵀ and v read from their projections' outputs, biases added by the kernel.
+    rng = np.random.default_rng(fresh_seed())
+    model = projected_model(p, rng)
+    res = onnxstitch.optimize(model)
+    assert [grp.tf32 for grp in res.report.plan.groups if grp.tf32] == [True] and not res.report.dropped
+    (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
+    assert kernel["heads"] == p.core.lead[1] and kernel["biases"] == p.biased
+    feeds = projected_feeds(p, rng)
+    want = projected_reference(p, model, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+
+
+def test_projected_attention_kernel_at_another_sequence_length() -> None:
+    p = PROJECTED[0]
+    rng = np.random.default_rng(fresh_seed())
+    model = projected_model(p, rng, seq="seq")
+    res = onnxstitch.optimize(model, shapes={"seq": [128]})
+    assert any(k["scheme"] == "attention" and k.get("heads") for k in res.report.kernels)
+    other = Projected(type(p.core)(p.core.lead, 77, 77, p.core.d, (p.core.lead[0], 1, 77, 77)))
+    feeds = projected_feeds(other, rng)
+    want = projected_reference(other, model, feeds)
     (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
     assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE

@@ -1,7 +1,10 @@
 // shape_rule "attention" (docs/abi.md): one kernel for an attention chain (codegen_attention.py).
 // Its inputs are q [L..., Sq, D], kᵀ [L..., D, Sk], v [L..., Sk, D] and up to kMaxMasks terms
-// added to the scores, each broadcasting to [L..., Sq, Sk]; L is [b, h] or [b·h]. Pure functions over shapes, so
-// they are shared by Compute and shape inference and tested without a GPU.
+// added to the scores, each broadcasting to [L..., Sq, Sk]; L is [b, h] or [b·h]. Or, projected,
+// the projections' outputs xq [b, Sq, Wq], xk [b, Sk, Wk], xv [b, Sk, Wv] whose columns
+// offset + h·D .. hold head h, then (biased) a bias [H·D] for each, then the terms. Pure
+// functions over shapes, so they are shared by Compute and shape inference and tested without
+// a GPU.
 #pragma once
 
 #include <cstdint>
@@ -21,65 +24,122 @@ struct AttentionSpec {
   int64_t head = 0, queries = 0, threads = 0, shared = 0;  // head size, queries per block, block, bytes
   int masks = 0;
   bool transposed = false;
+  // Operands read from projections: `heads` heads, q/k/v's columns from offsets[0..2], biases.
+  bool projected = false, biased = false;
+  int64_t heads = 0;
+  int64_t offsets[3] = {0, 0, 0};
+
+  size_t first_mask() const { return biased ? 6 : 3; }
 };
 
-// The "attention" attribute: [head, queries per block, threads, shared bytes, masks, transposed].
+// The "attention" attribute: [head, queries per block, threads, shared bytes, masks, transposed]
+// and, for operands read from projections, [heads, q's, k's and v's column offsets, biased].
 inline bool ParseAttention(const std::vector<int64_t>& a, AttentionSpec* s, std::string* error) {
-  if (a.size() != 6 || a[0] < 8 || a[0] > 128 || a[0] % 8 != 0 || a[1] < 1 || a[2] < 32 || a[2] > 1024 ||
-      a[2] % 32 != 0 || a[3] < 0 || a[4] < 0 || a[4] > kMaxMasks || (a[5] != 0 && a[5] != 1)) {
+  bool ok = (a.size() == 6 || a.size() == 11) && a[0] >= 8 && a[0] <= 128 && a[0] % 8 == 0 && a[1] >= 1 &&
+            a[2] >= 32 && a[2] <= 1024 && a[2] % 32 == 0 && a[3] >= 0 && a[4] >= 0 && a[4] <= kMaxMasks &&
+            (a[5] == 0 || a[5] == 1);
+  // Projected: offsets 16-byte aligned (the kernel reads 4 floats at a time), output transposed
+  // or not, biased 0|1.
+  if (ok && a.size() == 11) {
+    ok = a[6] >= 1 && (a[10] == 0 || a[10] == 1);
+    for (int i = 7; i < 10; ++i) ok = ok && a[i] >= 0 && a[i] % 4 == 0;
+  }
+  if (!ok) {
     *error = "attention must be [head size (a multiple of 8, 8..128), queries per block, threads (whole warps), "
-             "shared bytes, masks 0.." + std::to_string(kMaxMasks) + ", transposed 0|1]";
+             "shared bytes, masks 0.." + std::to_string(kMaxMasks) + ", transposed 0|1] and, for projections, "
+             "[heads, q, k and v column offsets (multiples of 4), biased 0|1]";
     return false;
   }
   *s = AttentionSpec{true, a[0], a[1], a[2], a[3], static_cast<int>(a[4]), a[5] != 0};
+  if (a.size() == 11) {
+    s->projected = true;
+    s->heads = a[6];
+    for (int i = 0; i < 3; ++i) s->offsets[i] = a[7 + i];
+    s->biased = a[10] != 0;
+  }
   return true;
 }
 
-// The context's shape from q's: q's own, or [b, s, h, d] from [b, h, s, d] when transposed.
-inline bool AttentionOutput(const std::vector<ShapeDim>& q, bool transposed, std::vector<ShapeDim>* out) {
-  if (q.size() < 3 || q.size() > 4 || (transposed && q.size() != 4)) return false;
+// The context's shape from the first input's: q's own, or [b, s, h, d] from [b, h, s, d] when
+// transposed; projected, from xq [b, Sq, W]: [b, H, Sq, D], or [b, Sq, H, D] transposed.
+inline bool AttentionOutput(const AttentionSpec& s, const std::vector<ShapeDim>& q, std::vector<ShapeDim>* out) {
+  if (s.projected) {
+    if (q.size() != 3) return false;
+    const ShapeDim heads{s.heads, ""}, head{s.head, ""};
+    *out = s.transposed ? std::vector<ShapeDim>{q[0], q[1], heads, head} : std::vector<ShapeDim>{q[0], heads, q[1], head};
+    return true;
+  }
+  if (q.size() < 3 || q.size() > 4 || (s.transposed && q.size() != 4)) return false;
   *out = q;
-  if (transposed) std::swap((*out)[1], (*out)[2]);
+  if (s.transposed) std::swap((*out)[1], (*out)[2]);
   return true;
 }
 
-// Launch dims [B, H, Sq, Sk] (B = 1 for rank-3 operands) and each mask's element strides over
-// them (0 where it broadcasts), from the bound inputs' shapes; false with `error` when they do
-// not fit the kernel.
+// Launch dims [B, H, Sq, Sk] (B = 1 for rank-3 operands), each mask's element strides over
+// them (0 where it broadcasts) and, projected, each projection's row width, from the bound
+// inputs' shapes; false with `error` when they do not fit the kernel.
 inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH_MAX_RANK], const size_t* ranks,
-                          size_t n_in, long long dims[4], long long mask_strides[kMaxMasks][4], std::string* error) {
+                          size_t n_in, long long dims[4], long long mask_strides[kMaxMasks][4], long long widths[3],
+                          std::string* error) {
   const auto text = [&](size_t i) {
     std::string t = "[";
     for (size_t j = 0; j < ranks[i]; ++j) t += (j ? ", " : "") + std::to_string(shapes[i][j]);
     return t + "]";
   };
-  if (n_in != 3u + static_cast<size_t>(s.masks)) {
-    *error = "an attention kernel takes q, kᵀ, v and " + std::to_string(s.masks) + " mask(s), got " +
-             std::to_string(n_in) + " inputs";
+  const size_t first = s.first_mask();
+  if (n_in != first + static_cast<size_t>(s.masks)) {
+    *error = std::string("an attention kernel takes ") +
+             (s.projected ? (s.biased ? "xq, xk, xv, three biases" : "xq, xk, xv") : "q, kᵀ, v") + " and " +
+             std::to_string(s.masks) + " mask(s), got " + std::to_string(n_in) + " inputs";
     return false;
   }
+  for (int i = 0; i < 3; ++i) widths[i] = 0;
   const size_t r = ranks[0];
-  if (r < 3 || r > 4 || ranks[1] != r || ranks[2] != r || (s.transposed && r != 4)) {
-    *error = "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + ": expected three tensors of rank " +
-             (s.transposed ? "4" : "3 or 4");
-    return false;
+  if (s.projected) {
+    // xq [B, Sq, Wq], xk [B, Sk, Wk], xv [B, Sk, Wv]: each holds H heads of D at its offset.
+    const int64_t span = s.heads * s.head;
+    bool ok = ranks[0] == 3 && ranks[1] == 3 && ranks[2] == 3;
+    for (int i = 0; ok && i < 3; ++i) {
+      ok = shapes[i][0] == shapes[0][0] && shapes[i][2] % 4 == 0 && s.offsets[i] + span <= shapes[i][2];
+      widths[i] = shapes[i][2];
+    }
+    ok = ok && shapes[1][1] == shapes[2][1];
+    for (size_t i = 3; ok && i < first; ++i) ok = ranks[i] == 1 && shapes[i][0] == span;
+    if (!ok) {
+      *error = "xq " + text(0) + ", xk " + text(1) + ", xv " + text(2) + (s.biased ? " and their biases" : "") +
+               " do not hold " + std::to_string(s.heads) + " heads of " + std::to_string(s.head) + " at columns " +
+               std::to_string(s.offsets[0]) + ", " + std::to_string(s.offsets[1]) + ", " +
+               std::to_string(s.offsets[2]) + " ([b, s, w] each, w a multiple of 4, the same b, xk and xv the same "
+               "s" + (s.biased ? ", biases [heads · head size]" : "") + ")";
+      return false;
+    }
+    const long long d[4] = {shapes[0][0], s.heads, shapes[0][1], shapes[1][1]};
+    for (int k = 0; k < 4; ++k) dims[k] = d[k];
+  } else {
+    if (r < 3 || r > 4 || ranks[1] != r || ranks[2] != r || (s.transposed && r != 4)) {
+      *error = "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + ": expected three tensors of rank " +
+               (s.transposed ? "4" : "3 or 4");
+      return false;
+    }
+    const int64_t* q = shapes[0];
+    const int64_t* k = shapes[1];
+    const int64_t* v = shapes[2];
+    bool ok = q[r - 1] == s.head && k[r - 2] == s.head && v[r - 1] == s.head && k[r - 1] == v[r - 2];
+    for (size_t d = 0; d + 2 < r; ++d) ok = ok && q[d] == k[d] && q[d] == v[d];
+    if (!ok) {
+      *error = "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + " do not fit a kernel for heads of " +
+               std::to_string(s.head) + " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, D], same leading dims)";
+      return false;
+    }
+    // Scores [L..., Sq, Sk] as four dims.
+    const long long d[4] = {r == 4 ? q[0] : 1, q[r - 3], q[r - 2], k[r - 1]};
+    for (int j = 0; j < 4; ++j) dims[j] = d[j];
   }
-  const int64_t* q = shapes[0];
-  const int64_t* k = shapes[1];
-  const int64_t* v = shapes[2];
-  bool ok = q[r - 1] == s.head && k[r - 2] == s.head && v[r - 1] == s.head && k[r - 1] == v[r - 2];
-  for (size_t d = 0; d + 2 < r; ++d) ok = ok && q[d] == k[d] && q[d] == v[d];
-  if (!ok) {
-    *error = "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + " do not fit a kernel for heads of " +
-             std::to_string(s.head) + " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, D], same leading dims)";
-    return false;
-  }
-  // Scores [L..., Sq, Sk] as four dims.
-  const int64_t scores[4] = {r == 4 ? q[0] : 1, q[r - 3], q[r - 2], k[r - 1]};
-  for (int d = 0; d < 4; ++d) dims[d] = scores[d];
+  const long long* scores = dims;
+  const size_t score_rank = s.projected ? 4 : r;
   for (int t = 0; t < s.masks; ++t) {
-    const size_t i = 3 + static_cast<size_t>(t), mr = ranks[i];
-    if (mr > r) {
+    const size_t i = first + static_cast<size_t>(t), mr = ranks[i];
+    if (mr > score_rank) {
       *error = "the mask " + text(i) + " has a higher rank than the scores";
       return false;
     }

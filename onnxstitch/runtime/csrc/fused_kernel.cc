@@ -575,23 +575,28 @@ Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, 
 }
 
 // An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], mask k's strides in
-// strides[3 + k]; one block of `threads` per (batch, head) and `queries` queries, 1-D grid.
+// strides[first mask + k], projections' row widths in strides[0..2][0]; one block of `threads`
+// per (batch, head) and `queries` queries, 1-D grid.
 Error Kernel::ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
                                const size_t* ranks, size_t n_in) {
-  long long dims[4], mask_strides[kMaxMasks][4];
+  long long dims[4], mask_strides[kMaxMasks][4], widths[3];
   std::string error;
-  if (!AttentionDims(attention_, shapes, ranks, n_in, dims, mask_strides, &error)) {
+  if (!AttentionDims(attention_, shapes, ranks, n_in, dims, mask_strides, widths, &error)) {
     return Fail(ORT_INVALID_ARGUMENT, error);
   }
   args->rank = 4;
   for (int d = 0; d < 4; ++d) args->dims[d] = dims[d];
+  const size_t first = attention_.first_mask();
   for (int k = 0; k < attention_.masks; ++k) {
-    for (int d = 0; d < 4; ++d) args->strides[3 + k][d] = mask_strides[k][d];
+    for (int d = 0; d < 4; ++d) args->strides[first + k][d] = mask_strides[k][d];
+  }
+  if (attention_.projected) {
+    for (int i = 0; i < 3; ++i) args->strides[i][0] = widths[i];
   }
   args->n = dims[0] * dims[1] * dims[2] * attention_.head;
   std::vector<ShapeDim> q, shape;
   for (size_t j = 0; j < ranks[0]; ++j) q.push_back(ShapeDim{shapes[0][j], ""});
-  AttentionOutput(q, attention_.transposed, &shape);  // ranks were checked by AttentionDims
+  AttentionOutput(attention_, q, &shape);  // ranks were checked by AttentionDims
   int64_t out_dims[STITCH_MAX_RANK];
   for (size_t d = 0; d < shape.size(); ++d) out_dims[d] = shape[d].value;
   OrtValue* v = nullptr;
@@ -1005,7 +1010,7 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
     AttentionSpec attention;
     std::string error;
     if (ins.empty() || !ReadInts(api, ctx, "attention", &spec) || !ParseAttention(spec, &attention, &error) ||
-        !AttentionOutput(ins[0], attention.transposed, &shape)) {
+        !AttentionOutput(attention, ins[0], &shape)) {
       return;
     }
   } else if (!BroadcastSymbolic(ins, &shape)) {
