@@ -41,6 +41,9 @@ class AttentionOptions:
     # element by element and the conversions there cost more than they save (ViT's 197 keys:
     # 52.8–80.7 staged against 32.5–46.1 µs, two runs).
     staged_tf32: bool | None = None
+    # Projected operands: each thread's K and V bias columns loaded once per block (where the
+    # block's threads cover whole rows of the tile) rather than with every tile.
+    hoist_bias: bool = True
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
 MMA_PRELUDE = r"""
@@ -96,7 +99,8 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
   const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
   const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
   const int mc{i} = (int)a.strides[{first_mask + i}][3];""" for i in range(len(m.masks)))
-    operands, stage_k, k_frag, stage_v_bias, q_bias = _operand_code(m, projected, biased)
+    operands, stage_k, k_frag, stage_v_bias, q_bias = _operand_code(m, projected, biased,
+                                                                    options.hoist_bias and (threads % (d // 4)) == 0)
 
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(f"mk{row}{i}[key * mc{i}]" for i in range(len(m.masks)))
@@ -243,10 +247,12 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         + ((m.heads, *(p.offset for p in m.projections), int(biased)) if projected else ()))
 
 
-def _operand_code(m: attention.Match, projected: bool, biased: bool):
+def _operand_code(m: attention.Match, projected: bool, biased: bool, hoisted: bool):
     """Code that differs between operands q [b, h, Sq, D], kᵀ [b, h, D, Sk], v [b, h, Sk, D] and
     operands read from projections [b, S, W] at a head's columns (docs/abi.md): the pointers
-    (rows QW and VW floats apart), the K tile's staging, its fragment reads, and the biases."""
+    (rows QW and VW floats apart), the K tile's staging, its fragment reads, and the biases
+    (`hoisted`: the block's threads cover whole tile rows, so each thread's columns c stay the
+    same from tile to tile and its bias values are loaded once)."""
     if not projected:
         operands = """  const float* q = static_cast<const float*>(a.in[0]) + bh * Sq * D;
   const float* kt = static_cast<const float*>(a.in[1]) + bh * D * Sk;
@@ -279,13 +285,19 @@ def _operand_code(m: attention.Match, projected: bool, biased: bool):
   const float* bq = static_cast<const float*>(a.in[3]) + h * D;
   const float* bk = static_cast<const float*>(a.in[4]) + h * D;
   const float* bv = static_cast<const float*>(a.in[5]) + h * D;"""
+        if hoisted:
+            operands += """
+  const float4 ek = *reinterpret_cast<const float4*>(bk + (t % (D / 4)) * 4);
+  const float4 ev = *reinterpret_cast<const float4*>(bv + (t % (D / 4)) * 4);"""
 
     def add_bias(bias: str) -> str:
         if not biased:
             return ""
-        return f"""
-        const float4 e = *reinterpret_cast<const float4*>({bias} + c);
-        x.x += e.x, x.y += e.y, x.z += e.z, x.w += e.w;"""
+        e = "e" + bias[1]
+        load = "" if hoisted else f"""
+        const float4 {e} = *reinterpret_cast<const float4*>({bias} + c);"""
+        return f"""{load}
+        x.x += {e}.x, x.y += {e}.y, x.z += {e}.z, x.w += {e}.w;"""
 
     # K as rows [KT][D + 4]: 4 floats along the head at a time (16 lanes read a key's row), and
     # the fragment reads (key g, head slice tg) hit 32 banks since D + 4 ≡ 4 (mod 8).

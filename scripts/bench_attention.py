@@ -3,7 +3,8 @@
 launched alone from its cubin — time per launch (CUDA events around back-to-back launches) and
 relative error against float64 numpy — then the attention core end to end, stock ONNX Runtime
 against onnxstitch with CUDA graphs, per shape (BERT-base's with both mask shapes exporters
-write, a 512-token sequence, ViT-B/16's 197 tokens without a mask).
+write, a 512-token sequence, ViT-B/16's 197 tokens without a mask; BERT's core reading q, kᵀ
+and v from its merged Q/K/V product with their biases, as the pipeline plans it).
 
     python3 scripts/bench_attention.py [--out bench_attention.json] [--reps 200]
 """
@@ -26,7 +27,8 @@ from onnxstitch import attention, bench, codegen_attention, compile as nvrtc  # 
 from onnxstitch import graph as graph_mod  # noqa: E402
 from scripts.bench_elementwise import launch_ms  # noqa: E402
 from tests.host_kernels import attention_args  # noqa: E402
-from tests.attention_models import (Core, attention_graph, core_feeds, core_model, core_reference,  # noqa: E402
+from tests.attention_models import (Core, Projected, attention_graph, core_feeds, core_model,  # noqa: E402
+                                    core_reference, projected_feeds, projected_model, projected_reference,
                                     relative_error)
 
 CASES = {
@@ -34,7 +36,10 @@ CASES = {
     "bert-mask-bk": Core((8, 12), 128, 128, 64, (8, 1, 1, 128)),
     "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
     "vit": Core((8, 12), 197, 197, 64, None),
+    "bert-projected-bqk": Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128))),
 }
+# Variants for projected cases only.
+PROJECTED_VARIANTS = {"bias-per-tile": codegen_attention.AttentionOptions(staged_tf32=True, hoist_bias=False)}
 VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
             for k, st in ((64, True), (64, False), (128, True))}  # each fixed, not by shape
 
@@ -45,11 +50,26 @@ def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Matc
     return g, match
 
 
-def kernel_alone(core: Core, options: codegen_attention.AttentionOptions, reps: int) -> dict:
+def case_data(case: Core | Projected) -> tuple[onnx.ModelProto, dict, dict, np.ndarray]:
+    """(model, its random inputs, every tensor the kernel may read by name, float64 context)."""
+    rng = np.random.default_rng(0)
+    if isinstance(case, Core):
+        feeds = core_feeds(case, rng)
+        return core_model(case), feeds, feeds, core_reference(case, feeds)
+    model = projected_model(case, rng)
+    feeds = projected_feeds(case, rng)
+    values = feeds | {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    if case.source == "matmul":
+        values |= {f"{o}_cols": feeds["x"] @ values[f"w{o}"] for o in "qkv"}
+    return model, feeds, values, projected_reference(case, model, feeds)
+
+
+def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOptions, reps: int) -> dict:
     """One variant's kernel: µs per launch and relative error against float64."""
     import cupy as cp
 
-    g, match = chain(core_model(core))
+    model, _, values, want = case_data(case)
+    g, match = chain(model)
     src = codegen_attention.generate(g, "stitch_bench", match, options)
     image = nvrtc.compile_kernel(src, (f"sm_{cp.cuda.Device().compute_capability}",)).images[0]
     cuda = ctypes.CDLL("libcuda.so.1")
@@ -58,9 +78,7 @@ def kernel_alone(core: Core, options: codegen_attention.AttentionOptions, reps: 
     assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, src.entries[0].encode()) == 0
     shared = src.attention[3]
     assert cuda.cuFuncSetAttribute(fn, 8, shared) == 0  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    feeds = core_feeds(core, np.random.default_rng(0))
-    dev = {k: cp.asarray(v) for k, v in feeds.items()}  # named as the model's inputs, src.inputs
-    want = core_reference(core, feeds)
+    dev = {k: cp.asarray(v) for k, v in values.items()}  # named as the model's tensors, src.inputs
     out = cp.full(want.shape, np.nan, cp.float32)
     args, blocks = attention_args(src, [dev[t].shape for t in src.inputs], [dev[t].data.ptr for t in src.inputs],
                                   out.shape, out.data.ptr)
@@ -79,13 +97,13 @@ def kernel_alone(core: Core, options: codegen_attention.AttentionOptions, reps: 
             "blocks": blocks}
 
 
-def end_to_end(core: Core, reps: int) -> dict:
+def end_to_end(case: Core | Projected, reps: int) -> dict:
     """The core as a model: stock ONNX Runtime against onnxstitch, CUDA graphs."""
     import onnxstitch
 
     with tempfile.TemporaryDirectory() as tmp:
         model, stitched = Path(tmp) / "core.onnx", Path(tmp) / "core.stitched.onnx"
-        onnx.save(core_model(core), model)
+        onnx.save(case_data(case)[0], model)
         res = onnxstitch.optimize(str(model))
         onnx.save(res.model, stitched)
         r = bench.run(model, stitched, config=bench.BenchConfig(iters=reps, cuda_graph=True))
@@ -114,8 +132,9 @@ def main() -> int:
                 ref = probe_kernel(TC_KERNEL, "attention_tc", TC_SHARED, args.reps)["kernel_us"]
                 result["probe_tf32_kernel_us"].append(ref)
                 print(f"{case:14} {'probe_attention.py TF32 kernel':40} round {r}: {ref:8.2f} µs", flush=True)
-            for label in args.variants.split(";"):
-                v = kernel_alone(core, VARIANTS[label], args.reps)
+            labels = args.variants.split(";") + (list(PROJECTED_VARIANTS) if isinstance(core, Projected) else [])
+            for label in labels:
+                v = kernel_alone(core, {**VARIANTS, **PROJECTED_VARIANTS}[label], args.reps)
                 best = row["variants"].setdefault(label, v)
                 best["rounds_us"] = best.get("rounds_us", []) + [v["kernel_us"]]
                 best["kernel_us"] = min(best["rounds_us"])
