@@ -38,8 +38,7 @@ CASES = {
     "vit": Core((8, 12), 197, 197, 64, None),
     "bert-projected-bqk": Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128))),
 }
-# Variants for projected cases only.
-PROJECTED_VARIANTS = {"bias-per-tile": codegen_attention.AttentionOptions(staged_tf32=True, hoist_bias=False)}
+
 VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
             for k, st in ((64, True), (64, False), (128, True))}  # each fixed, not by shape
 
@@ -132,9 +131,8 @@ def main() -> int:
                 ref = probe_kernel(TC_KERNEL, "attention_tc", TC_SHARED, args.reps)["kernel_us"]
                 result["probe_tf32_kernel_us"].append(ref)
                 print(f"{case:14} {'probe_attention.py TF32 kernel':40} round {r}: {ref:8.2f} µs", flush=True)
-            labels = args.variants.split(";") + (list(PROJECTED_VARIANTS) if isinstance(core, Projected) else [])
-            for label in labels:
-                v = kernel_alone(core, {**VARIANTS, **PROJECTED_VARIANTS}[label], args.reps)
+            for label in args.variants.split(";"):
+                v = kernel_alone(core, VARIANTS[label], args.reps)
                 best = row["variants"].setdefault(label, v)
                 best["rounds_us"] = best.get("rounds_us", []) + [v["kernel_us"]]
                 best["kernel_us"] = min(best["rounds_us"])

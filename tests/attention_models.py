@@ -189,7 +189,7 @@ def projected_model(p: Projected, rng: np.random.Generator, seq: str | None = No
 def projected_feeds(p: Projected, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random inputs of projected_model(p): x (or xq, xkv) and the core's terms."""
     c = p.core
-    (b, h), hd = c.lead, c.lead[1] * c.d
+    b, hd = c.lead[0], c.lead[1] * c.d
     terms = {k: v for k, v in core_feeds(c, rng).items() if k in ("bias", "mask")}
     if p.source == "matmul":
         xs = {"x": rng.standard_normal((b, c.sq, 2 * c.d))}
