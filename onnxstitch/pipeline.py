@@ -1,5 +1,5 @@
-"""The pipeline as a short list of named stages: load → shapes → merge → normalize → graph →
-attention → plan → pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
+"""The pipeline as a short list of named stages: load → shapes → simplify → merge → normalize →
+graph → attention → plan → pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import onnx
 
 from . import attention as attention_mod, codegen, codegen_attention, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
-from . import pack as pack_mod, rewrite, rows, siblings, views
+from . import pack as pack_mod, rewrite, rows, siblings, simplify as simplify_mod, views
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
@@ -37,6 +37,8 @@ class Report:
     verification: verify_mod.Verification | None = None
     # Groups verification refused and left to ONNX Runtime: {"group", "reason"} each.
     dropped: tuple[Mapping[str, str], ...] = field(default_factory=tuple)
+    # Exact rewrites of the simplify stage (exported mask arithmetic, simplify.py).
+    simplified: tuple[str, ...] = ()
     # Rewrites of the normalize stage (group norms into their stitchable form), and refusals.
     normalized: tuple[str, ...] = ()
     normalize_refusals: tuple[str, ...] = ()
@@ -74,6 +76,7 @@ class Report:
             "kernels": list(self.kernels),
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
+            "simplify": {"rewrites": list(self.simplified)},
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
             "attention": {"kernels": list(self.attention), "refusals": list(self.attention_refusals)},
@@ -125,6 +128,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     before, before_infos = m, infos
+    simple = simplify_mod.Simplified(m, infos)
+    if refusal is None:
+        simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))
     # Split rows need thread-block clusters: plan them only when an sm_90+ image is built.
     clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
     cost = cost or CostModel()
@@ -132,9 +138,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     def planned(skip: frozenset[str]) -> tuple[siblings.Merged, normalize_mod.Normalized, graph_mod.FusionGraph, Plan,
                                                attention_mod.Found]:
         """merge → normalize → graph → attention → plan → pack, siblings into `skip` left apart."""
-        merged = siblings.Merged(before, before_infos)
+        merged = siblings.Merged(simple.model, simple.tensors)
         if refusal is None and merge:
-            merged = stage("merge", lambda: siblings.merge(before, before_infos, skip))
+            merged = stage("merge", lambda: siblings.merge(simple.model, simple.tensors, skip))
         normal = normalize_mod.Normalized(merged.model, merged.tensors)
         if refusal is None and reductions:
             normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
@@ -198,7 +204,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                   for grp, k in built)
     report = Report(plan, len(before.graph.node), len(out.graph.node),
                     tuple(kernels[0].archs) if kernels else tuple(archs), g.dim_values, times, kinfo, checked,
-                    tuple(dropped), normal.rewrites, normal.refusals,
+                    tuple(dropped), simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone),
                     tuple(x.describe() for x in found.matches), found.refusals)
     return OptimizeResult(out, report)

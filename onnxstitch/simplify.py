@@ -1,0 +1,294 @@
+"""Stage 2a: simplify — exact rewrites of index arithmetic exporters leave around masks.
+
+transformers (5.x) exported by torch.onnx builds BERT's padding mask as
+    GatherND(mask [b, s], Concat(Unsqueeze(Expand(batch index)), Unsqueeze(Expand(key index))))
+        → And(And(True, Range(0, s) ≥ 0), ·) → Where(·, 0, -max)            [b, 1, s, s]
+about ten small ONNX Runtime kernels per run whose result holds one value per (batch, key),
+copied along the queries; each attention kernel then reads the whole [b, 1, s, s] tensor. Two
+rewrites keep the values and drop the work:
+
+- **GatherND over an index grid.** When every index component is an iota — a Range(0, n, 1)
+  placed on one axis by Unsqueeze and Expand, n the size of the data's matching dim — and the
+  components walk the output axes in increasing order, the gather reads data[i_a0, i_a1, …]:
+  an Unsqueeze of the data (where every other output axis has size 1).
+- **And with a tensor known all true** (a true constant; Range(0, n, δ ≥ 0) ≥ c ≤ 0; And of such)
+  is its other operand. Where that operand is smaller than the And's output, the smaller tensor
+  replaces it only if every reader still computes the same shape: elementwise ops whose other
+  operands cover the dropped dims (checked forward through elementwise readers; never a graph
+  output).
+
+Nodes left without readers are removed. Anything else is left as it was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import ops
+from .graph import implicit_inputs
+from .shapes import Shape, TensorInfo, infer
+
+
+@dataclass(frozen=True)
+class Simplified:
+    """The rewritten model (the input itself when nothing applied), its tensor facts, and one
+    line per rewrite."""
+
+    model: onnx.ModelProto
+    tensors: Mapping[str, TensorInfo]
+    rewrites: tuple[str, ...] = ()
+
+
+class _Graph:
+    """Lookups over one model's main graph."""
+
+    def __init__(self, model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> None:
+        g = model.graph
+        self.nodes = list(g.node)
+        self.tensors = tensors
+        inputs = {i.name for i in g.input}
+        self.constants = {t.name: t for t in g.initializer if t.name not in inputs}
+        self.outputs = {o.name for o in g.output}
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for t in list(n.input) + implicit_inputs(n):
+                if t:
+                    self.readers.setdefault(t, []).append(n)
+
+    def shape(self, t: str) -> Shape | None:
+        info = self.tensors.get(t)
+        return None if info is None else info.shape
+
+    def value(self, t: str) -> np.ndarray | None:
+        c = self.constants.get(t)
+        return None if c is None else numpy_helper.to_array(c)
+
+    def op(self, t: str) -> onnx.NodeProto | None:
+        n = self.producer.get(t)
+        return n if n is not None and n.domain in ("", "ai.onnx") else None
+
+    def ints(self, t: str) -> list[int] | None:
+        v = self.value(t)
+        return None if v is None or v.dtype.kind not in "iu" else [int(x) for x in v.reshape(-1)]
+
+
+def _attr(n: onnx.NodeProto, name: str, default: object) -> object:
+    for a in n.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _range(g: _Graph, t: str) -> tuple[int, int] | None:
+    """(start, delta) of a Range with constant start and delta producing `t`."""
+    n = g.op(t)
+    if n is None or n.op_type != "Range":
+        return None
+    start, delta = g.ints(n.input[0]), g.ints(n.input[2])
+    if start is None or delta is None or len(start) != 1 or len(delta) != 1:
+        return None
+    return start[0], delta[0]
+
+
+def _iota_axis(g: _Graph, t: str) -> int | None:
+    """The axis a when t[I] = I[a] for every index I (an iota along a, broadcast elsewhere):
+    Range(0, n, 1), placed by Unsqueeze and broadcast by Expand along other axes."""
+    shape = g.shape(t)
+    n = g.op(t)
+    if shape is None or n is None:
+        return None
+    if n.op_type == "Range":
+        return 0 if _range(g, t) == (0, 1) else None
+    if n.op_type == "Unsqueeze":
+        inner = _iota_axis(g, n.input[0])
+        axes = g.ints(n.input[1]) if len(n.input) > 1 else list(_attr(n, "axes", []))  # type: ignore[arg-type]
+        if inner is None or axes is None:
+            return None
+        axes = sorted(a % len(shape) for a in axes)
+        kept = [k for k in range(len(shape)) if k not in axes]
+        return kept[inner] if inner < len(kept) else None
+    if n.op_type == "Expand":
+        inner = _iota_axis(g, n.input[0])
+        src = g.shape(n.input[0])
+        if inner is None or src is None or len(src) > len(shape):
+            return None
+        a = len(shape) - len(src) + inner  # right-aligned broadcasting
+        return a if src[inner] == shape[a] else None  # the iota itself is not broadcast
+    return None
+
+
+def _unsqueezed_gather(g: _Graph, n: onnx.NodeProto) -> tuple[list[int], str] | None:
+    """(axes to unsqueeze the data by, why not) for GatherND `n` over an index grid; None with
+    no rewrite when the indices are anything else."""
+    if int(_attr(n, "batch_dims", 0)) != 0:  # type: ignore[call-overload]
+        return None
+    data, indices = n.input[0], n.input[1]
+    ds, xs, ys = g.shape(data), g.shape(indices), g.shape(n.output[0])
+    cat = g.op(indices)
+    if ds is None or xs is None or ys is None or cat is None or cat.op_type != "Concat":
+        return None
+    if int(_attr(cat, "axis", 0)) % len(xs) != len(xs) - 1 or len(cat.input) != len(ds) or xs[-1] != len(ds):  # type: ignore[call-overload]
+        return None
+    out_rank = len(xs) - 1
+    axes = []
+    for part in cat.input:
+        a = _iota_axis(g, part)
+        ps = g.shape(part)
+        if a is None or ps is None or len(ps) != len(xs) or a >= out_rank:
+            return None
+        axes.append(a)
+    if axes != sorted(set(axes)):
+        return None
+    # The gather reads data[I[a0], I[a1], …]: its output has the data's dims on axes a and, to be
+    # an Unsqueeze, size 1 everywhere else.
+    for k, d in enumerate(ys):
+        want = ds[axes.index(k)] if k in axes else 1
+        if d is None or d != want:
+            return None
+    return [k for k in range(out_rank) if k not in axes], data
+
+
+def _all_true(g: _Graph, t: str, depth: int = 0) -> bool:
+    """Whether bool tensor `t` is true everywhere, by construction."""
+    v = g.value(t)
+    if v is not None:
+        return v.dtype == np.bool_ and bool(v.all())
+    n = g.op(t)
+    if n is None or depth > 8:
+        return False
+    if n.op_type == "And":
+        return all(_all_true(g, x, depth + 1) for x in n.input)
+    if n.op_type == "GreaterOrEqual":
+        bound = g.value(n.input[1])
+        return bound is not None and bound.size == 1 and float(bound.reshape(-1)[0]) <= 0 and \
+            _non_negative(g, n.input[0])
+    return False
+
+
+def _non_negative(g: _Graph, t: str) -> bool:
+    """Whether every element of `t` is ≥ 0 by construction: Range(start ≥ 0, δ ≥ 0), placed or
+    broadcast by Unsqueeze/Expand/Reshape."""
+    n = g.op(t)
+    if n is None:
+        return False
+    if n.op_type == "Range":
+        r = _range(g, t)
+        return r is not None and r[0] >= 0 and r[1] >= 0
+    return n.op_type in ("Unsqueeze", "Expand", "Reshape") and _non_negative(g, n.input[0])
+
+
+def _broadcast(shapes: list[Shape]) -> Shape | None:
+    """numpy's broadcast of known shapes (symbols equal by name), None when unknown or clashing."""
+    rank = max(len(s) for s in shapes)
+    out: list = []
+    for k in range(rank):
+        dims = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0} - {1}
+        if len(dims) > 1 or None in dims:
+            return None
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _keeps_shapes(g: _Graph, t: str, shape: Shape, depth: int = 0) -> bool:
+    """Whether `t` may take `shape` (smaller, broadcasting to its own): every reader is an
+    elementwise op whose output keeps its shape, or changes only where its own readers allow it
+    in turn; `t` and what changes are no graph outputs."""
+    if t in g.outputs or depth > 8:
+        return False
+    for r in g.readers.get(t, []):
+        kind = ops.spec(r.op_type, r.domain).kind
+        if kind not in (ops.OpKind.ELEMENTWISE, ops.OpKind.BROADCAST) or len(r.output) != 1:
+            return False
+        shapes = [shape if x == t else g.shape(x) for x in r.input if x]
+        if any(s is None for s in shapes):
+            return False
+        new = _broadcast(shapes)  # type: ignore[arg-type]
+        old = g.shape(r.output[0])
+        if new is None or old is None:
+            return False
+        if tuple(new) != tuple(old) and not _keeps_shapes(g, r.output[0], new, depth + 1):
+            return False
+    return True
+
+
+def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
+    """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
+    facts, inferred again for a rewritten model."""
+    g = _Graph(model, tensors)
+    replace: dict[int, onnx.NodeProto] = {}  # node id → its replacement
+    rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
+    extra: list[onnx.TensorProto] = []
+    done: list[str] = []
+    for n in g.nodes:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        if n.op_type == "GatherND":
+            got = _unsqueezed_gather(g, n)
+            if got is None:
+                continue
+            axes, data = got
+            name = f"{n.output[0]}~axes"
+            extra.append(numpy_helper.from_array(np.array(axes, np.int64), name))
+            replace[id(n)] = helper.make_node("Unsqueeze", [data, name], list(n.output), name=n.name)
+            done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
+        elif n.op_type == "And" and len(n.input) == 2:
+            for x, y in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
+                ys, out = g.shape(y), g.shape(n.output[0])
+                if ys is None or out is None or not _all_true(g, x):
+                    continue
+                if tuple(ys) == tuple(out) or _keeps_shapes(g, n.output[0], ys):
+                    rename[n.output[0]] = y
+                    replace[id(n)] = None  # type: ignore[assignment]
+                    done.append(f"{n.name or n.output[0]} (And with a tensor known all true) is '{y}'"
+                                + ("" if tuple(ys) == tuple(out) else f", {list(ys)} rather than {list(out)}"))
+                    break
+    if not done:
+        return Simplified(model, tensors)
+    return _rebuild(model, g, replace, rename, extra, tuple(done))
+
+
+def _rebuild(model: onnx.ModelProto, g: _Graph, replace: dict, rename: dict[str, str],
+             extra: list[onnx.TensorProto], done: tuple[str, ...]) -> Simplified:
+    def resolved(t: str) -> str:
+        while t in rename:
+            t = rename[t]
+        return t
+
+    nodes = []
+    for n in g.nodes:
+        new = replace.get(id(n), n)
+        if new is None:
+            continue
+        new = onnx.NodeProto.FromString(new.SerializeToString())
+        new.input[:] = [resolved(t) for t in new.input]
+        nodes.append(new)
+    nodes = _live(nodes, g.outputs)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    read = {t for n in nodes for t in list(n.input) + implicit_inputs(n)}
+    kept = [t for t in list(out.graph.initializer) + extra if t.name in read or t.name in g.outputs]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    made = {o for n in nodes for o in n.output}
+    kept_info = [v for v in out.graph.value_info if v.name in made]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(kept_info)
+    return Simplified(out, infer(out)[1], done)
+
+
+def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """`nodes` without those whose outputs nothing reads (repeatedly), order kept."""
+    alive = list(nodes)
+    while True:
+        read = outputs | {t for n in alive for t in list(n.input) + implicit_inputs(n)}
+        keep = [n for n in alive if any(o in read for o in n.output if o)]
+        if len(keep) == len(alive):
+            return keep
+        alive = keep
