@@ -253,7 +253,8 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     if ad is not None and _only_reader(g, a) == rs and g.nodes[ad].op_type == "Add":
         x0, x1 = g.nodes[ad].inputs[:2]
         for y, b in ((x0, x1), (x1, x0)):
-            if b in g.constants and _shape(g, b) == (h * d,) and g.tensors[b].dtype == TP.FLOAT and \
+            if b in g.constants and _shape(g, b) == (h * d,) and g.tensors.get(b) is not None and \
+                    g.tensors[b].dtype == TP.FLOAT and \
                     _shape(g, y) == flat:
                 a, bias = y, b
                 nodes.append(ad)

@@ -220,6 +220,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
     g = _Graph(model, tensors)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     replace: dict[int, onnx.NodeProto] = {}  # node id → its replacement
     rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
     extra: list[onnx.TensorProto] = []
@@ -232,9 +233,12 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             if got is None:
                 continue
             axes, data = got
-            name = f"{n.output[0]}~axes"
-            extra.append(numpy_helper.from_array(np.array(axes, np.int64), name))
-            replace[id(n)] = helper.make_node("Unsqueeze", [data, name], list(n.output), name=n.name)
+            if opset >= 13:  # axes an input from opset 13, an attribute before
+                name = f"{n.output[0]}~axes"
+                extra.append(numpy_helper.from_array(np.array(axes, np.int64), name))
+                replace[id(n)] = helper.make_node("Unsqueeze", [data, name], list(n.output), name=n.name)
+            else:
+                replace[id(n)] = helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)
             done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
         elif n.op_type == "And" and len(n.input) == 2:
             for x, y in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
@@ -273,7 +277,8 @@ def _rebuild(model: onnx.ModelProto, g: _Graph, replace: dict, rename: dict[str,
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     read = {t for n in nodes for t in list(n.input) + implicit_inputs(n)}
-    kept = [t for t in list(out.graph.initializer) + extra if t.name in read or t.name in g.outputs]
+    inputs = {i.name for i in out.graph.input}  # an initializer that is an input's default stays
+    kept = [t for t in list(out.graph.initializer) + extra if t.name in read | g.outputs | inputs]
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
     made = {o for n in nodes for o in n.output}

@@ -135,3 +135,27 @@ def test_bert_plans_with_a_key_padding_mask() -> None:
     assert res.report.to_json()["simplify"]["rewrites"] == list(res.report.simplified)
     v = res.report.verification
     assert v is not None and not v.skipped and v.tensors_checked > 0
+
+
+def test_before_opset_13_the_unsqueeze_takes_its_axes_as_an_attribute() -> None:
+    c = lambda name, v, dt=np.int64: numpy_helper.from_array(np.array(v, dt), name)  # noqa: E731
+    n = helper.make_node
+    nodes = [n("Range", ["zero", "two", "one"], ["rb"]), n("Range", ["zero", "five", "one"], ["rk"]),
+             n("Unsqueeze", ["rb"], ["ub"], axes=[1, 2, 3]), n("Unsqueeze", ["rk"], ["uk"], axes=[0, 1, 2]),
+             n("Expand", ["ub", "grid"], ["eb"]), n("Expand", ["uk", "grid"], ["ek"]),
+             n("Unsqueeze", ["eb"], ["ib"], axes=[-1]), n("Unsqueeze", ["ek"], ["ik"], axes=[-1]),
+             n("Concat", ["ib", "ik"], ["idx"], axis=-1), n("GatherND", ["keep", "idx"], ["kept"]),
+             n("Where", ["kept", "x", "zeros"], ["y"])]
+    inits = [c("zero", 0), c("one", 1), c("two", 2), c("five", 5), c("grid", [2, 1, 1, 5]), c("zeros", 0.0, np.float32)]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "grid", [vi("keep", TP.BOOL, [2, 5]), vi("x", TP.FLOAT, [2, 3, 5, 5])],
+                          [vi("y", TP.FLOAT, [2, 3, 5, 5])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
+    out = simplified(model)
+    (unsq,) = [x for x in out.model.graph.node if x.output[0] == "kept"]
+    assert unsq.op_type == "Unsqueeze" and list(helper.get_attribute_value(unsq.attribute[0])) == [1, 2]
+    rng = np.random.default_rng(fresh_seed())
+    f = {"keep": rng.random((2, 5)) < 0.5, "x": rng.standard_normal((2, 3, 5, 5)).astype(np.float32)}
+    want = np.where(f["keep"][:, None, None, :], f["x"], np.float32(0))
+    np.testing.assert_array_equal(run(out.model, f)[0], want)
+    np.testing.assert_array_equal(run(model, f)[0], want)
