@@ -266,32 +266,29 @@ def _stage_rows(dst: str, dst_stride: str, src: str, src_stride: str, rows: int,
       *reinterpret_cast<float4*>({dst} + r * {dst_stride} + c) = x;
     }}"""
     step = threads // (cols // 4)
-    body = lambda load: f"""#pragma unroll
+
+    def passes(load: str) -> str:
+        return f"""#pragma unroll
       for (int p = 0; p < {rows // step}; ++p) {{
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         {load}
         {round_}
         *reinterpret_cast<float4*>(d + p * {step} * {dst_stride}) = x;
-      }}"""  # noqa: E731
+      }}"""
+
     read = f"x = *reinterpret_cast<const float4*>(s + (long long)p * {step} * {src_stride});{bias}"
-    whole = body(read)
-    if limit is None:
-        return f"""    {{
-      const int c = (t % {cols // 4}) * 4, row0 = t / {cols // 4};
-      const float* s = {src} + (long long)row0 * {src_stride} + c;
-      float* d = {dst} + row0 * {dst_stride} + c;
-      {whole}
-    }}"""
-    part = body(f"if (row0 + p * {step} < {limit}) {{ {read} }}")
+    stage = passes(read)
+    if limit is not None:
+        stage = f"""if ({rows} <= {limit}) {{
+      {stage}
+      }} else {{
+      {passes(f"if (row0 + p * {step} < {limit}) {{ {read} }}")}
+      }}"""
     return f"""    {{
       const int c = (t % {cols // 4}) * 4, row0 = t / {cols // 4};
       const float* s = {src} + (long long)row0 * {src_stride} + c;
       float* d = {dst} + row0 * {dst_stride} + c;
-      if ({rows} <= {limit}) {{
-      {whole}
-      }} else {{
-      {part}
-      }}
+      {stage}
     }}"""
 
 
