@@ -40,7 +40,6 @@ from onnx import TensorProto as TP
 from .cost import CostModel, node_bytes, node_us
 from .graph import FusionGraph, constant_value
 from .plan import Group, Plan, topological_groups
-from .shapes import Shape
 
 # Head sizes the kernel is generated for: whole mma fragments (8), registers for the
 # context (D / 2 floats per thread) and the query fragments (D / 2) within one thread's budget.
@@ -91,7 +90,7 @@ class Match:
         the masks (docs/abi.md)."""
         if not self.projections:
             return (self.q, self.kt, self.v) + self.masks
-        biases = tuple(p.bias for p in self.projections if p.bias) if self.biased else ()
+        biases = tuple(p.bias for p in self.projections if p.bias)
         return tuple(p.x for p in self.projections) + biases + self.masks
 
     def describe(self) -> str:
@@ -128,11 +127,6 @@ def _scalar(g: FusionGraph, tensor: str) -> float | None:
     return float(np.asarray(constant_value(g, tensor)))
 
 
-def _shape(g: FusionGraph, tensor: str) -> Shape | None:
-    info = g.tensors.get(tensor)
-    return None if info is None else info.shape
-
-
 def _same(a: object, b: object) -> bool:
     """Dims known equal: the same number or the same symbol."""
     return a is not None and a == b
@@ -167,8 +161,8 @@ def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
         any(_leads_to_scores(g, u, adds - 1) for u in g.nodes[at].inputs[:2])
 
 
-def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
-    """The chain around Softmax `soft`: (nodes, match), why it cannot be one kernel, or None
+def _chain(g: FusionGraph, soft: int) -> Match | str | None:
+    """The chain around Softmax `soft`, why it cannot be one kernel, or None
     when the Softmax is not between two MatMuls at all (nothing worth reporting)."""
     n = g.nodes[soft]
     x = n.inputs[0]
@@ -215,12 +209,8 @@ def _chain(g: FusionGraph, soft: int) -> tuple[list[int], Match] | str | None:
     why = _shape_reason(g, q, kt, v, tuple(masks), ctx, soft)
     if why:
         return f"{name}: {why}"
-    match = Match(tuple(nodes), q, kt, v, tuple(masks), scale, ctx, transposed, int(_shape(g, q)[-1]))  # type: ignore[index]
-    projected = _projections(g, match, first, second)
-    if projected is not None:
-        match = projected
-        nodes = list(match.nodes)
-    return nodes, match
+    match = Match(tuple(nodes), q, kt, v, tuple(masks), scale, ctx, transposed, int(g.shape(q)[-1]))  # type: ignore[index]
+    return _projections(g, match, first, second) or match
 
 
 # Transposes from [b, s, h, d] to the operands: q and v [b, h, s, d], kᵀ [b, h, d, s].
@@ -241,7 +231,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     if rs is None or _only_reader(g, r) != at or g.nodes[rs].op_type != "Reshape":
         return None
     a = g.nodes[rs].inputs[0]
-    split, flat = _shape(g, r), _shape(g, a)
+    split, flat = g.shape(r), g.shape(a)
     if split is None or flat is None or len(split) != 4 or len(flat) != 3 or \
             not (_same(split[0], flat[0]) and _same(split[1], flat[1])):
         return None
@@ -253,9 +243,8 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     if ad is not None and _only_reader(g, a) == rs and g.nodes[ad].op_type == "Add":
         x0, x1 = g.nodes[ad].inputs[:2]
         for y, b in ((x0, x1), (x1, x0)):
-            if b in g.constants and _shape(g, b) == (h * d,) and g.tensors.get(b) is not None and \
-                    g.tensors[b].dtype == TP.FLOAT and \
-                    _shape(g, y) == flat:
+            if b in g.constants and g.shape(b) == (h * d,) and g.tensors[b].dtype == TP.FLOAT and \
+                    g.shape(y) == flat:
                 a, bias = y, b
                 nodes.append(ad)
                 break
@@ -264,7 +253,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     if box is not None and _only_reader(g, a) == nodes[-1] and box.axis == 2:
         x, offset = box.source, box.start
         nodes.append(g.producer[a])
-    xs = _shape(g, x)
+    xs = g.shape(x)
     info = g.tensors.get(x)
     if xs is None or len(xs) != 3 or info is None or info.dtype != TP.FLOAT or not _same(xs[0], flat[0]) or \
             not _same(xs[1], flat[1]) or not isinstance(xs[2], int) or xs[2] % 4 or offset % 4 or \
@@ -291,7 +280,7 @@ def _projections(g: FusionGraph, m: Match, first: int, second: int) -> Match | N
         for t in g.nodes[i].outputs:
             if t and (t in g.graph_outputs or any(c not in members for c in g.consumers.get(t, ()))):
                 return None
-    xq, xk, xv = (_shape(g, p.x) for p in projections)
+    xq, xk, xv = (g.shape(p.x) for p in projections)
     if not (_same(xq[0], xk[0]) and _same(xq[0], xv[0]) and _same(xk[1], xv[1])):  # type: ignore[index]
         return None
     nodes = tuple(sorted(set(m.nodes) | members))
@@ -306,7 +295,7 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
             info = g.tensors.get(t)
             have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
             return f"'{t}' is {have}: the kernel is float32 only (float16 keeps its stitched Softmax)"
-    qs, ks, vs = _shape(g, q), _shape(g, kt), _shape(g, v)
+    qs, ks, vs = g.shape(q), g.shape(kt), g.shape(v)
     if qs is None or ks is None or vs is None:
         return "operand shapes are unknown"
     if not 3 <= len(qs) <= 4 or len(ks) != len(qs) or len(vs) != len(qs):
@@ -322,7 +311,7 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
         return f"keys {ks[-1]} and values {vs[-2]} differ in length"
     scores = tuple(qs[:-1]) + (ks[-1],)
     for mask in masks:
-        ms = _shape(g, mask)
+        ms = g.shape(mask)
         if ms is None or len(ms) > len(scores):
             return f"the shape of mask '{mask}' is unknown or of higher rank than the scores"
         for have, want in zip(reversed(ms), reversed(scores)):
@@ -349,11 +338,10 @@ def find(g: FusionGraph) -> Found:
         if isinstance(got, str):
             refusals.append(got)
             continue
-        nodes, match = got
-        if taken & set(nodes):
+        if taken & set(got.nodes):
             continue
-        taken |= set(nodes)
-        matches.append(match)
+        taken |= set(got.nodes)
+        matches.append(got)
     return Found(tuple(matches), tuple(refusals))
 
 
@@ -372,7 +360,7 @@ def of_group(g: FusionGraph, nodes: tuple[int, ...]) -> Match | None:
     if len(soft) != 1 or not any(g.nodes[i].op_type == "MatMul" for i in nodes):
         return None
     got = _chain(g, soft[0])
-    return got[1] if isinstance(got, tuple) and set(got[0]) == set(nodes) else None
+    return got if isinstance(got, Match) and set(got.nodes) == set(nodes) else None
 
 
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:

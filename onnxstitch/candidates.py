@@ -123,11 +123,6 @@ def _escapes(graph: FusionGraph, tensor: str, mask: int) -> bool:
     return any(not (mask >> c) & 1 for c in graph.consumers.get(tensor, ()))
 
 
-def _shape(graph: FusionGraph, tensor: str) -> Shape | None:
-    info = graph.tensors.get(tensor)
-    return info.shape if info is not None else None
-
-
 @dataclass(frozen=True)
 class _State:
     """A node set with its boundary, reach and iteration shape, kept consistent as it grows."""
@@ -185,7 +180,7 @@ class _State:
 
 def _input_shape(graph: FusionGraph, lay: concats.Layout | str | None, t: str) -> Shape | None:
     """A boundary input's shape as the iteration sees it (a windowed one at the Concat's size)."""
-    s = _shape(graph, t)
+    s = graph.shape(t)
     return lay.lift(s) if isinstance(lay, concats.Layout) and t in lay.input_window else s
 
 
@@ -214,7 +209,7 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
         return f"its reductions reduce different runs of axes ({text}); a row kernel has one row"
     for i in reducers:
         n = graph.nodes[i]
-        data = _shape(graph, n.inputs[0])
+        data = graph.shape(n.inputs[0])
         if data != st.shape:
             return (f"{n.label} reduces a tensor of shape {fmt(data)}, not the group's iteration shape "
                     f"{fmt(st.shape)}; a row kernel reduces axes of its iteration space")
@@ -310,7 +305,7 @@ def _verdict(graph: FusionGraph, st: _State) -> str | None:
         start, stop = row_run(graph, reducers[0])
         row_shapes = (reduced_shape(st.shape, start, stop, True), reduced_shape(st.shape, start, stop, False))
     for t in st.outs:
-        s = _shape(graph, t)
+        s = graph.shape(t)
         if graph.nodes[graph.producer[t]].kind == OpKind.INJECTIVE:
             continue  # written through its view (checked above)
         if s != st.shape and s not in row_shapes:
@@ -424,7 +419,7 @@ def _forced(graph: FusionGraph, st: _State, free: set[int]) -> list[int]:
             need += [c for c in graph.consumers.get(t, ())
                      if not (st.mask >> c) & 1 and graph.nodes[c].kind == OpKind.INJECTIVE]
             continue
-        if _shape(graph, t) != st.shape:
+        if graph.shape(t) != st.shape:
             if t in graph.graph_outputs:
                 return []
             need += [c for c in graph.consumers.get(t, ()) if not (st.mask >> c) & 1]

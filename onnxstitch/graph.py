@@ -147,6 +147,11 @@ class FusionGraph:
         return broadcast_shapes([lay.lift(s) if i in lifted else s  # type: ignore[union-attr]
                                  for i in group for s in self.node_space(i)])
 
+    def shape(self, tensor: str) -> Shape | None:
+        """A tensor's inferred shape; None when it or its rank is unknown."""
+        info = self.tensors.get(tensor)
+        return None if info is None else info.shape
+
     def tensor_bytes(self, tensor: str) -> int:
         """Bytes of a tensor for the cost model (symbolic dims at their planning values)."""
         info = self.tensors.get(tensor)
@@ -154,7 +159,8 @@ class FusionGraph:
         return nb if nb is not None else 0
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+def node_attrs(node: onnx.NodeProto) -> dict[str, object]:
+    """A node's attributes by name as Python values (strings decoded)."""
     out: dict[str, object] = {}
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
@@ -315,7 +321,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     nodes = []
     boxes: dict[str, slices.Box] = {}
     for idx, n in enumerate(g.node):
-        attrs = _attrs(n)
+        attrs = node_attrs(n)
         implicit = tuple(t for t in implicit_inputs(n) if t not in n.input)
         kind = ops.spec(n.op_type, n.domain).kind
         off = REDUCTIONS_OFF if kind == ops.OpKind.REDUCE and not reductions else None

@@ -22,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import ops
-from .graph import implicit_inputs
+from .graph import implicit_inputs, node_attrs
 from .shapes import Shape, TensorInfo, infer
 
 SUFFIX = "~gn"  # names of tensors in the group-norm space
@@ -170,7 +170,7 @@ def _native(i: int, n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], consta
     """ONNX GroupNormalization-21: scale and bias per channel, constant or computed (then
     reshaped by a Reshape node, which ONNX Runtime runs as a view). Opsets 18–20 had them per
     group; onnx.checker rejects those models, so they never get here."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    attrs = node_attrs(n)
     groups = int(attrs.get("num_groups", 0))  # type: ignore[call-overload]
     x, out = n.input[0], n.output[0]
     xs = tensors[x].shape if x in tensors else None

@@ -29,8 +29,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import ops
-from .graph import implicit_inputs
-from .shapes import Shape, TensorInfo, infer
+from .graph import implicit_inputs, node_attrs
+from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,6 @@ class _Graph:
         return None if v is None or v.dtype.kind not in "iu" else [int(x) for x in v.reshape(-1)]
 
 
-def _attr(n: onnx.NodeProto, name: str, default: object) -> object:
-    for a in n.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _range(g: _Graph, t: str) -> tuple[int, int] | None:
     """(start, delta) of a Range with constant start and delta producing `t`."""
     n = g.op(t)
@@ -106,7 +99,7 @@ def _iota_axis(g: _Graph, t: str) -> int | None:
         return 0 if _range(g, t) == (0, 1) else None
     if n.op_type == "Unsqueeze":
         inner = _iota_axis(g, n.input[0])
-        axes = g.ints(n.input[1]) if len(n.input) > 1 else list(_attr(n, "axes", []))  # type: ignore[arg-type]
+        axes = g.ints(n.input[1]) if len(n.input) > 1 else list(node_attrs(n).get("axes", []))  # type: ignore[call-overload]
         if inner is None or axes is None:
             return None
         axes = sorted(a % len(shape) for a in axes)
@@ -125,14 +118,14 @@ def _iota_axis(g: _Graph, t: str) -> int | None:
 def _unsqueezed_gather(g: _Graph, n: onnx.NodeProto) -> tuple[list[int], str] | None:
     """(axes to unsqueeze the data by, why not) for GatherND `n` over an index grid; None with
     no rewrite when the indices are anything else."""
-    if int(_attr(n, "batch_dims", 0)) != 0:  # type: ignore[call-overload]
+    if int(node_attrs(n).get("batch_dims", 0)) != 0:  # type: ignore[call-overload]
         return None
     data, indices = n.input[0], n.input[1]
     ds, xs, ys = g.shape(data), g.shape(indices), g.shape(n.output[0])
     cat = g.op(indices)
     if ds is None or xs is None or ys is None or cat is None or cat.op_type != "Concat":
         return None
-    if int(_attr(cat, "axis", 0)) % len(xs) != len(xs) - 1 or len(cat.input) != len(ds) or xs[-1] != len(ds):  # type: ignore[call-overload]
+    if int(node_attrs(cat).get("axis", 0)) % len(xs) != len(xs) - 1 or len(cat.input) != len(ds) or xs[-1] != len(ds):  # type: ignore[call-overload]
         return None
     out_rank = len(xs) - 1
     axes = []
@@ -182,18 +175,6 @@ def _non_negative(g: _Graph, t: str) -> bool:
     return n.op_type in ("Unsqueeze", "Expand", "Reshape") and _non_negative(g, n.input[0])
 
 
-def _broadcast(shapes: list[Shape]) -> Shape | None:
-    """numpy's broadcast of known shapes (symbols equal by name), None when unknown or clashing."""
-    rank = max(len(s) for s in shapes)
-    out: list = []
-    for k in range(rank):
-        dims = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0} - {1}
-        if len(dims) > 1 or None in dims:
-            return None
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
-
-
 def _keeps_shapes(g: _Graph, t: str, shape: Shape, depth: int = 0) -> bool:
     """Whether `t` may take `shape` (smaller, broadcasting to its own): every reader is an
     elementwise op whose output keeps its shape, or changes only where its own readers allow it
@@ -204,10 +185,7 @@ def _keeps_shapes(g: _Graph, t: str, shape: Shape, depth: int = 0) -> bool:
         kind = ops.spec(r.op_type, r.domain).kind
         if kind not in (ops.OpKind.ELEMENTWISE, ops.OpKind.BROADCAST) or len(r.output) != 1:
             return False
-        shapes = [shape if x == t else g.shape(x) for x in r.input if x]
-        if any(s is None for s in shapes):
-            return False
-        new = _broadcast(shapes)  # type: ignore[arg-type]
+        new = broadcast_shapes([shape if x == t else g.shape(x) for x in r.input if x])
         old = g.shape(r.output[0])
         if new is None or old is None:
             return False
