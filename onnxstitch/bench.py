@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from . import ortio
+from .errors import BadInputError, StitchError, first_line
 from .inputs import random_feeds
 
 # v2: several configurations, percentiles, throughput, device/driver, CUDA graphs.
@@ -72,6 +73,8 @@ class BenchResult:
     cuda_graph: bool
     inputs: Mapping[str, list[int]]
     configs: Mapping[str, Timing] = field(default_factory=dict)
+    # Installed versions of the packages the figures depend on (package_versions()).
+    versions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def stock(self) -> Timing:
@@ -245,22 +248,47 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     makers = {STOCK: stock_maker(model_path), STITCHED: stitched_maker}
     makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
     # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run.
-    ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
-    ref_bound.run()
+    try:
+        ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
+        ref_bound.run()
+    except Exception as e:  # stock ORT cannot run the model as given: the model's own fault
+        raise BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime "
+                            f"({', '.join(p if isinstance(p, str) else p[0] for p in config.providers)}): {first_line(e)}") from e
     reference = ref_bound.outputs()
     like = reference if config.cuda_graph else None
     configs: dict[str, Timing] = {}
     for label, make in makers.items():
         say(f"timing {label}")
-        bound = _Bound(make(), feeds, like)
-        times = _time(bound, config)
+        try:
+            bound = _Bound(make(), feeds, like)
+            times = _time(bound, config)
+        except Exception as e:
+            where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
+            raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
         errs = _errors(bound.outputs(), reference)
         say(f"profiling {label}")
         counts = _profile_counts(make, feeds, like, config.profile_runs)
         configs[label] = _stats(times, counts, batch, errs)
     return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
-                       configs)
+                       configs, package_versions())
+
+
+# What a timing depends on besides the code: recorded with every result.
+RECORDED_PACKAGES = ("onnxruntime-gpu", "onnxruntime", "onnx", "numpy", "cupy-cuda13x", "nvidia-cuda-nvrtc", "mip")
+
+
+def package_versions() -> dict[str, str]:
+    """Installed version of each package in RECORDED_PACKAGES (absent ones left out)."""
+    from importlib import metadata
+
+    out = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def ort_transformers_optimized(model_path: str | os.PathLike, model_type: str, out_path: str | os.PathLike,

@@ -4,6 +4,7 @@ protobuf stays at the edges (load and rewrite).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping, Sequence
@@ -285,6 +286,9 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
             return f"rank of '{t}' exceeds {MAX_RANK}"
     if n.op_type == "Cast" and attrs.get("saturate", 1) != 1:
         return "Cast with saturate=0 is not supported"
+    if n.op_type == "Mod" and not attrs.get("fmod", 0) and in_dt and in_dt[0] in ops.FLOATS:
+        # Opset 28 gave floating-point Mod a floor-division form the kernels do not implement.
+        return "Mod of floating-point values with fmod=0 (floor modulo) is not stitched"
     if ops.spec(n.op_type, n.domain).kind == ops.OpKind.REDUCE:
         return _row_reason(n, tensors, attrs, constants or {}, opset)
     return None
@@ -292,7 +296,7 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
 
 # ai.onnx opsets whose elementwise semantics the op table follows (Clip's attributes before 11
 # are handled). Outside this range the model is left unchanged, with a warning.
-MIN_OPSET, MAX_OPSET = 7, 26
+MIN_OPSET, MAX_OPSET = 7, 28
 
 
 def opset_refusal(model: onnx.ModelProto) -> str | None:
@@ -346,8 +350,24 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         # inferred shapes (views.py, broadcast strides) and reads none of them.
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
+    nodes = _refuse_dead(nodes, frozenset(o.name for o in g.output))
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset, clusters, boxes)
+
+
+def _refuse_dead(nodes: list[Node], outputs: frozenset[str]) -> list[Node]:
+    """Nodes whose results reach no graph output (exporters leave such dead code, torch.onnx's
+    TorchScript exporter among them) are refused: a group of them would have no outputs, and
+    ONNX Runtime removes them anyway."""
+    live_tensors = set(outputs)
+    dead: set[int] = set()
+    for n in reversed(nodes):  # the graph is in topological order: readers come later
+        if any(t in live_tensors for t in n.outputs if t):
+            live_tensors.update(t for t in n.inputs if t)
+        else:
+            dead.add(n.index)
+    return [dataclasses.replace(n, reason="its results reach no graph output (dead code; ONNX Runtime removes it)")
+            if n.index in dead and n.reason is None else n for n in nodes]
 
 
 def constant_value(graph: FusionGraph, tensor: str) -> object:

@@ -23,11 +23,12 @@ def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = 
             out[vi.name] = tuple(overrides[vi.name])
             continue
         dims = []
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value"):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
-            else:
-                dims.append(int((dim_values or {}).get(d.dim_param, DEFAULT_SYMBOLIC_DIM)))
+            else:  # symbolic, unnamed, or -1 as paddle2onnx writes it (named as shapes.resolve_shapes does)
+                key = d.dim_param or f"{vi.name}_dim{i}"
+                dims.append(int((dim_values or {}).get(key, DEFAULT_SYMBOLIC_DIM)))
         out[vi.name] = tuple(dims)
     return out
 

@@ -190,14 +190,17 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                                                                  source=before if m is not before else None)) \
                 if verify else None
             break
-        except verify_mod.VerifyError as e:
-            # A group that differs is left to ONNX Runtime and the rest verified again; only the
-            # model that passes is written. Strict mode (or an error no group explains) stops.
-            if strict or e.group is None:
+        except (verify_mod.VerifyError, verify_mod.CannotVerify) as e:
+            # Groups wrong on their own inputs are left to ONNX Runtime and the rest verified
+            # again; a difference no group explains, or a model verification cannot run, leaves
+            # every group to ONNX Runtime. Only a verified model is written; strict mode stops.
+            if strict:
                 raise
-            log.info("%s; the group is left to ONNX Runtime", first_line(e))
-            dropped.append({"group": e.group, "reason": first_line(e)})
-            built = [(grp, k) for grp, k in built if grp.name != e.group]
+            at_fault = set(getattr(e, "groups", ())) or {grp.name for grp, _ in built}
+            log.warning("%s; %s left to ONNX Runtime", first_line(e),
+                        "the group is" if len(at_fault) == 1 else f"{len(at_fault)} groups are")
+            dropped += [{"group": grp.name, "reason": first_line(e)} for grp, _ in built if grp.name in at_fault]
+            built = [(grp, k) for grp, k in built if grp.name not in at_fault]
     kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(g, grp, k.source),
                    "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}

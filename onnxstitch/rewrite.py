@@ -46,7 +46,9 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
         # split by image_sizes (docs/abi.md).
         kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
         image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx,
-        output_dtypes=list(k.source.output_dtypes), shape_rule=k.source.shape_rule)
+        shape_rule=k.source.shape_rule)
+    node.attribute.append(helper.make_attribute("output_dtypes", list(k.source.output_dtypes),
+                                                attr_type=onnx.AttributeProto.INTS))
     # Typed explicitly: a group fed only by baked constants has no inputs, and an empty list
     # has no type to infer.
     node.attribute.append(helper.make_attribute("input_kinds", list(k.source.input_kinds),
@@ -80,7 +82,15 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     inits = {i.name: i for i in model.graph.initializer}
     # An attention chain's body is its nodes as they are, its Transpose included.
     chain = src.shape_rule == "attention"
-    computes = [i for i in group.nodes if chain or graph.nodes[i].kind not in (ops.OpKind.INJECTIVE, ops.OpKind.SLICE)]
+    # Layout tails go into the body as the original nodes wherever their shape inputs are
+    # constants (the body is then the original subgraph, verbatim); a tail whose shapes are
+    # computed at run time, which the function does not receive, is written as the view the
+    # kernel computes (views.fallback_nodes).
+    layout = [i for i in group.nodes if graph.nodes[i].kind == ops.OpKind.INJECTIVE]
+    verbatim = chain or all(graph.producer.get(t) in members or t in graph.constants
+                            for i in layout for t in model.graph.node[i].input[1:] if t)
+    computes = [i for i in group.nodes if chain or graph.nodes[i].kind != ops.OpKind.SLICE
+                and (verbatim or graph.nodes[i].kind != ops.OpKind.INJECTIVE)]
     # An attention chain's nodes read their own shape and slice parameters (its projections'
     # Slices and Reshapes, attention.Projection); a Reshape's runtime shape becomes a constant.
     nodes, made = {i: model.graph.node[i] for i in computes}, {}
@@ -88,7 +98,8 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
         nodes[i], extra = _fixed_reshape(graph, nodes[i])
         made |= extra
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
-    read = [t for i in computes for n in [nodes[i]] for t in (n.input if chain else ops.data_inputs(n.op_type, n.domain, n.input))]
+    read = [t for i in computes for n in [nodes[i]]
+            for t in (n.input if chain or i in layout else ops.data_inputs(n.op_type, n.domain, n.input))]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
     for t in sorted(local):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits.get(t) or made[t]))
@@ -102,7 +113,7 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
                     else [nodes[i]])
     # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
     # the function does not receive.
-    for view in () if chain else views.group_views(graph, members, src.outputs):
+    for view in () if verbatim else views.group_views(graph, members, src.outputs):
         if view is not None:
             body.extend(views.fallback_nodes(view))
     formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]
@@ -147,7 +158,9 @@ def _expand_fallback(node: onnx.NodeProto, inputs: Sequence[str]) -> list[onnx.N
 def _topo(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.NodeProto]:
     """Stable topological order (ties keep list order), so fused nodes land where they can."""
     producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
-    deps = [{producer[t] for t in n.input if t in producer and producer[t] != i} for i, n in enumerate(nodes)]
+    # Subgraphs' reads of outer tensors (If/Loop/Scan bodies) order their node as inputs do.
+    deps = [{producer[t] for t in list(n.input) + implicit_inputs(n) if t in producer and producer[t] != i}
+            for i, n in enumerate(nodes)]
     users: list[list[int]] = [[] for _ in nodes]
     for i, ds in enumerate(deps):
         for d in ds:

@@ -125,6 +125,7 @@ def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) 
     from .errors import BadInputError
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
+    _name_dynamic_dims(model.graph)
     inputs = {i.name: i for i in model.graph.input}
     values: dict[str, int] = {}
     for name, dims in shapes.items():
@@ -148,6 +149,22 @@ def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) 
                 d.dim_param = f"{name}_dim{i}"
             values[d.dim_param] = int(v)
     return model, values
+
+
+def _name_dynamic_dims(graph: onnx.GraphProto) -> None:
+    """Exporters such as paddle2onnx write a dynamic dim as dim_value -1, which ONNX does not
+    define, and some leave input dims unnamed: a graph input's dynamic dim gets a name
+    (`<input>_dim<i>`, as inputs.input_shapes reads it) so that --shape can size it and the
+    stitched model stays dynamic there; a -1 elsewhere becomes an unknown dim."""
+    inits = {t.name for t in graph.initializer}
+    for vi in (vi for vi in graph.input if vi.name not in inits):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if (d.HasField("dim_value") and d.dim_value < 0) or not (d.HasField("dim_value") or d.dim_param):
+                d.dim_param = f"{vi.name}_dim{i}"
+    for vi in list(graph.output) + list(graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
 
 
 def _skeleton(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelProto:

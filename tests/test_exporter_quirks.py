@@ -1,0 +1,211 @@
+"""Forms that real exporters write and that broke optimize on models nobody here built
+(issue 19): dead nodes (torch.onnx's TorchScript exporter), dim_value -1 and unnamed dims
+(paddle2onnx), fused producers read only inside an If branch, CNNs whose small verification
+sizes do not run, the newest opsets, and several groups wrong at once."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper, parser
+
+import onnxstitch
+from models.fuzz import run_cpu
+from onnxstitch import rewrite, verify
+from onnxstitch.inputs import input_shapes, random_feeds
+
+from .stitching import assert_close, fresh_seed
+
+
+def _same_outputs(original: onnx.ModelProto, stitched: onnx.ModelProto, dims: dict) -> None:
+    feeds = random_feeds(original, fresh_seed(), dims)
+    for a, b in zip(run_cpu(stitched, feeds), run_cpu(original, feeds)):
+        assert_close(a, b)
+
+
+def test_dead_nodes_are_refused_not_fused_into_a_group_without_outputs() -> None:
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 16] x) => (float[N, 16] y) {
+  a = Add(x, x)
+  b = Relu(a)
+  c = Sigmoid(x)
+  y = Tanh(c)
+}""")
+    res = onnxstitch.optimize(model)
+    assert [len(g.nodes) for g in res.report.plan.groups] == [2]  # Sigmoid → Tanh; Add → Relu is dead
+    assert any("dead code" in r.reason for r in res.report.plan.rejections) or \
+        all("Add" not in lbl for g in res.report.plan.groups for lbl in g.labels)
+    onnx.checker.check_model(res.model, full_check=True)
+    _same_outputs(model, res.model, {"N": 3})
+
+
+def _paddle_like(dims: list) -> onnx.ModelProto:
+    """x[-1, 8] as paddle2onnx writes a dynamic batch, or with an unnamed dim."""
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["N", 8])
+    d = x.type.tensor_type.shape.dim[0]
+    d.Clear()
+    if dims[0] is not None:
+        d.dim_value = dims[0]
+    y = helper.make_tensor_value_info("y", TP.FLOAT, ["N", 8])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["y"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 12)],
+                             ir_version=7)
+
+
+@pytest.mark.parametrize("dim", [-1, None], ids=["minus-one", "unnamed"])
+def test_dynamic_dims_as_exporters_write_them_take_shapes(dim) -> None:
+    model = _paddle_like([dim])
+    assert input_shapes(model, {"x_dim0": 5}) == {"x": (5, 8)}
+    res = onnxstitch.optimize(model, shapes={"x": [32, 8]})
+    assert res.report.dim_values == {"x_dim0": 32} and res.report.plan.groups
+    d = res.model.graph.input[0].type.tensor_type.shape.dim[0]
+    assert d.dim_param == "x_dim0"  # the stitched model stays dynamic there
+    _same_outputs(model, res.model, {"x_dim0": 7})
+
+
+def test_fused_producer_of_a_tensor_read_only_in_a_branch_comes_before_the_if() -> None:
+    # The group {Sigmoid, Mul} is placed at the Sigmoid and must wait for the MatMul; the If
+    # reads the Sigmoid's output only inside its branch, yet must still come after the group.
+    out = helper.make_tensor_value_info("o", TP.FLOAT, [4, 8])
+    then = helper.make_graph([helper.make_node("Identity", ["a"], ["o"])], "then", [], [out])
+    other = helper.make_graph([helper.make_node("Neg", ["a"], ["o"])], "else", [], [out])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["a"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("MatMul", ["x", "w"], ["r"]),
+             helper.make_node("Mul", ["a", "r"], ["t"]), helper.make_node("Tanh", ["t"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [4, 8]),
+                                       helper.make_tensor_value_info("c", TP.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [4, 8]),
+                           helper.make_tensor_value_info("z", TP.FLOAT, [4, 8])],
+                          [numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    res = onnxstitch.optimize(model)
+    assert [len(grp.nodes) for grp in res.report.plan.groups] == [3]
+    onnx.checker.check_model(res.model, full_check=True)
+    order = [n.op_type for n in res.model.graph.node]
+    assert order.index("FusedKernel") < order.index("If")
+    _same_outputs(model, res.model, {})
+
+
+def _strided_cnn() -> onnx.ModelProto:
+    """Two stride-2 3×3 convolutions: the original needs height and width ≥ 7 to run."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]), helper.make_node("Mul", ["c1", "s1"], ["a1"]),
+             helper.make_node("Conv", ["a1", "w2"], ["c2"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["p"]), helper.make_node("Sigmoid", ["p"], ["ps"]),
+             helper.make_node("Mul", ["c2", "ps"], ["y"])]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 3, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 8, "h", "w"])], [w1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_cnn_whose_small_sizes_do_not_run_is_verified_at_the_planning_sizes() -> None:
+    model = _strided_cnn()
+    res = onnxstitch.optimize(model)
+    v = res.report.verification
+    assert v is not None and not v.skipped and v.tensors_checked > 0 and not res.report.dropped
+    assert any(n.op_type == "FusedKernel" for n in res.model.graph.node)
+
+
+def test_a_model_verification_cannot_run_is_written_unchanged() -> None:
+    # 5 × 5 images cannot pass two stride-2 3×3 convolutions: no size verification tries runs.
+    model = _strided_cnn()
+    x = model.graph.input[0].type.tensor_type.shape
+    for d, v in zip(x.dim[2:], (5, 5)):
+        d.Clear()
+        d.dim_value = v
+    res = onnxstitch.optimize(model, shapes={"N": [2]})
+    assert res.report.dropped and all("cannot run the original" in d["reason"] for d in res.report.dropped)
+    assert not any(n.op_type == "FusedKernel" for n in res.model.graph.node)
+    with pytest.raises(verify.CannotVerify, match="--no-verify"):
+        onnxstitch.optimize(model, shapes={"N": [2]}, strict=True)
+
+
+def test_every_group_wrong_on_its_own_inputs_is_dropped_in_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {
+  a = Mul(x, x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Tanh(m)
+  d = Add(c, m)
+  n = MatMul(d, w)
+  e = Relu(n)
+  z = Add(e, n)
+}""")
+    names = [g.name for g in onnxstitch.optimize(model, verify=False).report.plan.groups]
+    assert len(names) == 3
+    wrong = {names[0], names[2]}
+    real = rewrite._function
+
+    def corrupt(m, graph, grp):
+        fn = real(m, graph, grp)
+        if grp.name in wrong:
+            for node in fn.node:
+                if node.op_type in ("Add", "Mul"):
+                    node.op_type = "Sub"
+        return fn
+
+    monkeypatch.setattr(rewrite, "_function", corrupt)
+    runs = []
+    monkeypatch.setattr(verify, "_compare_runs", lambda *a, _real=verify._compare_runs, **k: runs.append(1) or _real(*a, **k))
+    res = onnxstitch.optimize(model)
+    assert {d["group"] for d in res.report.dropped} == wrong
+    assert len(runs) == 2  # one run finds both, one run passes the rest
+    assert [n.overload for n in res.model.graph.node if n.op_type == "FusedKernel"] == [names[1]]
+    _same_outputs(model, res.model, {"B": 5})
+
+
+def test_a_group_that_inherits_rounding_from_upstream_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first group is off by 3e-5 absolute on values near 0.5 (within float32's tolerance on
+    # its own); the second cancels the 0.5 and so fails end to end, but is right on its inputs.
+    eye = numpy_helper.from_array(np.eye(64, dtype=np.float32), "eye")
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 64] x) => (float[B, 64] z) {
+  a = Mul(x, x)
+  t = Constant<value = float {0.1}>()
+  a2 = Mul(a, t)
+  b = Sigmoid(a2)
+  m = MatMul(b, eye)
+  h = Constant<value = float {0.5}>()
+  c = Sub(m, h)
+  k = Constant<value = float {1000.0}>()
+  z = Mul(c, k)
+}""".replace("float[B, 64] x)", "float[B, 64] x, float[64, 64] eye)"))
+    model.graph.initializer.append(eye)
+    real = rewrite._function
+
+    def perturb(m, graph, grp):
+        fn = real(m, graph, grp)
+        sig = [n for n in fn.node if n.op_type == "Sigmoid"]
+        if sig:
+            raw = sig[0].output[0] + "~raw"
+            fn.node.extend([helper.make_node("Constant", [], [raw + "~d"], value=numpy_helper.from_array(np.float32(3e-5))),
+                            helper.make_node("Add", [raw, raw + "~d"], [sig[0].output[0]])])
+            sig[0].output[0] = raw
+        return fn
+
+    plan = onnxstitch.optimize(model, verify=False).report.plan
+    assert len(plan.groups) == 2
+    monkeypatch.setattr(rewrite, "_function", perturb)
+    res = onnxstitch.optimize(model)
+    assert not res.report.dropped and 1e-4 < res.report.verification.worst_relative_error < verify.ACCUMULATED_TOLERANCE
+
+
+def test_newest_opsets_are_stitched_and_float_floor_mod_is_refused() -> None:
+    model = parser.parse_model("""<ir_version: 11, opset_import: ["" : 28]>
+g (float[4, 8] x, float[4, 8] y) => (float[4, 8] z, float[4, 8] r) {
+  a = Sigmoid(x)
+  z = Mul(a, x)
+  m = Mod<fmod = 0>(x, y)
+  r = Abs(m)
+}""")
+    res = onnxstitch.optimize(model, verify=False)
+    assert res.report.plan.groups
+    assert any("floor modulo" in r.reason for r in res.report.plan.rejections) or \
+        all("Mod" not in lbl for g in res.report.plan.groups for lbl in g.labels)
