@@ -652,8 +652,19 @@ def fused_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.domain == FUSED_DOMAIN and n.op_type == FUSED_OP]
 
 
-def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto) -> list[str]:
-    """What is wrong with the stitched model's structure (empty when nothing):
+def simplified(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` after the exact rewrites of optimize's simplify stage (simplify.py): the nodes a
+    stitched model is made of, for `structural_problems`."""
+    from onnxstitch import load, shapes, simplify
+
+    m = load.constants_to_initializers(model)
+    return simplify.simplify(m, shapes.infer(m)[1]).model
+
+
+def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto,
+                        rewritten: onnx.ModelProto | None = None) -> list[str]:
+    """What is wrong with the stitched model's structure (empty when nothing); `rewritten`:
+    the original after exact rewrites (`simplified`), whose nodes the stitched model must hold:
 
     - graph inputs and outputs keep their names, order and types;
     - every FusedKernel node has its function (domain, name, overload), with the node's arity,
@@ -703,7 +714,7 @@ def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto) ->
             for n in f.node:
                 if n.op_type != "Constant":
                     remaining[key_of(n)] = remaining.get(key_of(n), 0) + 1
-    for n in og.node:
+    for n in (rewritten or original).graph.node:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             continue
         k = key_of(n)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Mapping, Sequence
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -351,8 +352,60 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
     nodes = _refuse_dead(nodes, frozenset(o.name for o in g.output))
+    on_cpu = cpu_placed(g, tensors)
+    nodes = [dataclasses.replace(n, reason=CPU_PLACED) if n.index in on_cpu and n.reason is None else n for n in nodes]
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset, clusters, boxes)
+
+
+CPU_PLACED = "shape arithmetic on values ONNX Runtime keeps on the CPU (it would place a fused kernel there too)"
+# ONNX Runtime's CUDA EP runs a node on the CPU when every input is a CPU tensor (an output of
+# Shape or Size, or of such a node), a graph input or an initializer of at most this many elements.
+SMALL_INITIALIZER = 100
+# Inputs the CUDA EP's kernels read from host memory (shapes, sizes, axes), besides those of
+# ops.SHAPE_INPUTS: a CPU tensor there does not move the node to the CPU.
+_HOST_INPUTS: dict[str, Sequence[int]] = {
+    "ConstantOfShape": (0,), "Range": (0, 1, 2), "Tile": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3),
+    "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "Trilu": (1,), "CumSum": (1,),
+    **{r: (1,) for r in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                         "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")}}
+
+
+def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int]:
+    """Indices of the nodes ONNX Runtime's CUDA EP places on the CPU as shape computation
+    (its GetCpuPreferredNodes): consumers of CPU tensors all of whose data inputs are CPU
+    tensors, graph inputs or small initializers, none half precision. A fused node made of
+    them would be placed there too, where the library has no kernel, and the session fails."""
+    inits = {i.name: i for i in g.initializer}
+    graph_inputs = {i.name for i in g.input}
+    cpu: set[str] = set()
+    placed: set[int] = set()
+    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    constant_nodes = {t for n in g.node if n.op_type == "Constant" for t in n.output}
+    for idx, n in enumerate(g.node):
+        if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx"):
+            cpu.update(n.output)
+            continue
+        on_host = _HOST_INPUTS.get(n.op_type, range(1, len(n.input)) if n.op_type in ops.SHAPE_INPUTS else ())
+        data = [t for k, t in enumerate(n.input) if t and k not in on_host]
+        shape_inputs = [t for k, t in enumerate(n.input) if t and k in on_host]
+        if not any(t in cpu for t in data) or any(t in cpu for t in shape_inputs):
+            continue  # not a consumer of a CPU tensor, or its kernel reads that tensor on the CPU
+
+        def small_or_cpu(t: str) -> bool:
+            info = tensors.get(t)
+            if info is not None and info.dtype in half:
+                return False
+            if t in inits and t not in graph_inputs:
+                return int(np.prod(inits[t].dims)) <= SMALL_INITIALIZER
+            if t in constant_nodes:  # ORT loads Constant nodes as initializers
+                return (info is not None and (info.numel() or 0) <= SMALL_INITIALIZER)
+            return t in cpu or t in graph_inputs
+
+        if all(small_or_cpu(t) for t in data + shape_inputs):
+            placed.add(idx)
+            cpu.update(n.output)
+    return placed
 
 
 def _refuse_dead(nodes: list[Node], outputs: frozenset[str]) -> list[Node]:

@@ -218,7 +218,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             else:
                 replace[id(n)] = helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)
             done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
-        elif n.op_type == "And" and len(n.input) == 2:
+        elif n.op_type == "And" and len(n.input) == 2 and n.output[0] not in g.outputs:  # outputs keep their names
             for x, y in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
                 ys, out = g.shape(y), g.shape(n.output[0])
                 if ys is None or out is None or not _all_true(g, x):

@@ -129,7 +129,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, half_inputs: bool = False,
         return True, 0.0, ""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     finite = np.isfinite(b64)
-    diff = float(np.linalg.norm((a64 - b64)[finite]))
+    diff = float(np.linalg.norm(a64[finite] - b64[finite]))
     ref = float(np.linalg.norm(b64[finite]))
     floor = SCALE_ULPS * float(np.finfo(np.float32).eps) * input_scale * np.sqrt(max(int(finite.sum()), 1))
     diff = max(diff - floor, 0.0)

@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
 import onnxstitch  # noqa: E402
 from models.fuzz import (FuzzCase, cases, exact_mismatch, float32_feeds, float32_reference,  # noqa: E402
-                         fused_nodes, run_cpu, structural_problems, tolerant_mismatch)
+                         fused_nodes, run_cpu, simplified, structural_problems,
+                         tolerant_mismatch)
 
 
 def gpu_runner():
@@ -58,7 +59,7 @@ def check_case(case: FuzzCase, run_gpu) -> tuple[str, str, str, int]:
         onnx.checker.check_model(stitched, full_check=True)
     except Exception as e:
         return "broken", "checker", str(e).splitlines()[0], n
-    problems = structural_problems(case.model, stitched)
+    problems = structural_problems(case.model, stitched, simplified(case.model))
     if problems:
         return "broken", "structure", "; ".join(problems), n
     feeds = case.feeds()

@@ -209,3 +209,32 @@ g (float[4, 8] x, float[4, 8] y) => (float[4, 8] z, float[4, 8] r) {
     assert res.report.plan.groups
     assert any("floor modulo" in r.reason for r in res.report.plan.rejections) or \
         all("Mod" not in lbl for g in res.report.plan.groups for lbl in g.labels)
+
+
+def test_shape_arithmetic_that_ort_keeps_on_the_cpu_is_not_fused() -> None:
+    # ORT's CUDA EP runs the integer arithmetic on Shape's output on the CPU; a FusedKernel
+    # made of it would be placed there as well, where the library has no kernel.
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 16] x) => (float[M, 16] y) {
+  s = Shape(x)
+  i = Constant<value = int64[1] {0}>()
+  n = Gather(s, i)
+  two = Constant<value = int64 {2}>()
+  m = Mul(n, two)
+  one = Constant<value = int64 {1}>()
+  m2 = Add(m, one)
+  d = Div(m2, two)
+  c = Constant<value = int64[1] {16}>()
+  shp = Concat<axis=0>(d, c)
+  a = Sigmoid(x)
+  b = Mul(a, x)
+  y = Reshape(b, shp)
+}""")
+    from onnxstitch import graph, shapes
+
+    _, infos = shapes.infer(model)
+    on_cpu = {model.graph.node[i].output[0] for i in graph.cpu_placed(model.graph, infos)}
+    assert on_cpu == {"n", "m", "m2", "d", "shp"}
+    res = onnxstitch.optimize(model)
+    assert [sorted(lbl.split(" ")[1] for lbl in g.labels) for g in res.report.plan.groups] == [["(Mul)", "(Sigmoid)"]]
+    _same_outputs(model, res.model, {"N": 4})
