@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import click
 import onnx
@@ -30,14 +31,18 @@ def main() -> None:
     """Fuse memory-bound ONNX operators into generated CUDA kernels for ONNX Runtime."""
 
 
-def save_atomic(model: onnx.ModelProto, path: Path) -> None:
+def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> None:
     """Write into a temporary folder beside the target, then rename into place (external data
-    first, the model last): a failure never leaves a half-written model. Models over 2 GiB go
-    out with their external data in `<name>.data` beside them."""
+    first, the model last): a failure never leaves a half-written model. `model`: a model
+    (over 2 GiB it goes out with its external data in `<name>.data` beside it), or what
+    writes one to a path (OptimizeResult.save)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        save(model, tmp / path.name)
+        if callable(model):
+            model(tmp / path.name)
+        else:
+            save(model, tmp / path.name)
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == path.name):
             os.replace(f, path.parent / f.name)
     finally:
@@ -116,7 +121,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
                               merge=merge, attention=attention)
-    save_atomic(result.model, out)
+    save_atomic(result.save, out)
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(result.report.to_json(), indent=2))
@@ -166,7 +171,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
         if stitched is None:
             say("optimizing")
             stitched = Path(tmp) / "stitched.onnx"
-            save_atomic(run_optimize(model, shapes=shapes).model, stitched)
+            save_atomic(run_optimize(model, shapes=shapes).save, stitched)
         peers = {}
         if peer_type:
             say("running ORT's transformers optimizer")

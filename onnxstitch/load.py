@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from .errors import BadInputError, first_line
+from .weights import Weights
 
 
 # Protobuf cannot serialize a message over 2 GiB; past this size models travel as files with
@@ -52,32 +53,65 @@ def load(source: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
     """Read and check a model. Raises BadInputError for a missing, empty, truncated or
     non-ONNX file and for a graph that onnx.checker rejects."""
     if isinstance(source, onnx.ModelProto):
-        model, where = source, "model"
-    else:
-        path = Path(source)
-        where = str(path)
-        if not path.exists():
-            raise BadInputError(f"{where}: no such file")
-        if path.is_dir():
-            raise BadInputError(f"{where}: is a directory, not an ONNX file")
-        if path.stat().st_size == 0:
-            raise BadInputError(f"{where}: file is empty")
+        if not source.graph.node and not source.graph.output:
+            raise BadInputError("model: not an ONNX model (no graph)")
         try:
-            model = onnx.load(str(path), load_external_data=True)
-        except (DecodeError, RuntimeError, ValueError) as e:
-            raise BadInputError(f"{where}: not a readable ONNX model ({first_line(e)})") from e
-        except OSError as e:
-            raise BadInputError(f"{where}: cannot read ({first_line(e)})") from e
-    if not model.graph.node and not model.graph.output:
-        raise BadInputError(f"{where}: not an ONNX model (no graph)")
-    try:
-        if isinstance(source, onnx.ModelProto):
-            check(model)
-        else:  # from the path: works for models with external data of any size
-            onnx.checker.check_model(str(source))
-    except (onnx.checker.ValidationError, ValueError) as e:
-        raise BadInputError(f"{where}: invalid graph: {first_line(e)}") from e
+            check(source)
+        except (onnx.checker.ValidationError, ValueError) as e:
+            raise BadInputError(f"model: invalid graph: {first_line(e)}") from e
+        return source
+    path = Path(source)
+    check_read = _check_path(path)
+    model = _read(path, load_external_data=True)
+    check_read(model)
     return model
+
+
+def _read(path: Path, load_external_data: bool) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path), load_external_data=load_external_data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise BadInputError(f"{path}: not a readable ONNX model ({first_line(e)})") from e
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read ({first_line(e)})") from e
+
+
+def load_detached(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Weights]:
+    """`load`, with the large weights kept out of the returned model (weights.py): the model
+    holds stubs, the store their payloads. A model given as a ModelProto is copied first (the
+    caller's stays whole); from a path, external data is memory-mapped, not read."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(load(source))
+        return model, Weights.detach(model)
+    path = Path(source)
+    check_read = _check_path(path)
+    model = _read(path, load_external_data=False)
+    check_read(model)
+    try:
+        return model, Weights.detach(model, path.parent)
+    except (OSError, KeyError, ValueError) as e:
+        raise BadInputError(f"{path}: cannot read its external data ({first_line(e)})") from e
+
+
+def _check_path(path: Path):
+    """Validate a model file before reading it; returns the check of the read model."""
+    where = str(path)
+    if not path.exists():
+        raise BadInputError(f"{where}: no such file")
+    if path.is_dir():
+        raise BadInputError(f"{where}: is a directory, not an ONNX file")
+    if path.stat().st_size == 0:
+        raise BadInputError(f"{where}: file is empty")
+
+    def check_read(model: onnx.ModelProto) -> None:
+        if not model.graph.node and not model.graph.output:
+            raise BadInputError(f"{where}: not an ONNX model (no graph)")
+        try:  # from the path: works for models with external data of any size
+            onnx.checker.check_model(where)
+        except (onnx.checker.ValidationError, ValueError) as e:
+            raise BadInputError(f"{where}: invalid graph: {first_line(e)}") from e
+    return check_read
 
 
 _VALUE_ATTRS = {"value", "value_float", "value_floats", "value_int", "value_ints"}

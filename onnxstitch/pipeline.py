@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
 
 import onnx
@@ -18,6 +19,7 @@ from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
+from .weights import Weights
 
 Progress = Callable[[str], None]
 log = logging.getLogger(__name__)
@@ -86,10 +88,24 @@ class Report:
 
 @dataclass(frozen=True)
 class OptimizeResult:
-    """The stitched model and the report of how it was made."""
+    """The stitched model and the report of how it was made. The model is held as its graph
+    (`graph_model`, large weights as stubs) and their payloads (`weights`): `model` puts them
+    together on first use; `save` writes them without a whole copy in memory."""
 
-    model: onnx.ModelProto
+    graph_model: onnx.ModelProto
     report: Report
+    weights: Weights = field(default_factory=Weights)
+
+    @cached_property
+    def model(self) -> onnx.ModelProto:
+        """The stitched model, weights inside."""
+        return self.weights.attach(self.graph_model)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the stitched model to `path`, its weights in `<name>.data` beside it when the
+        whole would pass protobuf's 2 GiB limit."""
+        external = self.graph_model.ByteSize() + self.weights.nbytes > load.PROTOBUF_LIMIT
+        self.weights.save(self.graph_model, path, external)
 
 
 def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -120,7 +136,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         times[name] = times.get(name, 0.0) + time.perf_counter() - t0  # verify may repeat stages
         return out
 
-    loaded = stage("load", lambda: load.load(model))
+    loaded, weights = stage("load", lambda: load.load_detached(model))
     m = load.constants_to_initializers(loaded)
     m, dim_values = shapes_mod.resolve_shapes(m, shapes or {})
     refusal = graph_mod.opset_refusal(m)
@@ -140,7 +156,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         """merge → normalize → graph → attention → plan → pack, siblings into `skip` left apart."""
         merged = siblings.Merged(simple.model, simple.tensors)
         if refusal is None and merge:
-            merged = stage("merge", lambda: siblings.merge(simple.model, simple.tensors, skip))
+            merged = stage("merge", lambda: siblings.merge(simple.model, simple.tensors, skip, weights))
         normal = normalize_mod.Normalized(merged.model, merged.tensors)
         if refusal is None and reductions:
             normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
@@ -183,10 +199,10 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         # Nothing fused: the model goes out exactly as it came in.
         out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
         if fused:
-            stage("check", lambda: _check(out, m))
+            stage("check", lambda: _check(weights.checkable(out), weights.checkable(m)))
         try:
             checked = stage("verify", lambda: verify_mod.verify(m, out, g, [grp for grp, _ in built], seed=seed,
-                                                                 dim_values=dim_values,
+                                                                 dim_values=dim_values, weights=weights,
                                                                  source=before if m is not before else None)) \
                 if verify else None
             break
@@ -210,7 +226,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                     tuple(dropped), simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone),
                     tuple(x.describe() for x in found.matches), found.refusals)
-    return OptimizeResult(out, report)
+    return OptimizeResult(out, report, weights)
 
 
 def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:

@@ -227,7 +227,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     g.node.extend(_topo(_drop_orphans(model.graph, new_nodes), {x.name for x in g.input}))
     out.functions.extend(_function(model, graph, grp) for grp in groups)
 
-    used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+    used = {t for n in g.node for t in list(n.input) + implicit_inputs(n)} | {o.name for o in g.output}
     live = used | {t for n in g.node for t in n.output}
     # Constants the graph stage derived (channel_params) and fused nodes now read.
     have = {t.name for t in g.initializer}

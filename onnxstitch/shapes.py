@@ -7,6 +7,7 @@ fills in symbolic dims where it can. The result is a plain map from tensor name 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
@@ -201,8 +202,34 @@ def _more_precise(a: TensorInfo | None, b: TensorInfo) -> TensorInfo:
     return b if a is None or _unknowns(b) <= _unknowns(a) else a
 
 
+def _symbolic_shape_inference() -> type:
+    """onnxruntime's SymbolicShapeInference, loaded from its file: importing it as
+    onnxruntime.tools.symbolic_shape_infer runs onnxruntime.tools' __init__, which imports torch
+    where torch is installed (6–9 s on the GPU machine, for nothing this needs)."""
+    import importlib.util
+    import sys
+
+    name = "onnxstitch._ort_symbolic_shape_infer"
+    if name not in sys.modules:
+        spec = importlib.util.find_spec("onnxruntime")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("onnxruntime is not installed")
+        path = os.path.join(next(iter(spec.submodule_search_locations)), "tools", "symbolic_shape_infer.py")
+        loaded = importlib.util.spec_from_file_location(name, path)
+        if loaded is None or loaded.loader is None:
+            raise ImportError(f"{path}: cannot load onnxruntime's symbolic shape inference")
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module
+        try:
+            loaded.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name].SymbolicShapeInference
+
+
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    SymbolicShapeInference = _symbolic_shape_inference()
 
     # SymbolicShapeInference.infer_shapes, minus its ending: when some shape stays unknown it
     # writes sym_shape_infer_temp.onnx into the working directory and raises, losing the
@@ -219,9 +246,9 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo
     """Run shape inference and return (model with value_info, tensor name → TensorInfo).
     onnx's inference and onnxruntime's symbolic inference both run; for each tensor the record
     with fewer unknown dims wins (a custom op's declared value_info survives either way)."""
-    from .load import is_large
-
-    inferred = _skeleton(model) if is_large(model) else model
+    # Without the large initializers' bytes: inference needs only their types (a model over
+    # 2 GiB can be inferred, a model with detached weights (weights.py) too, and fast).
+    inferred = _skeleton(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx's inference is best effort here; missing shapes only cost fusion

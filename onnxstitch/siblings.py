@@ -27,6 +27,7 @@ from onnx import helper, numpy_helper
 from . import ops
 from .graph import implicit_inputs
 from .shapes import TensorInfo, infer
+from .weights import Weights
 
 SUFFIX = "~merged"
 # What may read a sibling's product for its Slice to fold into the reader's kernel (module docstring).
@@ -62,10 +63,12 @@ class Merged:
     refusals: tuple[str, ...] = ()
 
 
-def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Collection[str] = ()) -> Merged:
+def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Collection[str] = (),
+          weights: Weights | None = None) -> Merged:
     """Merge MatMuls of `model`'s main graph that multiply one activation by constant 2-D weights
     of one dtype (module docstring). `tensors` are the inferred facts of `model`; MatMuls whose
-    output is in `skip` are left alone (the pipeline's undo)."""
+    output is in `skip` are left alone (the pipeline's undo). `weights`: the store holding the
+    payloads of `model`'s stubs (weights.py), which also takes the concatenated weights."""
     g = model.graph
     graph_inputs = {i.name for i in g.input}
     constants = {t.name: t for t in g.initializer if t.name not in graph_inputs}
@@ -96,7 +99,7 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
             merges.append((Merge(activation, tuple(g.node[i].output[0] for i in kept), sizes), kept))
     if not merges:
         return Merged(model, tensors, (), tuple(refusals))
-    out = _rebuild(model, merges, constants)
+    out = _rebuild(model, merges, constants, weights or Weights())
     return Merged(out, infer(out)[1], tuple(m for m, _ in merges), tuple(refusals))
 
 
@@ -120,7 +123,7 @@ def _reader_reason(product: str, readers: Mapping[str, list[onnx.NodeProto]], ou
 
 
 def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
-             constants: Mapping[str, onnx.TensorProto]) -> onnx.ModelProto:
+             constants: Mapping[str, onnx.TensorProto], weights: Weights) -> onnx.ModelProto:
     """The model with each merged set's MatMuls replaced, where the first of them stood, by one
     MatMul over the concatenated weights and a Slice of its columns per original output."""
     g = model.graph
@@ -132,8 +135,8 @@ def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
         first = g.node[members[0]]
         product = f"{first.output[0]}{SUFFIX}"
         w = f"{first.input[1]}{SUFFIX}"
-        params.append(numpy_helper.from_array(
-            np.concatenate([numpy_helper.to_array(constants[g.node[i].input[1]]) for i in members], axis=1), w))
+        params.append(weights.add(
+            np.concatenate([weights.value(constants[g.node[i].input[1]]) for i in members], axis=1), w))
         nodes = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
         start = 0
         for out, size in zip(merged.outputs, merged.sizes):

@@ -25,6 +25,7 @@ from .inputs import random_feeds
 from .load import is_large, save
 from .plan import Group
 from .shapes import DEFAULT_SYMBOLIC_DIM
+from .weights import Weights
 
 log = logging.getLogger(__name__)
 
@@ -201,21 +202,30 @@ def gpu_usable() -> bool:
         return False
 
 
-def _source(model: onnx.ModelProto, folder: str, name: str) -> bytes | str:
-    """What ORT loads: the bytes, or for a model over 2 GiB a file with external data."""
-    if not is_large(model):
-        return model.SerializeToString()
-    path = os.path.join(folder, name)
-    save(model, path)
-    return path
+def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, np.ndarray],
+         weights: Weights | None = None) -> dict[str, np.ndarray]:
+    """Every output of `model` (its stubs' payloads from `weights`) on ORT, by name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if is_large(model):  # over 2 GiB even without the detached weights: through a file
+            source: bytes | str = os.path.join(tmp, "model.onnx")
+            save(model, source)
+        else:
+            source = model.SerializeToString()
+        sess = runtime_session(source, gpu, stitched, model, weights)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, ortio.run(sess, names, feeds)))
 
 
-def runtime_session(source: bytes | str, gpu: bool, stitched: bool):
+def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
+                    weights: Weights | None = None):
     """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
-    (the stitched one with the onnxstitch library)."""
+    (the stitched one with the onnxstitch library). `weights` supply the payloads of `model`'s
+    stubs (weights.py), `model` being what `source` holds."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if weights is not None and model is not None:
+        options = weights.session_options(model, options)
     options.log_severity_level = 4  # a failing run is reported by its exception, in one line
     if not gpu:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
@@ -230,13 +240,15 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool):
 
 def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
            groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
-           device: str = "auto", source: onnx.ModelProto | None = None) -> Verification:
+           device: str = "auto", source: onnx.ModelProto | None = None,
+           weights: Weights | None = None) -> Verification:
     """Run both models on seeded random inputs and compare every graph output and every fused
     group's outputs (`groups` in the plan's topological order). A group whose outputs differ
     is run again on its own, as the original subgraph on the very inputs the stitched model
     gave it: raises VerifyError naming every group wrong on its own inputs, so one run finds
     them all. `source`: the model as the user gave it, when `original` is its normalized form
-    (normalize.py); the graph outputs are then compared against it as well.
+    (normalize.py); the graph outputs are then compared against it as well. `weights`: the
+    payloads of the models' stubs (weights.py).
 
     Symbolic dims run small (VERIFY_DIM) on the CPU; where the original does not run at those
     sizes (a CNN whose height and width must survive its strides), at the planning sizes.
@@ -255,32 +267,23 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
              if t not in exposed and t not in graph_inputs and t in graph.tensors]
     ref_model = _expose(original, graph, exposed + reads)
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
-    with tempfile.TemporaryDirectory() as tmp:
-        ref_src = _source(ref_model, tmp, "original.onnx")
-        failures = []
-        for dims in sizes:
-            feeds = random_feeds(original, seed, dims)
-            try:
-                expected = _run(ref_src, gpu, False, feeds)
-                break
-            except Exception as e:  # the original itself cannot run at these sizes
-                failures.append(f"{_sizes(dims)}: {first_line(e)}")
-        else:
-            where = "GPU (CUDA EP)" if gpu else "CPU"
-            raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
-                               f"({'; '.join(failures)}): give sizes it runs at with --shape, or --no-verify")
-        return _compare_runs(_source(new_model, tmp, "stitched.onnx"), original, graph, groups, feeds, gpu,
-                             expected, _source(source, tmp, "source.onnx") if source is not None else None)
+    failures = []
+    for dims in sizes:
+        feeds = random_feeds(original, seed, dims)
+        try:
+            expected = _run(ref_model, gpu, False, feeds, weights)
+            break
+        except Exception as e:  # the original itself cannot run at these sizes
+            failures.append(f"{_sizes(dims)}: {first_line(e)}")
+    else:
+        where = "GPU (CUDA EP)" if gpu else "CPU"
+        raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
+                           f"({'; '.join(failures)}): give sizes it runs at with --shape, or --no-verify")
+    return _compare_runs(new_model, original, graph, groups, feeds, gpu, expected, source, weights)
 
 
 def _sizes(dims: Mapping[str, int]) -> str:
     return "at " + (", ".join(f"{k}={v}" for k, v in sorted(dims.items())) if dims else "its fixed sizes")
-
-
-def _run(src: bytes | str, gpu: bool, stitched: bool, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    sess = runtime_session(src, gpu, stitched)
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, ortio.run(sess, names, feeds)))
 
 
 def _group_reads(model: onnx.ModelProto, graph: FusionGraph, grp: Group) -> list[str]:
@@ -298,7 +301,7 @@ def _group_reads(model: onnx.ModelProto, graph: FusionGraph, grp: Group) -> list
 
 
 def _isolated(model: onnx.ModelProto, graph: FusionGraph, grp: Group, values: Mapping[str, np.ndarray],
-              gpu: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+              gpu: bool, weights: Weights | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None:
     """The group's original subgraph run alone on `values` (its inputs as the stitched model
     computed them): (its outputs, its inputs); None when it cannot run alone."""
     reads = _group_reads(model, graph, grp)
@@ -314,7 +317,7 @@ def _isolated(model: onnx.ModelProto, graph: FusionGraph, grp: Group, values: Ma
     m.functions.extend(model.functions)
     feeds = {t: values[t] for t in reads}
     try:
-        return _run(m.SerializeToString(), gpu, False, feeds), feeds
+        return _run(m, gpu, False, feeds, weights), feeds
     except Exception as e:  # judged at fault, as if it had differed on its own
         log.info("group %s does not run alone: %s", grp.name, first_line(e))
         return None
@@ -331,15 +334,15 @@ def _scale(feeds: Mapping[str, np.ndarray]) -> float:
     return float(np.sqrt(total / count)) if count else 0.0
 
 
-def _compare_runs(new_src: bytes | str, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
-                  feeds: dict, gpu: bool, expected: dict[str, np.ndarray],
-                  source_src: bytes | str | None = None) -> Verification:
-    """Run the stitched model and compare it with the reference run `expected`; with
-    `source_src` (the model as given, before normalization) its graph outputs are compared
-    with the stitched run too."""
+def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
+                  feeds: dict, gpu: bool, expected: dict[str, np.ndarray], source: onnx.ModelProto | None,
+                  weights: Weights | None) -> Verification:
+    """Run the stitched model and compare it with the reference run `expected`; with `source`
+    (the model as given, before normalization) its graph outputs are compared with the
+    stitched run too."""
     where = "gpu" if gpu else "cpu"
     try:
-        actual = _run(new_src, gpu, True, feeds)
+        actual = _run(stitched, gpu, True, feeds, weights)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     worst = 0.0
@@ -364,7 +367,7 @@ def _compare_runs(new_src: bytes | str, original: onnx.ModelProto, graph: Fusion
     accumulated: list[float] = []
     values = {**feeds, **expected, **actual}
     for grp, t, why, tf in differ:
-        got = _isolated(original, graph, grp, values, gpu)
+        got = _isolated(original, graph, grp, values, gpu, weights)
         if got is None:
             faulty.append(grp.name)
             message = message or f"verification failed on {where}: group {grp.name} output '{t}': {why}"
@@ -390,9 +393,9 @@ def _compare_runs(new_src: bytes | str, original: onnx.ModelProto, graph: Fusion
                                   f"fused group is right on its own inputs")
             accumulated.append(rel)
         worst = max(worst, rel)
-    if source_src is not None:
-        outs = [o.name for o in original.graph.output]
-        for name, want in zip(outs, ortio.run(runtime_session(source_src, gpu, stitched=False), outs, feeds)):
+    if source is not None:
+        given = _run(source, gpu, False, feeds, weights)
+        for name, want in ((o.name, given[o.name]) for o in original.graph.output):
             ok, rel, why = compare(actual[name], want, tf32=tf32)
             if not ok and (rel == float("inf") or rel > ACCUMULATED_TOLERANCE):
                 raise VerifyError(f"verification failed on {where}: graph output '{name}' against the model as given "

@@ -69,9 +69,11 @@ def test_fused_producer_of_a_tensor_read_only_in_a_branch_comes_before_the_if() 
     # The group {Sigmoid, Mul} is placed at the Sigmoid and must wait for the MatMul; the If
     # reads the Sigmoid's output only inside its branch, yet must still come after the group.
     out = helper.make_tensor_value_info("o", TP.FLOAT, [4, 8])
-    then = helper.make_graph([helper.make_node("Identity", ["a"], ["o"])], "then", [], [out])
+    # The branch also reads a constant nothing else reads (silero-vad's STFT basis).
+    then = helper.make_graph([helper.make_node("Add", ["a", "k"], ["o"])], "then", [], [out])
     other = helper.make_graph([helper.make_node("Neg", ["a"], ["o"])], "else", [], [out])
-    nodes = [helper.make_node("Sigmoid", ["x"], ["a"]),
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.full(8, 0.5, np.float32))),
+             helper.make_node("Sigmoid", ["x"], ["a"]),
              helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
              helper.make_node("MatMul", ["x", "w"], ["r"]),
              helper.make_node("Mul", ["a", "r"], ["t"]), helper.make_node("Tanh", ["t"], ["z"])]

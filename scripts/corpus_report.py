@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The corpus report: `onnxstitch.optimize` on every model of the real-model corpus
+(scripts/build_corpus.py), each in a child process with a timeout, recording its status,
+verification, optimize time per stage, peak memory and nodes and kernels before and after;
+with --gpu (and a CUDA GPU with onnxruntime-gpu), stock ORT CUDA EP against the stitched
+model too, with and without CUDA graphs. Writes corpus.json and corpus.md into --out.
+
+    python scripts/corpus_report.py --slice cpu                     # CI's check (CPU)
+    python scripts/corpus_report.py --models bert-ts,gpt2-dynamo --out /tmp/corpus
+    python scripts/corpus_report.py --gpu                           # on the GPU machine
+
+Exits 1 if any model met an internal error (an exception that is not a StitchError, one whose
+message starts with "internal error", a crash or a timeout) or was written unverified (kernels
+fused but verification skipped), so `--slice cpu` serves as a CI check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+OK, ERROR, INTERNAL = "ok", "error", "internal"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
+
+
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process and its children, in MiB (ru_maxrss is KiB on Linux)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return round(max(own, kids) / 1024, 1)
+
+
+def repro(path: str, shapes: Mapping[str, list[int]]) -> str:
+    """The CLI command that reproduces one model's optimize."""
+    shape = ",".join(f"{k}={'x'.join(str(v) for v in dims)}" for k, dims in shapes.items())
+    # Quoted: paddle2onnx names dims "?", a shell wildcard.
+    return f"onnxstitch optimize {shlex.quote(path)}" + (f" --shape {shlex.quote(shape)}" if shape else "") + " -v"
+
+
+# ---------------------------------------------------------------- the child process
+
+
+def _where(e: BaseException) -> str:
+    """The innermost onnxstitch frame of an exception, file:line (function)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "onnxstitch" in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{Path(f.filename).name}:{f.lineno} ({f.name})"
+
+
+def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
+    """Stock ORT CUDA EP against the stitched model, plain and with CUDA graphs (as
+    scripts/zoo_report.py times the zoo)."""
+    from onnxstitch import bench
+    from onnxstitch.errors import first_line
+
+    # Symbolic dims take their planning value; inputs given whole are overrides.
+    dims = {k: v[0] for k, v in job["shapes"].items() if k not in job["input_names"]}
+    overrides = {k: tuple(v) for k, v in job["shapes"].items() if k in job["input_names"]}
+    runs = []
+    for graphs in (False, True):
+        label = "cuda graphs" if graphs else "plain"
+        try:
+            cfg = bench.BenchConfig(warmup=5, iters=job["iters"], cuda_graph=graphs, profile_runs=2)
+            r = bench.run(job["path"], stitched, config=cfg, dim_values=dims, overrides=overrides)
+            runs.append({"label": label, "stock_ms": r.stock.median_ms, "stitched_ms": r.stitched.median_ms,
+                         "speedup": r.speedup, "max_abs_err": r.max_abs_err,
+                         "launches": {k: v.launches_per_run for k, v in r.configs.items()}})
+        except Exception as e:
+            runs.append({"label": label, "error": f"{type(e).__name__}: {first_line(e)}"})
+    return runs
+
+
+def child(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Optimize one model (in the child process) and describe what happened."""
+    import onnxstitch
+    from onnxstitch.errors import StitchError, first_line
+
+    row: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        res = onnxstitch.optimize(job["path"], shapes=job["shapes"])
+    except Exception as e:
+        msg = first_line(e)
+        internal = not isinstance(e, StitchError) or msg.startswith("internal error")
+        row.update(status=INTERNAL if internal else ERROR, error=f"{type(e).__name__}: {msg}", where=_where(e),
+                   optimize_s=round(time.perf_counter() - t0, 2), peak_rss_mb=_peak_rss_mb())
+        return row
+    rep = res.report
+    ver = rep.verification
+    row.update(status=OK, optimize_s=round(time.perf_counter() - t0, 2),
+               stage_seconds={k: round(v, 3) for k, v in rep.stage_seconds.items()},
+               nodes_before=rep.nodes_before, nodes_after=rep.nodes_after,
+               kernels_before=rep.plan.kernels_before, kernels_after=rep.plan.kernels_after,
+               fused_kernels=len(rep.kernels), verification=ver.to_json() if ver else None,
+               dropped=list(rep.dropped),
+               # Written with generated kernels that no check compared against the original.
+               unverified=bool(rep.kernels) and (ver is None or bool(ver.skipped) or ver.tensors_checked == 0))
+    row["peak_rss_mb"] = _peak_rss_mb()
+    if job.get("keep"):  # timed later, one model at a time (main's timing phase)
+        res.save(job["keep"])
+    return row
+
+
+def time_child(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Time one optimized model (in the child process): stock against stitched."""
+    return {"runs": _bench_runs(job, Path(job["keep"]))}
+
+
+# ---------------------------------------------------------------- the parent
+
+
+def _job(entry: Mapping[str, Any], corpus: Path, gpu: bool, iters: int, keep: Path | None) -> dict[str, Any]:
+    return {"path": str(corpus / entry["file"]), "shapes": entry["shapes"],
+            "input_names": [i["name"] for i in entry["inputs"]], "gpu": gpu, "iters": iters,
+            "keep": str(keep / f"{entry['name']}.stitched.onnx") if keep else ""}
+
+
+def _in_child(kind: str, job: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Run `child` (kind "optimize") or `time_child` ("time") in a fresh process; a timeout or
+    a crash of the child is an internal error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "row.json"
+        job_file.write_text(json.dumps(job))
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, __file__, "--child", kind, str(job_file), str(out_file)],
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"status": INTERNAL, "error": f"timeout: {kind} ran past {timeout:.0f} s",
+                    "optimize_s": round(time.perf_counter() - t0, 1)}
+        if out_file.exists():
+            return json.loads(out_file.read_text())
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": INTERNAL, "error": f"crashed ({kind}): exit status {done.returncode}: {tail}",
+            "optimize_s": round(time.perf_counter() - t0, 1)}
+
+
+def measure(entry: Mapping[str, Any], corpus: Path, timeout: float, gpu: bool, iters: int,
+            keep: Path | None = None) -> dict[str, Any]:
+    """Optimize one manifest entry in a fresh process (the stitched model written into `keep`
+    when given, for timing later)."""
+    path = str(corpus / entry["file"])
+    row: dict[str, Any] = {"model": entry["name"], "source": entry["source"], "exporter": entry["exporter"],
+                           "opset": entry.get("opset"), "bytes": entry["bytes"], "shapes": entry["shapes"],
+                           "repro": repro(path, entry["shapes"])}
+    return row | _in_child("optimize", _job(entry, corpus, gpu, iters, keep), timeout)
+
+
+def _verification(row: Mapping[str, Any]) -> str:
+    ver = row.get("verification")
+    if ver is None:
+        return "none"
+    if ver["skipped"]:
+        return f"skipped: {ver['skipped']}"
+    return f"{ver['tensors_checked']} tensors on {ver['device']}, worst {ver['worst_relative_error']:.1e}"
+
+
+def markdown(rows: list[dict[str, Any]], where: str, summary: str) -> str:
+    """The report table: one line per model; GPU timings when measured."""
+    import onnxstitch
+
+    timed = any(r.get("runs") for r in rows)
+    head = "| model | source | exporter | opset | MB | status | nodes | kernels | fused | verification | optimize s | peak MB |"
+    rule = "| --- | --- | --- | ---: | ---: | --- | --- | --- | ---: | --- | ---: | ---: |"
+    if timed:
+        head += " stock ms | stitched ms | graphs: stock ms | graphs: stitched ms |"
+        rule += " ---: | ---: | ---: | ---: |"
+    lines = [f"# onnxstitch corpus report — {where}", "",
+             f"onnxstitch {onnxstitch.__version__}, {time.strftime('%Y-%m-%d')}. {summary}", "", head, rule]
+    for r in rows:
+        status = r["status"] if r["status"] == OK else f"{r['status'].upper()}: {r['error'][:120]}"
+        if r.get("unverified"):
+            status += " (UNVERIFIED)"
+        if r.get("dropped"):
+            status += f" ({len(r['dropped'])} dropped)"
+        ok = r["status"] == OK
+        nodes = f"{r['nodes_before']} → {r['nodes_after']}" if ok else ""
+        kernels = f"{r['kernels_before']} → {r['kernels_after']}" if ok else ""
+        line = (f"| {r['model']} | {r['source']} | {r['exporter']} | {r['opset'] or ''} | {r['bytes'] / 2**20:.1f} | "
+                f"{status.replace('|', '/')} | {nodes} | {kernels} | {r.get('fused_kernels', '')} | "
+                f"{_verification(r) if ok else ''} | {r.get('optimize_s', '')} | {r.get('peak_rss_mb', '')} |")
+        if timed:
+            by = {x["label"]: x for x in r.get("runs", [])}
+            cells = []
+            for label in ("plain", "cuda graphs"):
+                x = by.get(label, {})
+                cells += [f"{x['stock_ms']:.3f}", f"{x['stitched_ms']:.3f}"] if "stock_ms" in x else ["", ""]
+            line += " " + " | ".join(cells) + " |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _summary(rows: list[dict[str, Any]]) -> str:
+    count = {s: sum(r["status"] == s for r in rows) for s in (OK, ERROR, INTERNAL)}
+    unverified = sum(bool(r.get("unverified")) for r in rows)
+    return (f"{len(rows)} models, {count[OK]} ok, {count[ERROR]} errors, {count[INTERNAL]} internal errors, "
+            f"{unverified} unverified writes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=Path("build/corpus"), help="folder with manifest.json")
+    ap.add_argument("--slice", choices=("cpu",), help="only the models of the CPU slice")
+    ap.add_argument("--models", default="", help="comma-separated subset")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per model (default 600)")
+    ap.add_argument("--gpu", action="store_true", help="also time stock ORT CUDA EP against the stitched model")
+    ap.add_argument("--iters", type=int, default=30, help="timed runs per configuration with --gpu")
+    ap.add_argument("--out", type=Path, help="output folder (default bench/results/<gpu or cpu>/corpus)")
+    ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "JOB", "ROW"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        kind, job = args.child[0], json.loads(Path(args.child[1]).read_text())
+        row = child(job) if kind == "optimize" else time_child(job)
+        Path(args.child[2]).write_text(json.dumps(row, default=str))
+        return 0
+
+    gpu = False
+    where = "cpu"
+    if args.gpu:
+        from onnxstitch import bench
+        from onnxstitch.errors import StitchError
+
+        try:
+            bench.require_gpu("corpus timings")
+            gpu, where = True, bench.gpu_name()
+        except StitchError as e:
+            print(f"{e}; optimizing only", flush=True)
+    manifest = json.loads((args.corpus / "manifest.json").read_text())
+    wanted = {m for m in args.models.split(",") if m}
+    entries = [e for e in manifest["models"] if (not wanted or e["name"] in wanted)
+               and (args.slice is None or e.get("slice") == args.slice)]
+    missing = wanted - {e["name"] for e in entries}
+    if missing:
+        ap.error(f"not in {args.corpus / 'manifest.json'}: {', '.join(sorted(missing))}")
+    out = args.out or Path("bench/results") / (_slug(where) if gpu else "cpu") / "corpus"
+    out.mkdir(parents=True, exist_ok=True)
+
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as keep_dir, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        keep = Path(keep_dir) if gpu else None
+        # Optimizing runs `--jobs` models at once; timings are taken one model at a time after.
+        for e, row in zip(entries, pool.map(lambda e: measure(e, args.corpus, args.timeout, gpu, args.iters, keep),
+                                            entries)):
+            rows.append(row)
+            note = row.get("error", "") + (" UNVERIFIED" if row.get("unverified") else "")
+            print(f"{e['name']:<28} {row['status']:<9} {row.get('optimize_s', 0):>7.1f}s "
+                  f"{row.get('peak_rss_mb', 0):>7.0f}MB  {note[:150]}", flush=True)
+            (out / "corpus.json").write_text(json.dumps(rows, indent=1, default=str))  # partial results survive
+        for e, row in zip(entries, rows):
+            if keep is None or row["status"] != OK:
+                continue
+            got = _in_child("time", _job(e, args.corpus, gpu, args.iters, keep), args.timeout)
+            row.update(got if "runs" in got else {"runs": [{"label": "plain", "error": got.get("error", "")}]})
+            speed = " ".join(f"{x['label']} {x['speedup']:.2f}x" if "speedup" in x else f"{x['label']} {x['error'][:80]}"
+                             for x in row["runs"])
+            print(f"{e['name']:<28} {speed}", flush=True)
+            (out / "corpus.json").write_text(json.dumps(rows, indent=1, default=str))
+    summary = _summary(rows)
+    (out / "corpus.md").write_text(markdown(rows, where, summary))
+    print(f"{summary} in {time.perf_counter() - started:.0f} s; wrote {out / 'corpus.json'} and {out / 'corpus.md'}")
+    bad = [r for r in rows if r["status"] == INTERNAL or r.get("unverified")]
+    for r in bad:
+        print(f"{r['model']}: {r.get('error', 'unverified write')}\n    {r['repro']}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
