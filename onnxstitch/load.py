@@ -122,8 +122,16 @@ def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     see one kind of constant. Constants of other forms (strings, sparse) stay nodes."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    if out.ir_version < 4:  # before IR 4 every initializer is also a graph input (a runtime input)
-        return out
+    if out.ir_version < 4:
+        # Before IR 4 every initializer is also listed as a graph input, and ONNX Runtime holds
+        # them constant all the same. The stitched model's IR (10) would make them runtime
+        # inputs with defaults, which ORT may not fold (BatchNorm into Conv) or fuse: they
+        # become plain initializers, as they were in effect.
+        inits = {t.name for t in out.graph.initializer}
+        keep_inputs = [i for i in out.graph.input if i.name not in inits]
+        del out.graph.input[:]
+        out.graph.input.extend(keep_inputs)
+        out.ir_version = 4
     keep = []
     for node in out.graph.node:
         attrs = {a.name: a for a in node.attribute}

@@ -194,25 +194,33 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     built = list(zip(plan.groups, kernels))
     dropped: list[dict[str, str]] = []
-    while True:
-        fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in built]
+
+    def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
+        """rewrite → check → verify with the groups of `subset` fused."""
+        fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
         # Nothing fused: the model goes out exactly as it came in.
-        out = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
+        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
         if fused:
-            stage("check", lambda: _check(weights.checkable(out), weights.checkable(m)))
+            stage("check", lambda: _check(weights.checkable(made), weights.checkable(m)))
+        return made, stage("verify", lambda: verify_mod.verify(
+            m, made, g, [grp for grp, _ in subset], seed=seed, dim_values=dim_values, weights=weights,
+            source=before if m is not before else None)) if verify else None
+
+    while True:
         try:
-            checked = stage("verify", lambda: verify_mod.verify(m, out, g, [grp for grp, _ in built], seed=seed,
-                                                                 dim_values=dim_values, weights=weights,
-                                                                 source=before if m is not before else None)) \
-                if verify else None
+            out, checked = attempt(built)
             break
         except (verify_mod.VerifyError, verify_mod.CannotVerify) as e:
             # Groups wrong on their own inputs are left to ONNX Runtime and the rest verified
-            # again; a difference no group explains, or a model verification cannot run, leaves
-            # every group to ONNX Runtime. Only a verified model is written; strict mode stops.
+            # again; a difference no group explains is bisected down to one group; a model
+            # verification cannot run leaves every group to ONNX Runtime. Only a verified model
+            # is written; strict mode stops.
             if strict:
                 raise
-            at_fault = set(getattr(e, "groups", ())) or {grp.name for grp, _ in built}
+            at_fault = set(getattr(e, "groups", ()))
+            if not at_fault and isinstance(e, verify_mod.VerifyError):
+                at_fault = {_bisect(built, attempt)}
+            at_fault = at_fault or {grp.name for grp, _ in built}
             log.warning("%s; %s left to ONNX Runtime", first_line(e),
                         "the group is" if len(at_fault) == 1 else f"{len(at_fault)} groups are")
             dropped += [{"group": grp.name, "reason": first_line(e)} for grp, _ in built if grp.name in at_fault]
@@ -227,6 +235,21 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                     tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone),
                     tuple(x.describe() for x in found.matches), found.refusals)
     return OptimizeResult(out, report, weights)
+
+
+def _bisect(built: list, attempt: Callable[[list], Any]) -> str:
+    """The group whose presence makes verification fail where no group is at fault on its own
+    (an ORT rewrite around it, rounding it alone amplifies): halve the suspects, keeping a half
+    that still fails, until one is left. Each step is one verification run."""
+    suspects = list(built)
+    while len(suspects) > 1:
+        half = suspects[:len(suspects) // 2]
+        try:
+            attempt(half)
+            suspects = suspects[len(suspects) // 2:]
+        except (verify_mod.VerifyError, verify_mod.CannotVerify):
+            suspects = half
+    return suspects[0][0].name
 
 
 def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:

@@ -279,7 +279,28 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         where = "GPU (CUDA EP)" if gpu else "CPU"
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
                            f"({'; '.join(failures)}): give sizes it runs at with --shape, or --no-verify")
-    return _compare_runs(new_model, original, graph, groups, feeds, gpu, expected, source, weights)
+    checked = _compare_runs(new_model, original, graph, groups, feeds, gpu, expected, source, weights)
+    _as_written(stitched, original, feeds, gpu, expected, weights, any(grp.tf32 for grp in groups))
+    return checked
+
+
+def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dict, gpu: bool,
+                expected: Mapping[str, np.ndarray], weights: Weights | None, tf32: bool) -> None:
+    """The stitched model once more as it will be written, with no tensor exposed: ORT then
+    optimizes the graph around the fused nodes as a user's session will (fusions the exposed
+    tensors held back), and that graph must run and give the same outputs too. A failure here
+    names no group (VerifyError.groups is empty)."""
+    where = "gpu" if gpu else "cpu"
+    try:
+        actual = _run(stitched, gpu, True, feeds, weights)
+    except Exception as e:
+        raise VerifyError(f"verification failed on {where}: the stitched model as written does not run: "
+                          f"{first_line(e)}") from e
+    for o in original.graph.output:
+        ok, rel, why = compare(actual[o.name], expected[o.name], tf32=tf32)
+        if not ok and (rel == float("inf") or rel > ACCUMULATED_TOLERANCE):
+            raise VerifyError(f"verification failed on {where}: graph output '{o.name}' of the stitched model as "
+                              f"written: {why}")
 
 
 def _sizes(dims: Mapping[str, int]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import resource
 import shlex
@@ -83,8 +84,24 @@ def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
                          "speedup": r.speedup, "max_abs_err": r.max_abs_err,
                          "launches": {k: v.launches_per_run for k, v in r.configs.items()}})
         except Exception as e:
-            runs.append({"label": label, "error": f"{type(e).__name__}: {first_line(e)}"})
+            if graphs and "graph capture" in str(e) and "ORT CUDA EP" in str(e):
+                # Stock ORT itself cannot capture this model (nodes on the CPU): nothing to compare.
+                runs.append({"label": label, "na": "stock ORT cannot capture a CUDA graph of this model"})
+            else:
+                runs.append({"label": label, "error": f"{type(e).__name__}: {first_line(e)}"})
     return runs
+
+
+def speedup(row: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The row's speedup over stock ORT: with CUDA graphs where stock ORT can capture the
+    model, else plain; None when it was not timed."""
+    by = {x["label"]: x for x in row.get("runs", [])}
+    for label in ("cuda graphs", "plain"):
+        if "speedup" in by.get(label, {}):
+            return label, by[label]["speedup"]
+        if label == "cuda graphs" and "error" in by.get(label, {}):
+            return None
+    return None
 
 
 def child(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,8 +197,8 @@ def markdown(rows: list[dict[str, Any]], where: str, summary: str) -> str:
     head = "| model | source | exporter | opset | MB | status | nodes | kernels | fused | verification | optimize s | peak MB |"
     rule = "| --- | --- | --- | ---: | ---: | --- | --- | --- | ---: | --- | ---: | ---: |"
     if timed:
-        head += " stock ms | stitched ms | graphs: stock ms | graphs: stitched ms |"
-        rule += " ---: | ---: | ---: | ---: |"
+        head += " stock ms | stitched ms | graphs: stock ms | graphs: stitched ms | speedup |"
+        rule += " ---: | ---: | ---: | ---: | ---: |"
     lines = [f"# onnxstitch corpus report — {where}", "",
              f"onnxstitch {onnxstitch.__version__}, {time.strftime('%Y-%m-%d')}. {summary}", "", head, rule]
     for r in rows:
@@ -201,17 +218,32 @@ def markdown(rows: list[dict[str, Any]], where: str, summary: str) -> str:
             cells = []
             for label in ("plain", "cuda graphs"):
                 x = by.get(label, {})
-                cells += [f"{x['stock_ms']:.3f}", f"{x['stitched_ms']:.3f}"] if "stock_ms" in x else ["", ""]
+                cells += ([f"{x['stock_ms']:.3f}", f"{x['stitched_ms']:.3f}"] if "stock_ms" in x else
+                          ["n/a", "n/a"] if "na" in x else ["error", "error"] if "error" in x else ["", ""])
+            got = speedup(r)
+            cells.append(f"{got[1]:.2f}×" + (" (plain)" if got[0] == "plain" else "") if got else "")
             line += " " + " | ".join(cells) + " |"
         lines.append(line)
     return "\n".join(lines) + "\n"
 
 
+# A model timed under this fraction of stock ORT's speed counts as slower (timing noise aside).
+SLOWER = 0.97
+
+
 def _summary(rows: list[dict[str, Any]]) -> str:
     count = {s: sum(r["status"] == s for r in rows) for s in (OK, ERROR, INTERNAL)}
     unverified = sum(bool(r.get("unverified")) for r in rows)
-    return (f"{len(rows)} models, {count[OK]} ok, {count[ERROR]} errors, {count[INTERNAL]} internal errors, "
-            f"{unverified} unverified writes")
+    out = (f"{len(rows)} models, {count[OK]} ok, {count[ERROR]} errors, {count[INTERNAL]} internal errors, "
+           f"{unverified} unverified writes")
+    timed = [s for r in rows if (s := speedup(r)) is not None]
+    if timed:
+        values = [v for _, v in timed]
+        geo = math.exp(sum(math.log(v) for v in values) / len(values))
+        out += (f"; timed {len(timed)} (with CUDA graphs where stock ORT captures them, else plain): "
+                f"geometric mean {geo:.2f}×, {sum(v >= 1.05 for v in values)} ≥ 1.05×, "
+                f"{sum(v < SLOWER for v in values)} under {SLOWER}×")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             got = _in_child("time", _job(e, args.corpus, gpu, args.iters, keep), args.timeout)
             row.update(got if "runs" in got else {"runs": [{"label": "plain", "error": got.get("error", "")}]})
-            speed = " ".join(f"{x['label']} {x['speedup']:.2f}x" if "speedup" in x else f"{x['label']} {x['error'][:80]}"
-                             for x in row["runs"])
+            speed = " ".join(f"{x['label']} {x['speedup']:.2f}x" if "speedup" in x else
+                             f"{x['label']} {(x.get('error') or x.get('na', ''))[:80]}" for x in row["runs"])
             print(f"{e['name']:<28} {speed}", flush=True)
             (out / "corpus.json").write_text(json.dumps(rows, indent=1, default=str))
     summary = _summary(rows)

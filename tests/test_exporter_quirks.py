@@ -240,3 +240,50 @@ g (float[N, 16] x) => (float[M, 16] y) {
     res = onnxstitch.optimize(model)
     assert [sorted(lbl.split(" ")[1] for lbl in g.labels) for g in res.report.plan.groups] == [["(Mul)", "(Sigmoid)"]]
     _same_outputs(model, res.model, {"N": 4})
+
+
+def test_a_failure_no_group_explains_is_bisected_to_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stitched model as written fails whenever one particular group is in it (as an ORT
+    # rewrite around one fused node can): that group alone is left to ONNX Runtime.
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {
+  a = Mul(x, x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Tanh(m)
+  d = Add(c, m)
+  n = MatMul(d, w)
+  e = Relu(n)
+  f = Add(e, n)
+  p = MatMul(f, w)
+  q = Exp(p)
+  z = Neg(q)
+}""")
+    names = [g.name for g in onnxstitch.optimize(model, verify=False).report.plan.groups]
+    assert len(names) == 4
+    culprit = names[2]
+    real = verify._as_written
+
+    def fails_with_culprit(stitched, *args, **kw):
+        if any(n.overload == culprit for n in stitched.graph.node):
+            raise verify.VerifyError("verification failed on cpu: the stitched model as written does not run")
+        return real(stitched, *args, **kw)
+
+    monkeypatch.setattr(verify, "_as_written", fails_with_culprit)
+    res = onnxstitch.optimize(model)
+    assert [d["group"] for d in res.report.dropped] == [culprit]
+    assert sorted(n.overload for n in res.model.graph.node if n.op_type == "FusedKernel") == sorted(set(names) - {culprit})
+
+
+def test_ir3_weights_listed_as_inputs_stay_constants() -> None:
+    # Before IR 4 every initializer is also a graph input; ORT holds them constant. Raised to
+    # the stitched model's IR they would become overridable inputs ORT cannot fold.
+    model = _strided_cnn()
+    model.ir_version = 3
+    model.opset_import[0].version = 9
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer)
+    res = onnxstitch.optimize(model, shapes={"N": [2], "H": [32], "W": [32]})
+    assert res.model.ir_version >= 4 and any(n.op_type == "FusedKernel" for n in res.model.graph.node)
+    assert [i.name for i in res.model.graph.input] == ["x"]
+    _same_outputs(model, res.model, {"N": 2, "H": 32, "W": 32})
