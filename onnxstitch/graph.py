@@ -354,6 +354,9 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     nodes = _refuse_dead(nodes, frozenset(o.name for o in g.output))
     on_cpu = cpu_placed(g, tensors)
     nodes = [dataclasses.replace(n, reason=CPU_PLACED) if n.index in on_cpu and n.reason is None else n for n in nodes]
+    folded = constant_folded(g)
+    nodes = [dataclasses.replace(n, reason=CONSTANT_FOLDED) if n.index in folded and n.reason is None else n
+             for n in nodes]
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset, clusters, boxes)
 
@@ -406,6 +409,28 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
             placed.add(idx)
             cpu.update(n.output)
     return placed
+
+
+CONSTANT_FOLDED = "computed from constants alone: ONNX Runtime folds it once, when the session starts"
+# Ops whose value is not a function of their inputs: never constant.
+_NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                     "Bernoulli", "Dropout"}
+
+
+def constant_folded(g: onnx.GraphProto) -> set[int]:
+    """Indices of the nodes whose every input is a constant (an initializer that is no graph
+    input, or the output of such a node): ONNX Runtime's constant folding computes them once
+    at session start (weight norm's ‖v‖, layer scales), where a fused kernel would compute them
+    on every run."""
+    inputs = {i.name for i in g.input}
+    known = {t.name for t in g.initializer if t.name not in inputs}
+    folded: set[int] = set()
+    for idx, n in enumerate(g.node):
+        reads = [t for t in list(n.input) + implicit_inputs(n) if t]
+        if n.op_type not in _NONDETERMINISTIC and n.domain in ("", "ai.onnx") and all(t in known for t in reads):
+            folded.add(idx)
+            known.update(t for t in n.output if t)
+    return folded
 
 
 def _refuse_dead(nodes: list[Node], outputs: frozenset[str]) -> list[Node]:
