@@ -18,6 +18,25 @@ from onnxstitch.inputs import input_shapes, random_feeds
 from .stitching import assert_close, fresh_seed
 
 
+def _matmul_chain(groups: int) -> onnx.ModelProto:
+    """x → [elementwise group → MatMul] × (groups − 1) → elementwise group: `groups` groups
+    that MatMuls (left to ONNX Runtime) keep apart."""
+    ops = ["Sigmoid", "Tanh", "Relu", "Exp", "Neg"]
+    lines, t = ["a0 = Mul(x, x)"], "a0"
+    for k in range(groups):
+        lines.append(f"e{k} = {ops[k % len(ops)]}({t})")
+        t = f"e{k}"
+        if k < groups - 1:
+            lines += [f"m{k} = MatMul({t}, w)", f"s{k} = Add({t}, m{k})"]
+            t = f"s{k}"
+    lines.append(f"z = Identity({t})")
+    body = "\n  ".join(lines)
+    return parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {{
+  {body}
+}}""")
+
+
 def _same_outputs(original: onnx.ModelProto, stitched: onnx.ModelProto, dims: dict) -> None:
     feeds = random_feeds(original, fresh_seed(), dims)
     for a, b in zip(run_cpu(stitched, feeds), run_cpu(original, feeds)):
@@ -129,17 +148,7 @@ def test_a_model_verification_cannot_run_is_written_unchanged() -> None:
 
 
 def test_every_group_wrong_on_its_own_inputs_is_dropped_in_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
-g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {
-  a = Mul(x, x)
-  b = Sigmoid(a)
-  m = MatMul(b, w)
-  c = Tanh(m)
-  d = Add(c, m)
-  n = MatMul(d, w)
-  e = Relu(n)
-  z = Add(e, n)
-}""")
+    model = _matmul_chain(3)
     names = [g.name for g in onnxstitch.optimize(model, verify=False).report.plan.groups]
     assert len(names) == 3
     wrong = {names[0], names[2]}
@@ -245,20 +254,7 @@ g (float[N, 16] x) => (float[M, 16] y) {
 def test_a_failure_no_group_explains_is_bisected_to_one_group(monkeypatch: pytest.MonkeyPatch) -> None:
     # The stitched model as written fails whenever one particular group is in it (as an ORT
     # rewrite around one fused node can): that group alone is left to ONNX Runtime.
-    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
-g (float[B, 16] x, float[16, 16] w) => (float[B, 16] z) {
-  a = Mul(x, x)
-  b = Sigmoid(a)
-  m = MatMul(b, w)
-  c = Tanh(m)
-  d = Add(c, m)
-  n = MatMul(d, w)
-  e = Relu(n)
-  f = Add(e, n)
-  p = MatMul(f, w)
-  q = Exp(p)
-  z = Neg(q)
-}""")
+    model = _matmul_chain(4)
     names = [g.name for g in onnxstitch.optimize(model, verify=False).report.plan.groups]
     assert len(names) == 4
     culprit = names[2]
