@@ -413,6 +413,7 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
 
 CONSTANT_FOLDED = "computed from constants alone: ONNX Runtime folds it once, when the session starts"
 # Ops whose value is not a function of their inputs: never constant.
+_FREE_ON_CONSTANTS = ops.LAYOUT | ops.SHAPE_INPUTS | {"Concat"}
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
 
@@ -428,8 +429,11 @@ def constant_folded(g: onnx.GraphProto) -> set[int]:
     for idx, n in enumerate(g.node):
         reads = [t for t in list(n.input) + implicit_inputs(n) if t]
         if n.op_type not in _NONDETERMINISTIC and n.domain in ("", "ai.onnx") and all(t in known for t in reads):
-            folded.add(idx)
             known.update(t for t in n.output if t)
+            # Views and broadcasts of a constant cost a kernel nothing (it reads the smaller
+            # tensor): only computation is left to the folding.
+            if n.op_type not in _FREE_ON_CONSTANTS:
+                folded.add(idx)
     return folded
 
 

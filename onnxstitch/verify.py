@@ -227,6 +227,8 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
     if weights is not None and model is not None:
         options = weights.session_options(model, options)
     options.log_severity_level = 4  # a failing run is reported by its exception, in one line
+    # Each session runs once: prepacked copies of the weights would only double its memory.
+    options.add_session_config_entry("session.disable_prepacking", "1")
     if not gpu:
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     # TF32 off on both sides: MatMuls between groups must agree to float32 precision.

@@ -89,8 +89,9 @@ class Weights:
         store = cls()
         maps: dict[Path, mmap.mmap] = {}
         for t in model.graph.initializer:
-            if t.data_type not in _FLOATS or _numel(t) <= DETACH_ABOVE or is_stub(t):
+            if is_stub(t):
                 continue
+            large = t.data_type in _FLOATS and _numel(t) > DETACH_ABOVE
             if t.data_location == TensorProto.EXTERNAL:
                 fields = _external_fields(t)
                 path = Path(base_dir or ".") / fields["location"]
@@ -98,7 +99,15 @@ class Weights:
                     maps[path] = store._mapped(path)
                 offset = int(fields.get("offset", 0))
                 length = int(fields.get("length", len(maps[path]) - offset))
-                store._stub(t, memoryview(maps[path])[offset:offset + length])
+                payload = memoryview(maps[path])[offset:offset + length]
+                if large:
+                    store._stub(t, payload)
+                else:  # small: inline, so the graph alone is whole (biases, shapes, masks)
+                    del t.external_data[:]
+                    t.data_location = TensorProto.DEFAULT
+                    t.raw_data = bytes(payload)
+            elif not large:
+                continue
             elif t.HasField("raw_data"):
                 store._stub(t, t.raw_data)
             else:  # typed fields (float_data …): their little-endian bytes

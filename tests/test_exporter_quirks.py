@@ -312,3 +312,27 @@ g (float[N, 16] x, float[8, 4, 16] v, float[1, 1, 16] gain) => (float[N, 16] y) 
     assert not any(lbl.startswith(("sq", "s ", "nrm", "w0", "ws")) for lbl in labels)
     assert len(res.report.plan.groups) == 1 and len(res.report.plan.groups[0].nodes) == 2
     _same_outputs(model, res.model, {"N": 3})
+
+
+def test_a_model_with_external_data_optimizes_from_its_path(tmp_path) -> None:
+    # The dynamo exporter writes weights (and small biases) as external data: the large ones
+    # stay memory-mapped, the small ones come inline, and the output carries them all.
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((512, 256)).astype(np.float32), "w")  # detached
+    bias = numpy_helper.from_array(rng.standard_normal(256).astype(np.float32), "bias")  # inline
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 512] x) => (float[N, 256] y) {
+  m = MatMul(x, w)
+  a = Add(m, bias)
+  s = Sigmoid(a)
+  y = Mul(a, s)
+}""")
+    model.graph.initializer.extend([w, bias])
+    src = tmp_path / "model.onnx"
+    onnx.save(model, str(src), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    res = onnxstitch.optimize(src, shapes={"N": [4]})
+    assert res.report.plan.groups and res.report.verification.tensors_checked > 0
+    out = tmp_path / "out" / "model.stitched.onnx"
+    out.parent.mkdir()
+    res.save(out)
+    _same_outputs(onnx.load(str(src)), onnx.load(str(out)), {"N": 3})
