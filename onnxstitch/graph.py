@@ -413,7 +413,7 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
 
 CONSTANT_FOLDED = "computed from constants alone: ONNX Runtime folds it once, when the session starts"
 # Ops whose value is not a function of their inputs: never constant.
-_FREE_ON_CONSTANTS = ops.LAYOUT | ops.SHAPE_INPUTS | {"Concat"}
+_FREE_ON_CONSTANTS = ops.SHAPE_INPUTS
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
 
@@ -425,16 +425,18 @@ def constant_folded(g: onnx.GraphProto) -> set[int]:
     on every run."""
     inputs = {i.name for i in g.input}
     known = {t.name for t in g.initializer if t.name not in inputs}
-    folded: set[int] = set()
+    constant: set[int] = set()
     for idx, n in enumerate(g.node):
         reads = [t for t in list(n.input) + implicit_inputs(n) if t]
         if n.op_type not in _NONDETERMINISTIC and n.domain in ("", "ai.onnx") and all(t in known for t in reads):
             known.update(t for t in n.output if t)
-            # Views and broadcasts of a constant cost a kernel nothing (it reads the smaller
-            # tensor): only computation is left to the folding.
-            if n.op_type not in _FREE_ON_CONSTANTS:
-                folded.add(idx)
-    return folded
+            constant.add(idx)
+    # A view or broadcast of a constant read by live computation costs that kernel nothing
+    # (it reads the smaller tensor): it stays stitchable. Anything else computed from
+    # constants alone (silero-vad's LSTM weights sliced and concatenated) is ORT's to fold.
+    live_reads = {t for k, n in enumerate(g.node) if k not in constant for t in list(n.input) + implicit_inputs(n)}
+    return {k for k in constant
+            if not (g.node[k].op_type in _FREE_ON_CONSTANTS and any(t in live_reads for t in g.node[k].output))}
 
 
 def _refuse_dead(nodes: list[Node], outputs: frozenset[str]) -> list[Node]:

@@ -336,3 +336,28 @@ g (float[N, 512] x) => (float[N, 256] y) {
     out.parent.mkdir()
     res.save(out)
     _same_outputs(onnx.load(str(src)), onnx.load(str(out)), {"N": 3})
+
+
+def test_constants_sliced_and_concatenated_are_folded_by_ort_not_stitched() -> None:
+    # silero-vad reorders its LSTM weights with Slice and Concat of initializers: a kernel would
+    # copy them on every run. A broadcast of a constant read by live work stays stitchable.
+    rng = np.random.default_rng(0)
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 8] x) => (float[N, 8] y) {
+  a = Slice(w, s0, s1, ax)
+  b = Slice(w, s1, s2, ax)
+  r = Concat<axis = 1>(b, a)
+  m = MatMul(x, r)
+  e = Expand(bias, shp)
+  k = Mul(m, e)
+  y = Sigmoid(k)
+}""")
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "bias"),
+        *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+          (("s0", [0]), ("s1", [4]), ("s2", [8]), ("ax", [1]), ("shp", [1, 8])))])
+    res = onnxstitch.optimize(model, shapes={"N": [16]})
+    ops_fused = sorted(lbl.split(" (")[1] for g in res.report.plan.groups for lbl in g.labels)
+    assert ops_fused == ["Expand)", "Mul)", "Sigmoid)"], ops_fused
+    _same_outputs(model, res.model, {"N": 3})
