@@ -65,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, action="append", default=[], help="corpus.json (repeatable)")
     ap.add_argument("--blocks", default="10,100,1000", help="synthetic stack sizes, in blocks of 10 nodes")
+    ap.add_argument("--points", type=Path, action="append", default=[],
+                    help="a JSON list of points measured elsewhere (model, source, nodes, bytes, seconds, peak_mb)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=Path("bench/results/cpu/scaling"))
     args = ap.parse_args()
@@ -88,6 +90,8 @@ def main() -> None:
                 points.append({"model": r["model"], "source": f"corpus ({corpus.parent.parent.name})",
                                "nodes": r["nodes_before"], "bytes": r["bytes"], "seconds": r["optimize_s"],
                                "peak_mb": r["peak_rss_mb"], "ok": True})
+    for extra in args.points:
+        points += [p | {"ok": True} for p in json.loads(extra.read_text())]
     (args.out / "scaling.json").write_text(json.dumps(points, indent=1))
 
     import matplotlib
