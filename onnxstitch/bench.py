@@ -263,6 +263,9 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             bound = _Bound(make(), feeds, like)
             times = _time(bound, config)
         except Exception as e:
+            if label == STOCK:  # stock ORT cannot run the model as given: the model's own fault
+                raise BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime"
+                                    f"{' with CUDA graphs' if config.cuda_graph else ''}: {first_line(e)}") from e
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
         errs = _errors(bound.outputs(), reference)
