@@ -361,3 +361,30 @@ g (float[N, 8] x) => (float[N, 8] y) {
     ops_fused = sorted(lbl.split(" (")[1] for g in res.report.plan.groups for lbl in g.labels)
     assert ops_fused == ["Expand)", "Mul)", "Sigmoid)"], ops_fused
     _same_outputs(model, res.model, {"N": 3})
+
+
+def test_what_ort_merges_into_a_conv_is_left_to_it() -> None:
+    # Conv → per-channel Mul → Add → Relu: ORT folds the Mul and Add into the Conv's weights and
+    # fuses the Relu into the convolution; stitched they would cost a kernel after the Conv.
+    # What follows (the Sigmoid gate) is still stitched.
+    rng = np.random.default_rng(0)
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y) {
+  c = Conv<pads = [1, 1, 1, 1]>(x, w)
+  m = Mul(c, scale)
+  a = Add(m, shift)
+  r = Relu(a)
+  s = Sigmoid(r)
+  y = Mul(r, s)
+}""")
+    model.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((4, 1, 1)).astype(np.float32), "scale"),
+        numpy_helper.from_array(rng.standard_normal((4, 1, 1)).astype(np.float32), "shift")])
+    from onnxstitch import graph, shapes
+
+    _, infos = shapes.infer(model)
+    assert sorted(model.graph.node[k].output[0] for k in graph.conv_epilogues(model.graph, infos)) == ["a", "m", "r"]
+    res = onnxstitch.optimize(model, shapes={"N": [2]})
+    assert [sorted(lbl.split(" (")[1] for lbl in g.labels) for g in res.report.plan.groups] == [["Mul)", "Sigmoid)"]]
+    _same_outputs(model, res.model, {"N": 2})
