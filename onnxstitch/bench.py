@@ -251,9 +251,8 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     try:
         ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
         ref_bound.run()
-    except Exception as e:  # stock ORT cannot run the model as given: the model's own fault
-        raise BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime "
-                            f"({', '.join(p if isinstance(p, str) else p[0] for p in config.providers)}): {first_line(e)}") from e
+    except Exception as e:
+        raise _stock_fault(model_path, "", e) from e
     reference = ref_bound.outputs()
     like = reference if config.cuda_graph else None
     configs: dict[str, Timing] = {}
@@ -263,9 +262,8 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             bound = _Bound(make(), feeds, like)
             times = _time(bound, config)
         except Exception as e:
-            if label == STOCK:  # stock ORT cannot run the model as given: the model's own fault
-                raise BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime"
-                                    f"{' with CUDA graphs' if config.cuda_graph else ''}: {first_line(e)}") from e
+            if label == STOCK:
+                raise _stock_fault(model_path, " with CUDA graphs" if config.cuda_graph else "", e) from e
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
         errs = _errors(bound.outputs(), reference)
@@ -275,6 +273,12 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
                        configs, package_versions())
+
+
+def _stock_fault(model_path: str | os.PathLike, how: str, e: Exception) -> BadInputError:
+    """Stock ORT cannot run the model as given (a declared output rank its graph does not
+    produce, a CUDA graph it cannot capture): the model's own fault, not a stitching error."""
+    return BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime{how}: {first_line(e)}")
 
 
 # What a timing depends on besides the code: recorded with every result.

@@ -351,17 +351,27 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         # inferred shapes (views.py, broadcast strides) and reads none of them.
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
         nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
-    nodes = _refuse_dead(nodes, frozenset(o.name for o in g.output))
-    on_cpu = cpu_placed(g, tensors)
-    nodes = [dataclasses.replace(n, reason=CPU_PLACED) if n.index in on_cpu and n.reason is None else n for n in nodes]
-    folded = constant_folded(g)
-    nodes = [dataclasses.replace(n, reason=CONSTANT_FOLDED) if n.index in folded and n.reason is None else n
-             for n in nodes]
-    into_conv = conv_epilogues(g, infos)
-    nodes = [dataclasses.replace(n, reason=into_conv[n.index]) if n.index in into_conv and n.reason is None else n
-             for n in nodes]
+    left = ort_keeps(g, infos)
+    nodes = [dataclasses.replace(n, reason=left[n.index]) if n.index in left and n.reason is None else n for n in nodes]
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),
                        constants, dict(dim_values or {}), opset, clusters, boxes)
+
+
+DEAD = "its results reach no graph output (dead code; ONNX Runtime removes it)"
+SHAPES_ONLY = "its results are read only as shapes or axes, which the plan does not follow"
+
+
+def ort_keeps(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> dict[int, str]:
+    """Nodes that are ONNX Runtime's to handle, by index, with why: dead code and what only
+    shapes read, shape arithmetic it keeps on the CPU, work on constants it folds, and what it
+    merges into a Conv. The first reason found is kept."""
+    constant = constant_nodes(g)
+    found: dict[int, str] = {}
+    for reasons in (_unread(g), {k: CPU_PLACED for k in cpu_placed(g, tensors)},
+                    {k: CONSTANT_FOLDED for k in constant_folded(g, constant)}, conv_epilogues(g, tensors, constant)):
+        for k, why in reasons.items():
+            found.setdefault(k, why)
+    return found
 
 
 CPU_PLACED = "shape arithmetic on values ONNX Runtime keeps on the CPU (it would place a fused kernel there too)"
@@ -387,7 +397,18 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
     cpu: set[str] = set()
     placed: set[int] = set()
     half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
-    constant_nodes = {t for n in g.node if n.op_type == "Constant" for t in n.output}
+    constant_outputs = {t for n in g.node if n.op_type == "Constant" for t in n.output}
+
+    def small_or_cpu(t: str) -> bool:
+        info = tensors.get(t)
+        if info is not None and info.dtype in half:
+            return False
+        if t in inits and t not in graph_inputs:
+            return int(np.prod(inits[t].dims)) <= SMALL_INITIALIZER
+        if t in constant_outputs:  # ORT loads Constant nodes as initializers
+            return info is not None and (info.numel() or 0) <= SMALL_INITIALIZER
+        return t in cpu or t in graph_inputs
+
     for idx, n in enumerate(g.node):
         if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx"):
             cpu.update(n.output)
@@ -397,17 +418,6 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
         shape_inputs = [t for k, t in enumerate(n.input) if t and k in on_host]
         if not any(t in cpu for t in data) or any(t in cpu for t in shape_inputs):
             continue  # not a consumer of a CPU tensor, or its kernel reads that tensor on the CPU
-
-        def small_or_cpu(t: str) -> bool:
-            info = tensors.get(t)
-            if info is not None and info.dtype in half:
-                return False
-            if t in inits and t not in graph_inputs:
-                return int(np.prod(inits[t].dims)) <= SMALL_INITIALIZER
-            if t in constant_nodes:  # ORT loads Constant nodes as initializers
-                return (info is not None and (info.numel() or 0) <= SMALL_INITIALIZER)
-            return t in cpu or t in graph_inputs
-
         if all(small_or_cpu(t) for t in data + shape_inputs):
             placed.add(idx)
             cpu.update(n.output)
@@ -415,13 +425,14 @@ def cpu_placed(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> set[int
 
 
 CONSTANT_FOLDED = "computed from constants alone: ONNX Runtime folds it once, when the session starts"
-# Ops whose value is not a function of their inputs: never constant.
+# Views and broadcasts: of a constant, they cost the kernel that reads them nothing.
 _FREE_ON_CONSTANTS = ops.SHAPE_INPUTS
+# Ops whose value is not a function of their inputs: never constant.
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                      "Bernoulli", "Dropout"}
 
 
-def _constant_nodes(g: onnx.GraphProto) -> set[int]:
+def constant_nodes(g: onnx.GraphProto) -> set[int]:
     """Indices of the nodes computed from initializers (no graph inputs) alone."""
     inputs = {i.name for i in g.input}
     known = {t.name for t in g.initializer if t.name not in inputs}
@@ -434,20 +445,10 @@ def _constant_nodes(g: onnx.GraphProto) -> set[int]:
     return constant
 
 
-def constant_tensors(g: onnx.GraphProto) -> set[str]:
-    """Initializers (no graph inputs) and the outputs of nodes computed from them alone: the
-    values ONNX Runtime knows when the session starts."""
-    inputs = {i.name for i in g.input}
-    return ({t.name for t in g.initializer if t.name not in inputs}
-            | {t for k in _constant_nodes(g) for t in g.node[k].output if t})
-
-
-def constant_folded(g: onnx.GraphProto) -> set[int]:
-    """Indices of the nodes whose every input is a constant (an initializer that is no graph
-    input, or the output of such a node): ONNX Runtime's constant folding computes them once
-    at session start (weight norm's ‖v‖, layer scales), where a fused kernel would compute them
-    on every run."""
-    constant = _constant_nodes(g)
+def constant_folded(g: onnx.GraphProto, constant: set[int]) -> set[int]:
+    """Of the nodes computed from constants alone (`constant`, from constant_nodes), those ONNX
+    Runtime's constant folding should compute once at session start (weight norm's norm, layer
+    scales), where a fused kernel would compute them on every run."""
     # A view or broadcast of a constant read by live computation costs that kernel nothing
     # (it reads the smaller tensor): it stays stitchable. Anything else computed from
     # constants alone (silero-vad's LSTM weights sliced and concatenated) is ORT's to fold.
@@ -456,19 +457,23 @@ def constant_folded(g: onnx.GraphProto) -> set[int]:
             if not (g.node[k].op_type in _FREE_ON_CONSTANTS and any(t in live_reads for t in g.node[k].output))}
 
 
-def conv_epilogues(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> dict[int, str]:
+def conv_epilogues(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo], constant: set[int]) -> dict[int, str]:
     """Nodes ONNX Runtime itself merges into the Conv before them, by index, with why: a
     BatchNormalization, or a Mul/Add by a per-channel constant, folded into the Conv's weights
     (its level-1 ConvBNFusion/ConvMulFusion/ConvAddFusion), then a Relu fused into the
     convolution (its CUDA FusedConv), each the only reader of what comes before. Stitched, they
     would cost a kernel of their own after a Conv that ORT would have run alone (onnx's
-    Inception-v2: Conv → Mul → Add → Relu, 0.90× on the H100)."""
+    Inception-v2: Conv → Mul → Add → Relu, 0.90× on the H100). `constant`: what constant_nodes
+    finds."""
     readers: dict[str, list[int]] = {}
     for k, n in enumerate(g.node):
         for t in list(n.input) + implicit_inputs(n):
             readers.setdefault(t, []).append(k)
     outputs = {o.name for o in g.output}
-    constants = constant_tensors(g)  # what ORT folds: initializers and what they alone compute
+    # What ORT knows at session start: initializers (no graph inputs) and what they alone compute.
+    inputs = {i.name for i in g.input}
+    constants = ({t.name for t in g.initializer if t.name not in inputs}
+                 | {t for k in constant for t in g.node[k].output if t})
 
     def only_reader(t: str) -> int | None:
         r = readers.get(t, [])
@@ -510,19 +515,25 @@ def conv_epilogues(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> dic
     return out
 
 
-def _refuse_dead(nodes: list[Node], outputs: frozenset[str]) -> list[Node]:
-    """Nodes whose results reach no graph output (exporters leave such dead code, torch.onnx's
-    TorchScript exporter among them) are refused: a group of them would have no outputs, and
-    ONNX Runtime removes them anyway."""
-    live_tensors = set(outputs)
-    dead: set[int] = set()
-    for n in reversed(nodes):  # the graph is in topological order: readers come later
-        if any(t in live_tensors for t in n.outputs if t):
-            live_tensors.update(t for t in n.inputs if t)
-        else:
-            dead.add(n.index)
-    return [dataclasses.replace(n, reason="its results reach no graph output (dead code; ONNX Runtime removes it)")
-            if n.index in dead and n.reason is None else n for n in nodes]
+def _unread(g: onnx.GraphProto) -> dict[int, str]:
+    """Nodes whose results reach no graph output, by index, with why. Dead code (exporters
+    leave it, torch.onnx's TorchScript exporter among them): a group of it would have no
+    outputs, and ONNX Runtime removes it anyway. Results read only as shapes or axes: the plan
+    sees data edges alone (FusionGraph's inputs leave shape inputs out), so a group holding such
+    a node could close a cycle through the shape edge."""
+    def live(inputs_of) -> set[int]:
+        reached = {o.name for o in g.output}
+        found: set[int] = set()
+        for k in range(len(g.node) - 1, -1, -1):  # topological order: readers come later
+            n = g.node[k]
+            if any(t in reached for t in n.output if t):
+                found.add(k)
+                reached.update(t for t in list(inputs_of(n)) + implicit_inputs(n) if t)
+        return found
+
+    by_data = live(lambda n: ops.data_inputs(n.op_type, n.domain, n.input))
+    by_any = live(lambda n: n.input)
+    return {k: DEAD if k not in by_any else SHAPES_ONLY for k in range(len(g.node)) if k not in by_data}
 
 
 def constant_value(graph: FusionGraph, tensor: str) -> object:
