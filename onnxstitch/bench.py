@@ -1,7 +1,8 @@
 """`onnxstitch bench`: stock ONNX Runtime against the stitched model (and optional peers), side
 by side in one process, on the same seeded inputs, through IO binding on the GPU.
 
-Every configuration runs the same feeds; outputs are compared with the stock run's. Kernel
+Every configuration runs the same feeds, timed in interleaved rounds (all sessions loaded at
+once); outputs are compared with the stock run's. Kernel
 launches per run come from ORT's profiler (CUDA EP node executions). With `cuda_graph`, every
 configuration runs through ORT's CUDA graphs (captured on the first run, replayed after).
 """
@@ -169,14 +170,25 @@ def _provider_list(config: BenchConfig) -> list:
     return [(p, {"enable_cuda_graph": "1"}) if p == "CUDAExecutionProvider" else p for p in config.providers]
 
 
-def _time(bound: _Bound, config: BenchConfig) -> list[float]:
-    for _ in range(config.warmup):
-        bound.run()
-    times = []
-    for _ in range(config.iters):
-        t0 = time.perf_counter()
-        bound.run()  # Run synchronizes the CUDA EP's stream before returning
-        times.append((time.perf_counter() - t0) * 1e3)
+# Timed runs are taken in this many rounds, each configuration in turn, so that a drift of the
+# host (another process, clocks, a plain run's host-bound launches) falls on all of them alike.
+ROUNDS = 10
+
+
+def _time(bounds: Mapping[str, _Bound], config: BenchConfig) -> dict[str, list[float]]:
+    """Milliseconds per run of every configuration, interleaved round by round."""
+    for bound in bounds.values():
+        for _ in range(config.warmup):
+            bound.run()
+    times: dict[str, list[float]] = {label: [] for label in bounds}
+    rounds = max(1, min(ROUNDS, config.iters))
+    for r in range(rounds):
+        share = config.iters // rounds + (1 if r < config.iters % rounds else 0)
+        for label, bound in bounds.items():
+            for _ in range(share):
+                t0 = time.perf_counter()
+                bound.run()  # Run synchronizes the CUDA EP's stream before returning
+                times[label].append((time.perf_counter() - t0) * 1e3)
     return times
 
 
@@ -255,21 +267,26 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         raise _stock_fault(model_path, "", e) from e
     reference = ref_bound.outputs()
     like = reference if config.cuda_graph else None
-    configs: dict[str, Timing] = {}
+    bounds: dict[str, _Bound] = {}
     for label, make in makers.items():
-        say(f"timing {label}")
+        say(f"loading {label}")
         try:
-            bound = _Bound(make(), feeds, like)
-            times = _time(bound, config)
+            bounds[label] = _Bound(make(), feeds, like)
+            bounds[label].run()  # a CUDA graph is captured here; a model that cannot run fails here
         except Exception as e:
             if label == STOCK:
                 raise _stock_fault(model_path, " with CUDA graphs" if config.cuda_graph else "", e) from e
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
-        errs = _errors(bound.outputs(), reference)
+    say(f"timing {', '.join(bounds)}")
+    times = _time(bounds, config)
+    configs: dict[str, Timing] = {}
+    for label, make in makers.items():
+        errs = _errors(bounds[label].outputs(), reference)
         say(f"profiling {label}")
         counts = _profile_counts(make, feeds, like, config.profile_runs)
-        configs[label] = _stats(times, counts, batch, errs)
+        configs[label] = _stats(times[label], counts, batch, errs)
+    bounds.clear()
     return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
                        configs, package_versions())

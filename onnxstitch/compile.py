@@ -79,24 +79,34 @@ def _cached(src: KernelSource, target: str, want_ptx: bool) -> bytes:
     return data
 
 
-def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> CompiledKernel:
-    """Compile one kernel to cubins for `archs` (e.g. "sm_90") and PTX for the lowest."""
+def _targets(archs: Sequence[str]) -> tuple[tuple[str, ...], str]:
+    """`archs` sorted and checked, and the PTX target (the lowest arch's virtual one)."""
     archs = tuple(sorted(set(archs), key=lambda a: int(a.split("_")[1].rstrip("a"))))
     for a in archs:
         if not a.startswith("sm_") or not a[3:].rstrip("a").isdigit():
             raise CompileError(f"--arch {a}: expected a value like sm_90")
-    ptx_arch = "compute_" + archs[0][3:].rstrip("a")
+    return archs, "compute_" + archs[0][3:].rstrip("a")
+
+
+def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> CompiledKernel:
+    """Compile one kernel to cubins for `archs` (e.g. "sm_90") and PTX for the lowest."""
+    archs, ptx_arch = _targets(archs)
     images = tuple(_cached(src, a, False) for a in archs)
     return CompiledKernel(src, archs, images, _cached(src, ptx_arch, True), ptx_arch)
 
 
 def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS) -> list[CompiledKernel]:
-    """Compile several kernels concurrently (NVRTC runs outside the GIL); sources whose code is
+    """Compile several kernels concurrently (NVRTC runs outside the GIL), every (kernel, target)
+    pair a task of its own so that a few kernels still fill the cores; sources whose code is
     the same (comments aside, codegen.named_by_code) are compiled once and share the images."""
     sources = list(sources)
     if not sources:
         return []
+    archs, ptx_arch = _targets(archs)
     unique = list({code_of(s.source): s for s in reversed(sources)}.values())
-    with ThreadPoolExecutor(max_workers=min(len(unique), os.cpu_count() or 1)) as pool:
-        done = {code_of(s.source): k for s, k in zip(unique, pool.map(lambda s: compile_kernel(s, archs), unique))}
+    tasks = [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
+    with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+        images = dict(zip(((code_of(s.source), t) for s, t, _ in tasks), pool.map(lambda job: _cached(*job), tasks)))
+    done = {code: CompiledKernel(s, archs, tuple(images[code, a] for a in archs), images[code, ptx_arch], ptx_arch)
+            for code, s in ((code_of(s.source), s) for s in unique)}
     return [dataclasses.replace(done[code_of(s.source)], source=s) for s in sources]

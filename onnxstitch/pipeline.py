@@ -143,6 +143,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
+    dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
     before, before_infos = m, infos
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:

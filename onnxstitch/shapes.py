@@ -65,15 +65,52 @@ class TensorInfo:
 def symbolic_value(dim: str, dim_values: Mapping[str, int]) -> int:
     """A symbolic dim's planning value: from `dim_values`; a product that shape inference
     wrote ('8*h*w', a Reshape's merged axes) from its factors; else DEFAULT_SYMBOLIC_DIM."""
+    known = _known_value(dim, dim_values)
+    return DEFAULT_SYMBOLIC_DIM if known is None else known
+
+
+def _known_value(dim: str, dim_values: Mapping[str, int]) -> int | None:
     if dim in dim_values:
         return int(dim_values[dim])
-    factors = dim.split("*")
-    if len(factors) > 1 and all(f.strip() for f in factors):
+    factors = [f.strip() for f in dim.split("*")]
+    if len(factors) > 1 and all(factors):
         n = 1
-        for f in (f.strip() for f in factors):
-            n *= int(f) if f.isdigit() else symbolic_value(f, dim_values)
-        return n
-    return DEFAULT_SYMBOLIC_DIM
+        for f in factors:
+            v = int(f) if f.isdigit() else _known_value(f, dim_values)
+            if v is None:
+                return None
+            n *= v
+    return n if len(factors) > 1 and all(factors) else None
+
+
+def derived_dims(model: onnx.ModelProto, infos: Mapping[str, TensorInfo],
+                 dim_values: Mapping[str, int]) -> dict[str, int]:
+    """Planning values of the symbolic dims that shape inference derived from the inputs' and
+    could not write in their terms (onnxruntime's `unk__3` after a strided Conv, expressions
+    such as 'floor(samples/5) - 1'): read off a second inference of `model` with its inputs
+    fixed at their planning sizes. Without them such a dim would be planned at
+    DEFAULT_SYMBOLIC_DIM, whatever its real size (a 3199-long row planned as 64 long)."""
+    unresolved = {d for info in infos.values() if info.shape for d in info.shape
+                  if isinstance(d, str) and _known_value(d, dim_values) is None}
+    if not unresolved:
+        return {}
+    concrete = onnx.ModelProto()
+    concrete.CopyFrom(model)
+    inits = {t.name for t in concrete.graph.initializer}
+    for vi in (vi for vi in concrete.graph.input if vi.name not in inits):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_value = int(dim_values.get(d.dim_param, DEFAULT_SYMBOLIC_DIM))
+    _, fixed = infer(concrete)
+    out: dict[str, int] = {}
+    for name, info in infos.items():
+        got = fixed.get(name)
+        if info.shape is None or got is None or got.shape is None or len(got.shape) != len(info.shape):
+            continue
+        for d, v in zip(info.shape, got.shape):
+            if d in unresolved and isinstance(v, int) and d not in out:
+                out[d] = v
+    return out
 
 
 def dtype_size(dtype: int) -> int:

@@ -78,7 +78,7 @@ def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
     for graphs in (False, True):
         label = "cuda graphs" if graphs else "plain"
         try:
-            cfg = bench.BenchConfig(warmup=5, iters=job["iters"], cuda_graph=graphs, profile_runs=2)
+            cfg = bench.BenchConfig(warmup=10, iters=job["iters"], cuda_graph=graphs, profile_runs=2)
             r = bench.run(job["path"], stitched, config=cfg, dim_values=dims, overrides=overrides)
             runs.append({"label": label, "stock_ms": r.stock.median_ms, "stitched_ms": r.stitched.median_ms,
                          "speedup": r.speedup, "max_abs_err": r.max_abs_err,
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="", help="comma-separated subset")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per model (default 600)")
     ap.add_argument("--gpu", action="store_true", help="also time stock ORT CUDA EP against the stitched model")
-    ap.add_argument("--iters", type=int, default=30, help="timed runs per configuration with --gpu")
+    ap.add_argument("--iters", type=int, default=60, help="timed runs per configuration with --gpu")
     ap.add_argument("--out", type=Path, help="output folder (default bench/results/<gpu or cpu>/corpus)")
     ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "JOB", "ROW"), help=argparse.SUPPRESS)

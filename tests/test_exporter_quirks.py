@@ -389,3 +389,31 @@ g (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y) {
     res = onnxstitch.optimize(model, shapes={"N": [2]})
     assert [sorted(lbl.split(" (")[1] for lbl in g.labels) for g in res.report.plan.groups] == [["Mul)", "Sigmoid)"]]
     _same_outputs(model, res.model, {"N": 2})
+
+
+def test_dims_inference_derives_are_planned_at_their_real_size() -> None:
+    """A strided Conv over a symbolic length gives a dim that shape inference writes as an
+    expression (or onnxruntime's unk__N): its planning value comes from the planning sizes, so
+    a GroupNorm-like row over it is planned as long as it is, not DEFAULT_SYMBOLIC_DIM."""
+    rng = np.random.default_rng(fresh_seed())
+    w = numpy_helper.from_array(rng.standard_normal((8, 1, 10)).astype(np.float32), "w")
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 1, samples] x, float[8, 1, 10] w) => (float[B, 8, T] y) {
+  c = Conv <strides = [5]> (x, w)
+  m = ReduceMean <axes = [2]> (c)
+  d = Sub(c, m)
+  q = Mul(d, d)
+  v = ReduceMean <axes = [2]> (q)
+  e = Add(v, v)
+  s = Sqrt(e)
+  y = Div(d, s)
+}""")
+    del model.graph.input[1]
+    model.graph.initializer.append(w)
+    samples = 4000
+    res = onnxstitch.optimize(model, shapes={"B": [2], "samples": [samples]})
+    planned = res.report.to_json()["symbolic_dims_for_cost"]
+    frames = (samples - 10) // 5 + 1
+    derived = {k: v for k, v in planned.items() if k not in ("B", "samples")}
+    assert derived and set(derived.values()) == {frames}
+    _same_outputs(model, res.model, {"B": 2, "samples": 123})
