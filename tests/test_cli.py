@@ -176,3 +176,20 @@ def test_optimize_says_what_it_merged_and_no_merge_keeps_the_gemms_apart(tmp_pat
                   "--no-verify", "--no-merge-matmuls")
     assert res.exit_code == 0 and "sibling" not in res.output
     assert [n.op_type for n in onnx.load(tmp_path / "b.onnx").graph.node].count("MatMul") == 3
+
+
+def test_a_model_file_whose_graph_is_invalid_is_the_users_fault(tmp_path) -> None:
+    """Checked after its weights are set aside (load.load_detached): still one line, exit 2."""
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((300, 300), np.float32), "w")  # large enough to detach
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    bad = helper.make_node("Relu", ["nowhere"], ["z"])  # reads a tensor nothing makes
+    graph = helper.make_graph([node, bad], "g", [helper.make_tensor_value_info("x", 1, [2, 300])],
+                              [helper.make_tensor_value_info("y", 1, [2, 300]),
+                               helper.make_tensor_value_info("z", 1, [2, 300])], [w])
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    res = CliRunner().invoke(main, ["optimize", str(path)])
+    assert res.exit_code == 2, res.output
+    assert "invalid graph" in res.output and str(path) in res.output
