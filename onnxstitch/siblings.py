@@ -135,8 +135,8 @@ def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
         first = g.node[members[0]]
         product = f"{first.output[0]}{SUFFIX}"
         w = f"{first.input[1]}{SUFFIX}"
-        params.append(weights.add(
-            np.concatenate([weights.value(constants[g.node[i].input[1]]) for i in members], axis=1), w))
+        # Joined lazily: the store makes the wide weight only where it is read (weights.py).
+        params.append(weights.concat([constants[g.node[i].input[1]] for i in members], 1, w))
         nodes = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
         start = 0
         for out, size in zip(merged.outputs, merged.sizes):

@@ -205,8 +205,13 @@ def gpu_usable() -> bool:
 def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, np.ndarray],
          weights: Weights | None = None) -> dict[str, np.ndarray]:
     """Every output of `model` (its stubs' payloads from `weights`) on ORT, by name."""
+    large = is_large(model)  # over 2 GiB even without the detached weights: through a file
+    if weights is not None:
+        # ORT joins merged weights itself and, given bytes, maps external data files rather
+        # than copy them from memory (weights.py)
+        model = weights.session_model(model, files=not large)
     with tempfile.TemporaryDirectory() as tmp:
-        if is_large(model):  # over 2 GiB even without the detached weights: through a file
+        if large:
             source: bytes | str = os.path.join(tmp, "model.onnx")
             save(model, source)
         else:
@@ -220,7 +225,8 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
                     weights: Weights | None = None):
     """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
     (the stitched one with the onnxstitch library). `weights` supply the payloads of `model`'s
-    stubs (weights.py), `model` being what `source` holds."""
+    stubs (weights.py), `model` being what `source` holds (passed through
+    `Weights.session_model`, as `_run` does)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

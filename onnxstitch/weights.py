@@ -6,18 +6,27 @@ size and time (BERT-base: 7 GB resident and most of optimize's time for 440 MB o
 So `detach` moves the payload of every large floating-point initializer into a `Weights` store
 and leaves a stub in the model: same name, type and dims, marked as external data at a
 location only the store knows. The graph passes never read those values (they read shapes,
-scalars and small parameters, which stay inline); sibling MatMuls read and add weights through
-the store. ONNX Runtime reads stubs from the store's buffers
-(`SessionOptions.add_external_initializers_from_files_in_memory`); `attach` and `save` put the
-payloads back. Initializers that were external data on disk stay memory-mapped, unread until
-ONNX Runtime copies them or the output is written.
+scalars and small parameters, which stay inline); sibling MatMuls join weights through the
+store (`concat`), which makes the joined payload only when it is read. `attach` and `save` put
+the payloads back.
+
+Memory: a large model's weights should be resident about once, not once per copy. Initializers
+that were external data on disk stay memory-mapped here, unread until the output is written
+(copied file to file). ONNX Runtime reads them from their files itself (`session_model` points
+the stubs back at them): it maps the file and runs CPU initializers from the mapping, where
+buffers handed over in memory (`SessionOptions.add_external_initializers_from_files_in_memory`,
+still used for weights that came inline) are copied into every session (Qwen2-0.5B: +2 GB and
+6 s per session). A joined weight reaches a session as a Concat of its parts, which ORT folds
+when the session starts.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -29,6 +38,11 @@ from onnx import TensorProto, helper, numpy_helper
 DETACH_ABOVE = 65536
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 _PREFIX = "onnxstitch-weight-"
+# Payloads are written and joined this many bytes at a time, so a copy never holds a whole one.
+_CHUNK = 64 << 20
+# ONNX Runtime session config: the folder external data locations are relative to, for a model
+# given as bytes.
+_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 
 
 def _numel(t: TensorProto) -> int:
@@ -49,31 +63,71 @@ def _external_fields(t: TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in t.external_data}
 
 
+def _set_external(t: TensorProto, location: str, offset: int, length: int) -> None:
+    del t.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = t.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def _write_all(f: Any, data: Any) -> int:
+    """Write all of `data` to the unbuffered file `f` (one write may take less); its length."""
+    view = memoryview(data).cast("B")
+    total = len(view)
+    while view:
+        view = view[f.write(view):]
+    return total
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """Where a payload lies in an external data file (`location` relative to the store's base
+    directory)."""
+
+    location: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class _Concat:
+    """A payload made when it is read: `parts` (stubs of the same store or small inline
+    initializers, of one dtype) joined along `axis`."""
+
+    parts: tuple[TensorProto, ...]
+    axis: int
+    nbytes: int
+
+
 class Weights:
     """Payloads of a model's detached initializers, by stub location. Buffers are bytes (moved
-    out of the protobuf) or read-only memory maps of the model's external data files."""
+    out of the protobuf), read-only memory maps of the model's external data files, or joins of
+    other payloads made on demand (`concat`)."""
 
     def __init__(self) -> None:
-        self._data: dict[str, memoryview | bytes] = {}
+        self._data: dict[str, memoryview | bytes | _Concat] = {}
         self._maps: list[mmap.mmap] = []
+        # Payloads that are a range of an external data file, by stub location, and the folder
+        # their locations are relative to: what ONNX Runtime can map itself.
+        self._extents: dict[str, _Extent] = {}
+        self._base_dir: Path | None = None
 
     def __len__(self) -> int:
         return len(self._data)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (memory-mapped ones counted)."""
-        return sum(len(b) for b in self._data.values())
+        """Bytes held (memory-mapped ones and joins not yet made counted)."""
+        return sum(b.nbytes if isinstance(b, _Concat) else len(b) for b in self._data.values())
 
-    def _stub(self, t: TensorProto, payload: memoryview | bytes) -> None:
+    def _stub(self, t: TensorProto, payload: memoryview | bytes | _Concat) -> str:
         loc = f"{_PREFIX}{len(self._data)}"
         self._data[loc] = payload
         for field in ("raw_data", "float_data", "int32_data", "double_data", "external_data"):
             t.ClearField(field)
         t.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", loc), ("offset", "0"), ("length", str(len(payload)))):
-            entry = t.external_data.add()
-            entry.key, entry.value = key, value
+        _set_external(t, loc, 0, payload.nbytes if isinstance(payload, _Concat) else len(payload))
+        return loc
 
     def _mapped(self, path: Path) -> mmap.mmap:
         with open(path, "rb") as f:
@@ -87,6 +141,7 @@ class Weights:
         in place. Initializers stored as external data (loaded without it, relative to
         `base_dir`) are memory-mapped from their files instead of read."""
         store = cls()
+        base = Path(base_dir or ".").resolve()
         maps: dict[Path, mmap.mmap] = {}
         for t in model.graph.initializer:
             if is_stub(t):
@@ -94,14 +149,15 @@ class Weights:
             large = t.data_type in _FLOATS and _numel(t) > DETACH_ABOVE
             if t.data_location == TensorProto.EXTERNAL:
                 fields = _external_fields(t)
-                path = Path(base_dir or ".") / fields["location"]
+                path = base / fields["location"]
                 if path not in maps:
                     maps[path] = store._mapped(path)
                 offset = int(fields.get("offset", 0))
                 length = int(fields.get("length", len(maps[path]) - offset))
                 payload = memoryview(maps[path])[offset:offset + length]
                 if large:
-                    store._stub(t, payload)
+                    store._extents[store._stub(t, payload)] = _Extent(fields["location"], offset, length)
+                    store._base_dir = base
                 else:  # small: inline, so the graph alone is whole (biases, shapes, masks)
                     del t.external_data[:]
                     t.data_location = TensorProto.DEFAULT
@@ -114,13 +170,59 @@ class Weights:
                 store._stub(t, numpy_helper.to_array(t).tobytes())
         return store
 
+    def _raw(self, t: TensorProto) -> memoryview | bytes:
+        """An initializer's little-endian bytes, stub or not (a join is made here)."""
+        if not is_stub(t):
+            return numpy_helper.to_array(t).tobytes()
+        payload = self._data[_location(t)]
+        if not isinstance(payload, _Concat):
+            return payload
+        joined = np.empty(payload.nbytes, np.uint8)
+        at = 0
+        for chunk in self._join_chunks(payload):
+            joined[at:at + chunk.size] = chunk
+            at += chunk.size
+        return memoryview(joined)
+
+    def _span(self, t: TensorProto, start: int, stop: int, into: np.ndarray) -> np.ndarray:
+        """Bytes [start, stop) of an initializer's payload, in the front of the uint8 array
+        `into`. A range of an external data file is read from the file: read through the map,
+        its pages would stay in this process's resident size."""
+        out = into[:stop - start]
+        extent = self._extents.get(_location(t)) if is_stub(t) else None
+        if extent is None:
+            out[:] = np.frombuffer(self._raw(t), np.uint8)[start:stop]
+            return out
+        with open(self._base_dir / extent.location, "rb") as f:
+            f.seek(extent.offset + start)
+            if f.readinto(memoryview(out)) != out.size:
+                raise OSError(f"{extent.location}: ends before {extent.offset + stop} bytes")
+        return out
+
+    def _join_chunks(self, join: _Concat) -> Iterator[np.ndarray]:
+        """A join's payload in pieces of about _CHUNK bytes, each valid until the next is made
+        (their buffers are reused): the parts are row-major, so rows [r, s) of the axes before
+        the joined one are the same rows of every part, side by side."""
+        outer = int(np.prod(join.parts[0].dims[:join.axis]))
+        widths = [_numel(p) * helper.tensor_dtype_to_np_dtype(p.data_type).itemsize // max(outer, 1)
+                  for p in join.parts]
+        rows = min(outer, max(1, _CHUNK // max(sum(widths), 1)))
+        chunk = np.empty((rows, sum(widths)), np.uint8)
+        scratch = np.empty(rows * max(widths, default=0), np.uint8)
+        for r in range(0, outer, rows):
+            s = min(r + rows, outer)
+            col = 0
+            for p, w in zip(join.parts, widths):
+                chunk[:s - r, col:col + w] = self._span(p, r * w, s * w, scratch).reshape(s - r, w)
+                col += w
+            yield chunk[:s - r].reshape(-1)
+
     def value(self, t: TensorProto) -> np.ndarray:
         """An initializer's value, stub or not."""
         if not is_stub(t):
             return numpy_helper.to_array(t)
-        data = self._data[_location(t)]
         dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-        return np.frombuffer(data, dtype=dtype).reshape(tuple(t.dims))
+        return np.frombuffer(self._raw(t), dtype=dtype).reshape(tuple(t.dims))
 
     def add(self, array: np.ndarray, name: str) -> TensorProto:
         """A new initializer of `array`: a stub when it is as large as a detached weight."""
@@ -129,25 +231,85 @@ class Weights:
             self._stub(t, t.raw_data)
         return t
 
-    def buffers(self, model: onnx.ModelProto) -> Iterator[tuple[str, memoryview | bytes]]:
-        """(location, payload) of every stub among `model`'s initializers."""
-        seen = set()
-        for t in model.graph.initializer:
-            if is_stub(t) and (loc := _location(t)) not in seen:
-                seen.add(loc)
-                yield loc, self._data[loc]
+    def concat(self, tensors: Sequence[TensorProto], axis: int, name: str) -> TensorProto:
+        """A new initializer `name`: `tensors` (initializers of one dtype and rank, stubs of
+        this store or inline) joined along `axis`. When it is as large as a detached weight it
+        is a stub whose payload is made only where it is read (`value`, `attach`, `save`), in
+        chunks when saved; sessions join it themselves (`session_model`)."""
+        axis = axis % len(tensors[0].dims)
+        dims = list(tensors[0].dims)
+        dims[axis] = sum(int(t.dims[axis]) for t in tensors)
+        dtype = tensors[0].data_type
+        if not (dtype in _FLOATS and int(np.prod(dims)) > DETACH_ABOVE):
+            return numpy_helper.from_array(np.concatenate([self.value(t) for t in tensors], axis=axis), name)
+        parts = []
+        for t in tensors:
+            part = TensorProto()
+            part.CopyFrom(t)
+            parts.append(part)
+        nbytes = int(np.prod(dims)) * helper.tensor_dtype_to_np_dtype(dtype).itemsize
+        out = TensorProto(name=name, data_type=dtype, dims=dims)
+        self._stub(out, _Concat(tuple(parts), axis, nbytes))
+        return out
+
+    def session_model(self, model: onnx.ModelProto, files: bool = True) -> onnx.ModelProto:
+        """`model` as ONNX Runtime should read it, with `session_options`: each join is a Concat
+        node of its parts (ORT folds it as the session starts; the store never makes it) and,
+        with `files` (for a model given to ORT as bytes), stubs of payloads in external data
+        files point at their file (ORT maps it: no copy in either process). Other stubs stay,
+        for `session_options` to supply. `model` itself when there is nothing to change."""
+        def changed(t: TensorProto) -> bool:
+            return is_stub(t) and (isinstance(self._data[_location(t)], _Concat) or
+                                   (files and _location(t) in self._extents))
+
+        if not any(changed(t) for t in model.graph.initializer):
+            return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        keep, joins = [], []
+        for t in out.graph.initializer:
+            if not (is_stub(t) and isinstance(join := self._data[_location(t)], _Concat)):
+                keep.append(t)
+                continue
+            names = []
+            for i, part in enumerate(join.parts):
+                p = TensorProto()
+                p.CopyFrom(part)
+                p.name = f"{t.name}~part{i}"
+                keep.append(p)
+                names.append(p.name)
+            joins.append(helper.make_node("Concat", names, [t.name], name=f"{t.name}~concat", axis=join.axis))
+        for t in keep:
+            if files and is_stub(t) and (extent := self._extents.get(_location(t))):
+                _set_external(t, extent.location, extent.offset, extent.length)
+        del out.graph.initializer[:]
+        out.graph.initializer.extend(keep)
+        if joins:  # ORT sorts the graph itself; first is simply where they belong
+            nodes = joins + list(out.graph.node)
+            del out.graph.node[:]
+            out.graph.node.extend(nodes)
+        return out
 
     def session_options(self, model: onnx.ModelProto, options: Any = None) -> Any:
-        """ONNX Runtime SessionOptions (`options`, or new ones) that supply `model`'s stubs."""
+        """ONNX Runtime SessionOptions (`options`, or new ones) that supply the stubs of `model`
+        (from `session_model`) from memory and name the folder of the external data files it
+        points at. Raises ValueError for a model with joins still as stubs: ORT would read
+        their payloads after the buffers made for it here were gone."""
         import onnxruntime as ort
 
         options = options or ort.SessionOptions()
         names, buffers = [], []
-        for loc, data in self.buffers(model):
-            names.append(loc)
-            buffers.append(data)
+        for t in model.graph.initializer:
+            if is_stub(t) and (loc := _location(t)) not in names:
+                if isinstance(self._data[loc], _Concat):
+                    raise ValueError(f"initializer {t.name!r} is a join: pass the model through session_model")
+                names.append(loc)
+                buffers.append(self._data[loc])
         if names:
             options.add_external_initializers_from_files_in_memory(names, buffers, [len(b) for b in buffers])
+        if self._base_dir is not None and any(
+                t.data_location == TensorProto.EXTERNAL and not is_stub(t) for t in model.graph.initializer):
+            options.add_session_config_entry(_FOLDER_KEY, str(self._base_dir))
         return options
 
     def attach(self, model: onnx.ModelProto) -> onnx.ModelProto:
@@ -156,11 +318,33 @@ class Weights:
         out.CopyFrom(model)
         for t in out.graph.initializer:
             if is_stub(t):
-                data = self._data[_location(t)]
+                data = bytes(self._raw(t))
                 t.ClearField("external_data")
                 t.data_location = TensorProto.DEFAULT
-                t.raw_data = bytes(data)
+                t.raw_data = data
         return out
+
+    def _write(self, f: Any, t: TensorProto) -> int:
+        """Write a stub's payload to the unbuffered file `f`; returns its length. A range of an
+        external data file is copied by the kernel (sendfile), a join a chunk at a time."""
+        loc = _location(t)
+        extent = self._extents.get(loc)
+        if extent is not None and sys.platform.startswith("linux"):
+            with open(self._base_dir / extent.location, "rb") as src:
+                offset, left = extent.offset, extent.length
+                while left:
+                    n = os.sendfile(f.fileno(), src.fileno(), offset, left)
+                    if n == 0:
+                        raise OSError(f"{extent.location}: ends before {extent.offset + extent.length} bytes")
+                    offset, left = offset + n, left - n
+            return extent.length
+        payload = self._data[loc]
+        if isinstance(payload, _Concat):
+            chunks: Iterator = self._join_chunks(payload)
+        else:
+            view = memoryview(payload).cast("B")
+            chunks = (view[i:i + _CHUNK] for i in range(0, len(view), _CHUNK))
+        return sum(_write_all(f, chunk) for chunk in chunks)
 
     def save(self, model: onnx.ModelProto, path: str | os.PathLike, external: bool) -> None:
         """Write `model` with its payloads to `path`: inside the file, or with `external` in
@@ -173,20 +357,16 @@ class Weights:
         out.CopyFrom(model)
         data_name = path.name + ".data"
         offset = 0
-        with open(path.parent / data_name, "wb") as f:
+        with open(path.parent / data_name, "wb", buffering=0) as f:
             for t in out.graph.initializer:
                 if not is_stub(t):
                     continue
-                payload = self._data[_location(t)]
                 pad = (-offset) % 4096  # aligned, as onnx's own writer does, so ORT can map them
-                f.write(b"\0" * pad)
+                _write_all(f, b"\0" * pad)
                 offset += pad
-                f.write(payload)
-                del t.external_data[:]
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(payload)))):
-                    entry = t.external_data.add()
-                    entry.key, entry.value = key, value
-                offset += len(payload)
+                length = self._write(f, t)
+                _set_external(t, data_name, offset, length)
+                offset += length
         onnx.save(out, str(path))
 
     def checkable(self, model: onnx.ModelProto) -> onnx.ModelProto:
