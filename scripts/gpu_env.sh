@@ -14,3 +14,4 @@ gpu_setup() {
     python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
   } 2>&1 | tee "$1"
 }
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}  # the image's site-packages have no bytecode: compile it once, as an install does

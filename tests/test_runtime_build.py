@@ -350,3 +350,24 @@ def test_bad_output_views_are_refused(cpu_lib: Path, views, message):
     model = probe_model([2, 6], [6], output_views=views)
     with pytest.raises(Exception, match=f"fused0.*{message}"):
         cpu_run(cpu_lib, model, np.zeros((2, 6), F32), np.zeros(6, F32))
+
+
+def test_an_unknown_output_dim_is_a_fresh_symbol_not_minus_one(lib: Path):
+    # ORT writes an inferred dim without a name as that number: a remainder the library cannot
+    # size ([b, 6] split [b, -1, 2], b symbolic) given as -1 became the size -1, and what ORT
+    # inferred downstream from it was wrong (a Reshape [0, -1] gave [b, -2], and the MatMul
+    # after it failed graph resolution). As a fresh name it is simply unknown.
+    node = helper.make_node("FusedKernel", ["x", "y"], ["z0"], name="fused0", domain="com.onnxstitch",
+                            kernel_name="k0", vec_width=4, input_kinds=[1, 1], output_dtypes=[TensorProto.FLOAT],
+                            shape_rule="broadcast", ptx=b"// none", output_views=[3, -2, -1, 2, 0, 2, 1, 3, -2, -3, -4])
+    shape = helper.make_tensor("s", TensorProto.INT64, [2], [0, -1])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [6, 3], [0.0] * 18)
+    graph = helper.make_graph(
+        [node, helper.make_node("Reshape", ["z0", "s"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["out"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 6]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], [shape, w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.onnxstitch", 1)],
+                              ir_version=10).SerializeToString()
+    err = cpu_session_error(model, lib)
+    assert "NOT_IMPLEMENTED" in err and "fused0" in err, err

@@ -20,6 +20,7 @@
 #include <onnxruntime_c_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -938,6 +939,16 @@ bool BroadcastSymbolic(const std::vector<std::vector<ShapeDim>>& ins, std::vecto
   return true;
 }
 
+// A name for a dim shape inference cannot size. ORT writes a dim given without a name as that
+// number (ShapeInferContext_SetOutputTypeShape), so an unknown one given as -1 became the size
+// -1, and ORT's inference downstream computed from it (a Reshape [0, -1] of [b, 2, -1] gave
+// [b, -2]). A name of its own leaves it unknown and equal to nothing else; the counter only
+// keeps names apart, as ORT's own symbolic names are.
+std::string UnknownDimName() {
+  static std::atomic<unsigned long long> next{0};
+  return "onnxstitch_unk_" + std::to_string(next.fetch_add(1, std::memory_order_relaxed));
+}
+
 void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
   std::string rule;
   if (!ReadString(api, ctx, "shape_rule", &rule) || (rule != "broadcast" && rule != "rows" && rule != "attention")) return;
@@ -1030,7 +1041,12 @@ void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
     std::vector<const char*> names;
     std::vector<ShapeDim> viewed;
     if (views[o].present && !ViewShape(views[o], shape, &viewed, &view_error)) return;
-    for (const ShapeDim& d : views[o].present ? viewed : shape) {
+    std::vector<ShapeDim>& dims = views[o].present ? viewed : shape;
+    std::vector<ShapeDim> named(dims);
+    for (ShapeDim& d : named) {
+      if (d.symbol.empty() && d.value < 0) d.symbol = UnknownDimName();
+    }
+    for (const ShapeDim& d : named) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
     }
