@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .codegen import KernelSource, code_of
+from .schemes.source import KernelSource, code_of
 from .errors import CompileError, first_line
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from . import ops, rows
+from . import ops
 from .graph import FusionGraph
+from .schemes.rows import geometry as rows
 
 H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
 H200_BANDWIDTH_GBS = 4090.0  # measured by scripts/bench_elementwise.py, 2026-11-22 (DESIGN.md: 3960)

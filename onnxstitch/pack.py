@@ -34,11 +34,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import concats, rows, views
+from . import concats, views
 from .cost import CostModel
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
 from .plan import Group, PackRefusal, Plan, contract, make_group, topological_groups
 from .shapes import fmt
+from .schemes.rows import geometry as rows
 
 
 def levels(graph: FusionGraph, groups: Sequence[Sequence[int]]) -> list[int]:

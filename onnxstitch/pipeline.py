@@ -12,13 +12,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import onnx
 
-from . import attention as attention_mod, codegen, codegen_attention, codegen_rows, compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
-from . import pack as pack_mod, rewrite, rows, siblings, simplify as simplify_mod, views
+from . import compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
+from . import pack as pack_mod, rewrite, siblings, simplify as simplify_mod
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .errors import StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
+from .schemes import registry, source as source_mod
+from .schemes.attention import match as attention_mod
 from .weights import Weights
 
 Progress = Callable[[str], None]
@@ -190,7 +192,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         # Slices; a group norm's Reshapes as they were).
         given = graph_mod.build(before, before_infos, dim_values, reductions, clusters)
         plan = dataclasses.replace(plan, **unfused_totals(given, cost))
-    sources = stage("codegen", lambda: [codegen.named_by_code(generate_kernel(g, codegen.PLACEHOLDER, grp.nodes))
+    sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
                                         for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
     built = list(zip(plan.groups, kernels))
@@ -226,8 +228,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                         "the group is" if len(at_fault) == 1 else f"{len(at_fault)} groups are")
             dropped += [{"group": grp.name, "reason": first_line(e)} for grp, _ in built if grp.name in at_fault]
             built = [(grp, k) for grp, k in built if grp.name not in at_fault]
-    kinfo = tuple({"group": grp.name, "kernel": k.source.name, **_launch(g, grp, k.source),
-                   "input_kinds": ["full" if x == codegen.FULL else "broadcast" for x in k.source.input_kinds],
+    kinfo = tuple({"group": grp.name, "kernel": k.source.name,
+                   **registry.get(k.source.scheme).describe(g, grp, k.source),
+                   "input_kinds": ["full" if x == source_mod.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in built)
     report = Report(plan, len(before.graph.node), len(out.graph.node),
@@ -253,42 +256,9 @@ def _bisect(built: list, attempt: Callable[[list], Any]) -> str:
     return suspects[0][0].name
 
 
-def _launch(g: graph_mod.FusionGraph, grp: Group, src: codegen.KernelSource) -> dict:
-    """How a kernel is launched, for the report: its scheme and launch shape (docs/abi.md)."""
-    if src.shape_rule == "attention":
-        head, queries, threads, shared, _, transposed = src.attention[:6]
-        out = {"scheme": "attention", "head_size": head, "queries_per_block": queries, "block": threads,
-               "shared_bytes": shared, "transposed_output": bool(transposed), "tf32": True}
-        if len(src.attention) > 6:  # q, kᵀ, v read from their projections
-            out |= {"heads": src.attention[6], "column_offsets": list(src.attention[7:10]),
-                    "biases": bool(src.attention[10])}
-        return out
-    if src.shape_rule == "rows":
-        per_block = src.block_threads // src.row_threads
-        return {"scheme": "rows", "vec_width": src.vec_width, "row_axes": src.row_axes,
-                "threads_per_row": src.row_threads, "block": src.block_threads, "rows_per_block": per_block,
-                **({"blocks_per_row": src.row_split} if src.row_split > 1 else {})}
-    out = {"scheme": "elementwise", "vec_width": src.vec_width, "block": 256}
-    if src.output_views:
-        out["views"] = views.describe(views.group_views(g, frozenset(grp.nodes), src.outputs))
-    if src.input_boxes:
-        out["boxes"] = [{"input": b.tensor, "source": b.source, "axis": b.axis, "start": b.start, "stop": b.stop}
-                        for b in src.input_boxes if b is not None]
-    if src.input_windows:
-        out["windows"] = [{"input": t, "axis": w.axis, "origin": w.origin, "size": w.size, "total": w.total}
-                          for t, w in zip(src.inputs, src.input_windows) if w is not None]
-    return out
-
-
-def generate_kernel(g: graph_mod.FusionGraph, name: str, nodes: tuple[int, ...]) -> codegen.KernelSource:
-    """The attention scheme for an attention chain, the rows scheme for a group with
-    reductions, else the elementwise scheme."""
-    chain = attention_mod.of_group(g, nodes)
-    if chain is not None:
-        return codegen_attention.generate(g, name, chain)
-    if rows.has_rows(g, nodes):
-        return codegen_rows.generate_rows(g, name, nodes)
-    return codegen.generate(g, name, nodes)
+def generate_kernel(g: graph_mod.FusionGraph, name: str, group: Group) -> source_mod.KernelSource:
+    """The kernel of `group`, by the scheme it carries."""
+    return registry.get(group.scheme).generate(g, name, group)
 
 
 def _check(model: onnx.ModelProto, original: onnx.ModelProto) -> None:

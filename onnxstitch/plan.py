@@ -29,13 +29,15 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import mip
 
 from .candidates import Candidates, Rejection, enumerate_candidates, iter_bits
 from .cost import CostModel, group_bytes, group_us, node_bytes, node_us
 from .graph import FusionGraph
+from .schemes import ELEMENTWISE, ROWS
+from .schemes.rows import geometry
 from .shapes import Shape
 
 # Relative MIP gap. CBC's default (1e-4) would hide byte-level differences between plans with
@@ -59,8 +61,12 @@ class Group:
     labels: tuple[str, ...] = ()  # node labels, for reports
     parts: tuple[tuple[int, ...], ...] = ()  # packed groups (pack.py), empty when not packed
     # Its products round their inputs to TF32 as ONNX Runtime's float32 GEMMs do by default
-    # (attention.py): verified at TF32's accuracy, not float32's.
+    # (schemes/attention): verified at TF32's accuracy, not float32's.
     tf32: bool = False
+    # The kernel scheme that runs it (schemes/registry.py) and what that scheme matched (an
+    # attention chain), so that no later stage has to find out again.
+    scheme: str = ELEMENTWISE
+    payload: Any = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         """A JSON-ready dict."""
@@ -72,6 +78,7 @@ class Group:
             out["packed_from"] = [list(p) for p in self.parts]
         if self.tf32:
             out["tf32"] = True
+        out["scheme"] = self.scheme
         return out
 
 
@@ -358,10 +365,13 @@ def _give_up(out: _Outcome, why: str) -> _Outcome:
 
 
 def make_group(graph: FusionGraph, cost: CostModel, name: str, members: tuple[int, ...]) -> Group:
+    """The plan's group over `members`: a rows kernel where it holds a row reduction, else an
+    elementwise one."""
     s = frozenset(members)
     ins, outs = graph.boundary(s)
     return Group(name, members, ins, outs, graph.iteration_shape(s), group_bytes(graph, s),
-                 group_us(graph, cost, s), tuple(graph.nodes[i].label for i in members))
+                 group_us(graph, cost, s), tuple(graph.nodes[i].label for i in members),
+                 scheme=ROWS if geometry.has_rows(graph, s) else ELEMENTWISE)
 
 
 def unfused_totals(graph: FusionGraph, cost: CostModel) -> dict[str, float | int]:

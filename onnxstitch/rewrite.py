@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel
+from .schemes import registry
 from . import concats, ops, slices, views
 from .graph import FusionGraph, implicit_inputs
 
@@ -53,21 +54,11 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     # has no type to infer.
     node.attribute.append(helper.make_attribute("input_kinds", list(k.source.input_kinds),
                                                 attr_type=onnx.AttributeProto.INTS))
-    if k.source.shape_rule == "rows":
-        node.attribute.append(helper.make_attribute("output_kinds", list(k.source.output_kinds),
-                                                    attr_type=onnx.AttributeProto.INTS))
-        node.attribute.append(helper.make_attribute(
-            "row_geometry", [k.source.row_axes, k.source.row_threads, k.source.block_threads]
-            + ([k.source.row_inner] if k.source.row_inner or k.source.row_split > 1 else [])
-            + ([k.source.row_split] if k.source.row_split > 1 else [])))
-    if k.source.output_views:
-        node.attribute.append(helper.make_attribute("output_views", list(k.source.output_views)))
+    node.attribute.extend(registry.get(k.source.scheme).attributes(k.source))
     if k.source.input_boxes:
         node.attribute.append(helper.make_attribute("input_boxes", slices.encode_all(k.source.input_boxes)))
     if k.source.input_windows:
         node.attribute.append(helper.make_attribute("input_windows", concats.encode_all(k.source.input_windows)))
-    if k.source.attention:
-        node.attribute.append(helper.make_attribute("attention", list(k.source.attention)))
     node.overload = group.name
     return node
 
@@ -80,8 +71,9 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # [C] parameters that channel_params replaced by [C, 1, …] inputs. Function bodies cannot
     # see graph initializers.
     inits = {i.name: i for i in model.graph.initializer}
-    # An attention chain's body is its nodes as they are, its Transpose included.
-    chain = src.shape_rule == "attention"
+    # A scheme whose kernels read their own shape and slice parameters (attention) has the
+    # group's nodes as they are for its body.
+    chain = registry.get(src.scheme).fallback_verbatim
     # Layout tails go into the body as the original nodes wherever their shape inputs are
     # constants (the body is then the original subgraph, verbatim); a tail whose shapes are
     # computed at run time, which the function does not receive, is written as the view the

@@ -23,7 +23,11 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnxstitch import attention, bench, codegen_attention, compile as nvrtc  # noqa: E402
+from onnxstitch import bench, compile as nvrtc  # noqa: E402
+
+from onnxstitch.schemes.attention import match as attention  # noqa: E402
+
+from onnxstitch.schemes.attention import codegen as codegen_attention  # noqa: E402
 from onnxstitch import graph as graph_mod  # noqa: E402
 from scripts.bench_elementwise import launch_ms  # noqa: E402
 from tests.host_kernels import attention_args  # noqa: E402
@@ -75,7 +79,7 @@ def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOpt
     mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
     assert cuda.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(image)) == 0
     assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, src.entries[0].encode()) == 0
-    shared = src.attention[3]
+    shared = src.spec.shared_bytes
     assert cuda.cuFuncSetAttribute(fn, 8, shared) == 0  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     dev = {k: cp.asarray(v) for k, v in values.items()}  # named as the model's tensors, src.inputs
     out = cp.full(want.shape, np.nan, cp.float32)
@@ -84,7 +88,7 @@ def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOpt
     params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
 
     def launch():
-        r = cuda.cuLaunchKernel(fn, blocks, 1, 1, src.attention[2], 1, 1, shared, None, params, None)
+        r = cuda.cuLaunchKernel(fn, blocks, 1, 1, src.spec.threads, 1, 1, shared, None, params, None)
         assert r == 0, f"cuLaunchKernel: {r}"
 
     launch()

@@ -79,7 +79,9 @@ def variant_images(model: onnx.ModelProto, shapes: dict) -> dict[str, tuple[byte
     """The single fused kernel of `model` compiled under each KernelOptions combination."""
     import cupy as cp
 
-    from onnxstitch import codegen, compile as nvrtc, graph as graph_mod, load
+    from onnxstitch import compile as nvrtc, graph as graph_mod, load
+
+    from onnxstitch.schemes.elementwise import codegen
     from onnxstitch import shapes as shapes_mod
     from onnxstitch.plan import make_plan
 

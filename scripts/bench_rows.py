@@ -25,7 +25,9 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
-from onnxstitch import bench, codegen_rows, rows as rows_mod  # noqa: E402
+from onnxstitch import bench  # noqa: E402
+from onnxstitch.schemes.rows import printer as rows_printer  # noqa: E402
+from onnxstitch.schemes.rows import geometry as rows_mod  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from scripts.bench_elementwise import _Args, copy_bandwidth, launch_ms, node_image  # noqa: E402
 
@@ -176,15 +178,15 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
     import cupy as cp
 
     if unsplit or split:
-        saved = rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH
+        saved = rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH
         k, per_thread, prefetch = split or (1, saved[1], saved[2])
         rows_mod.split_factor = lambda cols, n: k
-        rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH = per_thread, prefetch
+        rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH = per_thread, prefetch
         try:
             res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False,
                                       archs=("sm_90",))
         finally:
-            rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, codegen_rows.SPLIT_PREFETCH = saved
+            rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH = saved
     elif threads is None:
         res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
     else:  # a sweep: the planner's kernel regenerated with other threads per row

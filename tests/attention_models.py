@@ -9,7 +9,11 @@ import onnx
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from onnxstitch import attention, graph as graph_mod, load, shapes
+from onnxstitch import graph as graph_mod, load, shapes
+
+
+
+from onnxstitch.schemes.attention import match as attention
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxstitch import graph as graph_mod
-from onnxstitch.codegen import KernelSource
+from onnxstitch.schemes.source import KernelSource
 from onnxstitch.graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +38,7 @@ _ASM = re.compile(r'asm\("([\w.]+) %0, %1(?:, %2)?;" : "=\w"\((\w+)\) : "\w"\((\
 # host forms.
 _DEVICE_ONLY = re.compile(r"#if defined\(__CUDA_ARCH__\)[^\n]*\n.*?#endif\n", re.S)
 _SHARED = re.compile(r"__shared__ ([\w ]+?) (\w+)((?:\[[^\]]+\])+);")
-# Dynamic shared memory (attention kernels): its size is the launch's, KernelSource.attention[3].
+# Dynamic shared memory (attention kernels): its size is the launch's, AttentionSpec.shared_bytes.
 _DYNAMIC = re.compile(r"extern __shared__ __align__\(\d+\) ([\w ]+?) (\w+)\[\];")
 
 
@@ -55,7 +55,7 @@ def host_source(src: KernelSource) -> str:
     body = _SHARED.sub(lambda m: f"auto& {m[2]} = stitch_host::shared<{m[1]}{m[3]}>({next(ids)});", body)
     if src.shape_rule == "attention":
         body = _DYNAMIC.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(stitch_host::block->storage("
-                            f"{next(ids)}, {src.attention[3]}));", body)
+                            f"{next(ids)}, {src.spec.shared_bytes}));", body)
     assert "asm(" not in body and "__shared__" not in body, "a device construct without a host form"
     if src.shape_rule == "attention":
         (entry,) = src.entries
@@ -64,8 +64,8 @@ def host_source(src: KernelSource) -> str:
                 f'  (void)wide; (void)clusters;\n  stitch_host_launch({entry}, *a, grid, threads);\n}}\n')
     fast, wide = src.entries
     plain = f"if (wide) stitch_host_launch({wide}, *a, grid, threads); else stitch_host_launch({fast}, *a, grid, threads);"
-    if src.row_split > 1:
-        ks = src.row_split
+    if src.shape_rule == "rows" and src.spec.row_split > 1:
+        ks = src.spec.row_split
         plain = (f"if (clusters && wide) stitch_host_launch_clusters({wide}_cl, *a, grid, threads, {ks});\n"
                  f"  else if (clusters) stitch_host_launch_clusters({fast}_cl, *a, grid, threads, {ks});\n  else {plain}")
     return (f'#include "host_cuda.h"\n{body}\n'
@@ -139,10 +139,12 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
     counted = lifted(src, inputs)
     shape = np.broadcast_shapes(*counted) if inputs else ()
     n = math.prod(shape)
-    stop = len(shape) - src.row_inner  # rows kernels: the row's axes are [stop - row_axes, stop)
-    rows = math.prod(shape[:stop - src.row_axes]) * math.prod(shape[stop:])
+    rows = 0
+    if src.shape_rule == "rows":
+        stop = len(shape) - src.spec.row_inner  # the row's axes are [stop - row_axes, stop)
+        rows = math.prod(shape[:stop - src.spec.row_axes]) * math.prod(shape[stop:])
     # Nothing to launch for empty outputs, except row-shaped outputs of empty rows (docs/abi.md).
-    if n == 0 and not (src.shape_rule == "rows" and rows > 0 and any(k != 0 for k in src.output_kinds)):
+    if n == 0 and not (src.shape_rule == "rows" and rows > 0 and any(k != 0 for k in src.spec.output_kinds)):
         return
     a = _Args()
     a.n, a.rank = n, len(shape)
@@ -160,10 +162,10 @@ def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np
         assert y.flags.c_contiguous
         a.out[k] = y.ctypes.data
     if src.shape_rule == "rows":
-        threads = src.block_threads
-        grid = max(1, min(math.ceil(rows / (threads // src.row_threads)), grid_cap))
-        if clusters and src.row_split > 1:
-            grid *= src.row_split  # whole clusters, rows grid-strided by cluster
+        threads = src.spec.block_threads
+        grid = max(1, min(math.ceil(rows / (threads // src.spec.row_threads)), grid_cap))
+        if clusters and src.spec.row_split > 1:
+            grid *= src.spec.row_split  # whole clusters, rows grid-strided by cluster
         use_wide = n >= 2 ** 30 if wide is None else wide
     else:
         aligned = all(x.ctypes.data % 16 == 0 for x, kind in zip(inputs, src.input_kinds) if kind == 0) and \
@@ -194,17 +196,17 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
     or xq, xk, xv and their biases, then the masks) and the output of `out_shape` at `out`: dims
     [B, H, Sq, Sk] (B = 1 for rank-3 operands), mask k's element strides over them
     (right-aligned, 0 where it broadcasts) in strides[first mask + k], the projections' widths in
-    strides[0..2][0], n = B·H·Sq·D; a block of `attention[2]` threads per (batch, head, tile of
-    `attention[1]` queries). Host launches and scripts/bench_attention.py share it."""
-    head, queries, _, _, masks, transposed = src.attention[:6]
-    projected = len(src.attention) == 11
-    first = 6 if projected and src.attention[10] else 3
+    strides[0..2][0], n = B·H·Sq·D; a block of `spec.threads` threads per (batch, head, tile of
+    `spec.queries` queries). Host launches and scripts/bench_attention.py share it."""
+    spec = src.spec
+    head, queries, masks, transposed, projected = spec.head_size, spec.queries, spec.masks, spec.transposed, spec.projected
+    first = 6 if projected and spec.biases else 3
     assert len(shapes) == len(pointers) == first + masks, "q, kᵀ, v (or xq, xk, xv and biases) and the masks"
     qs, ks, vs = shapes[:3]
     a = _Args()
     if projected:
         # xq [b, Sq, Wq], xk and xv [b, Sk, W]: head j at columns offset + j·D; widths in strides[i][0].
-        heads, offsets = src.attention[6], src.attention[7:10]
+        heads, offsets = spec.heads, spec.column_offsets
         assert all(len(x) == 3 and x[0] == qs[0] and x[2] % 4 == 0 and o + heads * head <= x[2]
                    for x, o in zip((qs, ks, vs), offsets)) and ks[1] == vs[1]
         assert all(tuple(x) == (heads * head,) for x in shapes[3:first])
@@ -247,7 +249,7 @@ def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: 
     a, grid = attention_args(src, [x.shape for x in inputs], [x.ctypes.data for x in inputs], y.shape, y.ctypes.data)
     if a.n == 0:
         return  # nothing to compute, as the runtime
-    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, src.attention[2], 0, 0)
+    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, src.spec.threads, 0, 0)
 
 
 def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Sequence[str],
@@ -273,7 +275,7 @@ def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     m, infos = normal.model, normal.tensors
     g = graph_mod.build(m, infos, dim_values, True)
     groups = pack.pack(g, plan.make_plan(g)).groups
-    return m, g, groups, [generate_kernel(g, f"stitch_h{k}", grp.nodes) for k, grp in enumerate(groups)]
+    return m, g, groups, [generate_kernel(g, f"stitch_h{k}", grp) for k, grp in enumerate(groups)]
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], out_like: Mapping[str, np.ndarray],

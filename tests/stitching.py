@@ -7,7 +7,9 @@ import numpy as np
 import onnx
 
 from onnxstitch import compile as nvrtc, graph as graph_mod, load, normalize, rewrite, shapes
+from onnxstitch.cost import CostModel
 from onnxstitch.pipeline import generate_kernel
+from onnxstitch.plan import make_group
 
 
 def fresh_seed() -> int:
@@ -30,7 +32,7 @@ def stitch_nodes(model: onnx.ModelProto, groups: Sequence[Sequence[int]],
     """Rewrite `model` with the given node groups fused (single nodes allowed), bypassing the
     planner, so every op's kernel can be exercised on its own."""
     m, g = prepared(model, reductions=True)
-    srcs = [generate_kernel(g, f"stitch_t{i}", tuple(grp)) for i, grp in enumerate(groups)]
+    srcs = [generate_kernel(g, f"stitch_t{i}", make_group(g, CostModel(), f"t{i}", tuple(grp))) for i, grp in enumerate(groups)]
     kernels = nvrtc.compile_all(srcs, archs)
     return rewrite.rewrite(m, g, [rewrite.FusedGroup(f"t{i}", tuple(grp), k)
                                   for i, (grp, k) in enumerate(zip(groups, kernels))])

@@ -15,7 +15,8 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import onnxstitch
-from onnxstitch import attention, verify
+from onnxstitch import verify
+from onnxstitch.schemes.attention import match as attention
 from onnxstitch.runtime import build as rtbuild
 
 from .attention_models import (CORES, PROJECTED, Core, Projected, attention_graph, core_feeds, core_model, core_reference,
@@ -73,7 +74,7 @@ def test_chains_left_apart_say_why(model: onnx.ModelProto, reason: str) -> None:
 
 @pytest.mark.parametrize("keys,staged", [(128, True), (197, False)])
 def test_tf32_rounding_is_staged_where_keys_come_in_16_byte_chunks(keys: int, staged: bool) -> None:
-    from onnxstitch import codegen_attention
+    from onnxstitch.schemes.attention import codegen as codegen_attention
 
     g, f = attention_graph(core_model(dataclasses.replace(SMALL, sq=keys, sk=keys, mask=None)))
     (match,) = f.matches

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from onnxstitch import codegen_attention
+from onnxstitch.schemes.attention import codegen as codegen_attention
 
 from .attention_models import (PROJECTED, Core, attention_graph, core_feeds, core_model, core_reference, projected_feeds,
                                projected_model, projected_reference, relative_error)
@@ -102,7 +102,7 @@ def test_attention_kernel_matches_float64(name, variant, folder) -> None:
     match, src = generated(core_model(core), OPTIONS[variant])
     terms = (core.bias is not None) + (core.mask is not None)
     assert (match.head_dim, len(match.masks), match.transposed) == (core.d, terms, core.transposed)
-    assert src.shape_rule == "attention" and src.attention[0] == core.d
+    assert src.shape_rule == "attention" and src.spec.head_size == core.d
     seed = fresh_seed()
     feeds = feeds_for(c, np.random.default_rng(seed))
     ins = [feeds[t] for t in src.inputs]
@@ -133,7 +133,7 @@ def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
     model = projected_model(p, rng)
     match, src = generated(model, OPTIONS[variant])
     assert len(match.projections) == 3 and match.biased == p.biased
-    assert len(src.attention) == 11 and src.attention[6] == p.core.lead[1]
+    assert src.spec.projected and len(src.spec.encode()) == 11 and src.spec.heads == p.core.lead[1]
     feeds = projected_feeds(p, rng)
     values = feeds | {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     if p.source == "matmul":  # the projections' products, which ONNX Runtime computes

@@ -7,7 +7,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from onnxstitch import codegen, ops
+from onnxstitch import ops
+
+from onnxstitch.schemes.elementwise import codegen
 from onnxstitch.inputs import random_feeds
 
 from .op_models import covered_ops, op_models

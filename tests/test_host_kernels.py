@@ -204,7 +204,7 @@ def test_group_norm_kernels(name, model, ref, dtype, folder) -> None:
 # -- split rows (few long rows: a cluster of blocks per row) -------------------------------
 
 def _splits(model, plan: dict) -> list[int]:
-    return [src.row_split for src in plan_sources(model, plan)[3]]
+    return [src.spec.row_split for src in plan_sources(model, plan)[3]]
 
 
 SPLIT_ROWS = [pytest.param(name, model, ref, dt, id=f"{name}-{TP.DataType.Name(dt).lower()}")

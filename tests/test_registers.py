@@ -49,5 +49,5 @@ def _spills(source: str, tmp_path) -> list[int]:
 def test_row_kernels_stay_within_the_register_budget(name, model, tmp_path) -> None:
     _, g = prepared(model)
     for grp in plan.make_plan(g).groups:
-        spills = _spills(generate_kernel(g, "k", grp.nodes).source, tmp_path)
+        spills = _spills(generate_kernel(g, "k", grp).source, tmp_path)
         assert spills and max(spills) <= SMALL_SPILL, f"{name}: {spills} bytes of spill stores"

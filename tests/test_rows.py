@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from onnx import parser
 
 import onnxstitch
-from onnxstitch import graph, rows, shapes
+from onnxstitch import graph, shapes
+from onnxstitch.schemes.rows import geometry as rows
 from models.fuzz import run_cpu
 from onnxstitch.inputs import random_feeds
 
@@ -212,7 +213,7 @@ def rows_source(model: onnx.ModelProto):
 
     _, g = prepared(model)
     (grp,) = [grp for grp in onnxstitch.plan.make_plan(g).groups if rows.has_rows(g, grp.nodes)]
-    return generate_kernel(g, "stitch_split", grp.nodes)
+    return generate_kernel(g, "stitch_split", grp)
 
 
 def test_long_few_rows_are_refused_only_where_they_cannot_split() -> None:

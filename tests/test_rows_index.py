@@ -71,17 +71,17 @@ def test_row_offsets_match_numpy_broadcasting(name, model, batch, tmp_path) -> N
                                                              for i in grp.nodes)]
     assert groups, name
     for grp in groups:
-        src = generate_kernel(g, "k", grp.nodes)
+        src = generate_kernel(g, "k", grp)
         if "// row offsets" not in src.source:
             continue  # no input moves with the row
         shape = tuple(batch if isinstance(d, str) else d for d in g.iteration_shape(frozenset(grp.nodes)))
-        lead = shape[:len(shape) - src.row_axes]
+        lead = shape[:len(shape) - src.spec.row_axes]
         strides, want = {}, {}
         for k, t in enumerate(src.inputs):
             s = tuple(batch if isinstance(d, str) else d for d in g.tensors[t].shape)
             b = np.broadcast_to(np.arange(int(np.prod(s)), dtype=np.int64).reshape(s), shape)
             strides[k] = tuple(x // 8 for x in b.strides)
-            want[k] = [int(b[np.unravel_index(r, lead) + (0,) * src.row_axes]) for r in range(int(np.prod(lead)))]
+            want[k] = [int(b[np.unravel_index(r, lead) + (0,) * src.spec.row_axes]) for r in range(int(np.prod(lead)))]
         got = _host_offsets(_offset_code(src.source), shape, strides, int(np.prod(lead)), tmp_path)
         assert got, name
         for k, offs in got.items():
@@ -92,5 +92,5 @@ def test_the_mask_costs_one_division_per_row() -> None:
     _, model = next((n, m) for n, m in CASES if n == "Softmax")
     _, g = prepared(model)
     (grp,) = plan.make_plan(g).groups
-    code = _offset_code(generate_kernel(g, "k", grp.nodes).source)
+    code = _offset_code(generate_kernel(g, "k", grp).source)
     assert code.count("/") + code.count("%") == 1, code

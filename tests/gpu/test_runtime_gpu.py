@@ -34,7 +34,7 @@ if _gpu_count() == 0:
 if "CUDAExecutionProvider" not in ort.get_available_providers():
     pytest.skip("onnxruntime has no CUDAExecutionProvider", allow_module_level=True)
 
-from onnxstitch.codegen import ARGS_STRUCT  # noqa: E402
+from onnxstitch.schemes.source import ARGS_STRUCT  # noqa: E402
 from onnxstitch.runtime import session  # noqa: E402
 
 from ..test_runtime_build import fused_model_bytes  # noqa: E402

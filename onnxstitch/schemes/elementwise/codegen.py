@@ -8,24 +8,16 @@ indexed through runtime strides over a compile-time rank.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import math
-import re
 from dataclasses import dataclass
 
-from onnx import TensorProto as TP
-
-from . import codegen_views, concats, ops, slices, views
-from .codegen_index import decompose
-from .graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, Node, constant_value
-from .shapes import dtype_size
-
-FULL, BROADCAST = 0, 1
-ENTRY_SUFFIXES = ("_v32", "_s64")
-ROWS_ENTRY_SUFFIXES = ("_rows", "_rows64")  # 32-bit and 64-bit indices
-ATTENTION_ENTRY_SUFFIX = "_attn"
-
+from ... import concats, ops, views
+from ...graph import FusionGraph, Node
+from ...shapes import dtype_size
+from ..source import ARGS_STRUCT, BROADCAST, FULL, KernelSource, baked_arg, half_only, load_expr, store_expr
+from . import view_code
+from .index import decompose
+from .spec import ElementwiseSpec
 
 @dataclass(frozen=True)
 class KernelOptions:
@@ -35,122 +27,6 @@ class KernelOptions:
     # (+1 to +2 points of copy bandwidth on H200 once the math is lean: docs/perf-notes.md)
     fast_half: bool = True  # approximate exp/log/sqrt/tanh/div where all floats are half precision
     vector_broadcast: bool = True  # 16-byte loads of broadcast inputs along the trailing axes
-
-
-@dataclass(frozen=True)
-class KernelSource:
-    """Generated CUDA C++ for one group and the facts the fused node's attributes need."""
-
-    name: str
-    source: str
-    vec_width: int
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    input_kinds: tuple[int, ...]
-    output_dtypes: tuple[int, ...]
-    shape_rule: str = "broadcast"  # or "rows" (codegen_rows), "attention" (codegen_attention)
-    output_kinds: tuple[int, ...] = ()  # rows only: 0 full shape, 1 row shape (keepdims), 2 without
-    row_axes: int = 1  # rows only: axes that form a row
-    row_threads: int = 256  # rows only: threads per row
-    block_threads: int = 256  # rows only: threads per block (a multiple of row_threads)
-    output_views: tuple[int, ...] = ()  # broadcast only: views.encode_all, empty when no view
-    row_inner: int = 0  # rows only: axes after the row's (0: trailing rows; else columns)
-    row_split: int = 1  # rows only: blocks per row on GPUs with clusters (entries *_cl, docs/abi.md)
-    # Per input: the box of its source it reads (a folded Slice/Split, slices.py), None when whole.
-    input_boxes: tuple[slices.Box | None, ...] = ()
-    # Per input: the Concat window it is read in (concats.py), None when read unshifted.
-    input_windows: tuple[concats.Window | None, ...] = ()
-    # attention only: [head size, queries per block, threads, dynamic shared bytes, masks (0-2),
-    # output transposed to [b, s, h, d]] (docs/abi.md)
-    attention: tuple[int, ...] = ()
-
-    @property
-    def bound_inputs(self) -> tuple[str, ...]:
-        """The tensors the fused node takes: a boxed input's source in its place."""
-        boxes = self.input_boxes or (None,) * len(self.inputs)
-        return tuple(b.source if b is not None else t for t, b in zip(self.inputs, boxes))
-
-    @property
-    def entries(self) -> tuple[str, ...]:
-        if self.shape_rule == "attention":
-            return (self.name + ATTENTION_ENTRY_SUFFIX,)
-        suffixes = ROWS_ENTRY_SUFFIXES if self.shape_rule == "rows" else ENTRY_SUFFIXES
-        return tuple(self.name + s for s in suffixes)
-
-
-# Kernels are generated under this name, then renamed after their code (named_by_code).
-PLACEHOLDER = "stitch_KERNEL"
-_COMMENT = re.compile(r"//[^\n]*")
-
-
-def code_of(source: str) -> str:
-    """The compiled content of a kernel source: comments (tensor names, group names) aside."""
-    return _COMMENT.sub("", source)
-
-
-def named_by_code(src: KernelSource) -> KernelSource:
-    """`src` (generated as PLACEHOLDER) renamed after a hash of its code, so groups with the same
-    code (the same layer repeated) share one name, one compilation and one cache entry."""
-    name = "stitch_" + hashlib.sha256(code_of(src.source).encode()).hexdigest()[:16]
-    return dataclasses.replace(src, name=name, source=src.source.replace(PLACEHOLDER, name))
-
-
-ARGS_STRUCT = f"""
-#define STITCH_MAX_RANK {MAX_RANK}
-#define STITCH_MAX_IN {MAX_INPUTS}
-#define STITCH_MAX_OUT {MAX_OUTPUTS}
-struct StitchArgs {{
-  const void* in[STITCH_MAX_IN];
-  void* out[STITCH_MAX_OUT];
-  long long n;
-  int rank;
-  int pad_;
-  long long dims[STITCH_MAX_RANK];
-  long long strides[STITCH_MAX_IN][STITCH_MAX_RANK];
-}};
-template <int N, typename T> struct alignas(sizeof(T) * N) StitchVec {{ T v[N]; }};
-// Element j of a held vector of halves, read through the 32-bit word holding it: converting
-// it then selects its half of the word, where reading the 16-bit element first costs a byte
-// permute per element to unpack the vector (float16 Softmax: ~15% of its instructions).
-template <int N> __device__ __forceinline__ unsigned short stitch_half_at(const StitchVec<N, unsigned short>& x, int j) {{
-  if constexpr (N % 2 == 0) {{
-    unsigned int w;
-    memcpy(&w, &x.v[j & ~1], sizeof(w));
-    return (unsigned short)((j & 1) ? w >> 16 : w);
-  }} else {{
-    return x.v[j];
-  }}
-}}
-"""
-
-
-# An element of a vector held in registers: `in0.v[e]`, `xr1[i].v[jj]`.
-_HELD = re.compile(r"^(.+)\.v\[(\w+)\]$")
-
-
-def _load_expr(dtype: int, raw: str) -> str:
-    ctype = ops.CTYPES[dtype][1]
-    if dtype in (TP.FLOAT16, TP.BFLOAT16):
-        fn = "stitch_h2f" if dtype == TP.FLOAT16 else "stitch_bf2f"
-        held = _HELD.match(raw)
-        return f"{fn}(stitch_half_at({held[1]}, {held[2]}))" if held else f"{fn}({raw})"
-    return raw if ops.CTYPES[dtype][0] == ctype else f"(({ctype}){raw})"
-
-
-def _store_expr(dtype: int, value: str) -> str:
-    if dtype == TP.FLOAT16:
-        return f"stitch_f2h({value})"
-    if dtype == TP.BFLOAT16:
-        return f"stitch_f2bf({value})"
-    return f"(({ops.CTYPES[dtype][0]})({value}))"
-
-
-def baked_arg(graph: FusionGraph, tensor: str) -> ops.Arg:
-    """A baked scalar constant as a literal operand in its compute type."""
-    d = graph.tensors[tensor].dtype
-    ct = ops.CTYPES[d][1]
-    value = constant_value(graph, tensor).item()
-    return ops.Arg(ops.literal(value, ct), ct, d, float(value) if ct in ("float", "double") else None)
 
 
 def _ident(i: int, prefix: str = "v") -> str:
@@ -192,7 +68,7 @@ class _Printer:
                    else f"static_cast<const {st}*>(a.in[{k}])[o{k}]")
             ct = ops.CTYPES[d][1]
             self.var[t] = ops.Arg(f"x{k}", ct, d)
-            load = _load_expr(d, raw)
+            load = load_expr(d, raw)
             win = self.windows[k] if k not in self.vectored else None  # (a vector load guards itself)
             if win is not None:  # outside its window the offset points nowhere: not loaded
                 load = f"(ca >= {win.origin} && ca < {win.origin + win.size}) ? {load} : ({ct})0"
@@ -217,7 +93,7 @@ class _Printer:
                 ct = ops.CTYPES[d][1]
                 self.emit(t, ct, d, s.printer(args, n.attrs, ct), n.op_type)
         for k, t in enumerate(self.outputs):
-            self.lines.append(f"{ind}out{k}.v[e] = {_store_expr(self.dtype(t), self.var[t].expr)};")
+            self.lines.append(f"{ind}out{k}.v[e] = {store_expr(self.dtype(t), self.var[t].expr)};")
         return "\n".join(self.lines)
 
     def concat(self, n: Node) -> None:
@@ -243,12 +119,6 @@ def vec_width(graph: FusionGraph, full_tensors: list[str]) -> int:
     """Elements per thread so the widest FULL tensor moves 16 bytes at a time."""
     widest = max((dtype_size(graph.tensors[t].dtype) for t in full_tensors), default=4)
     return max(1, 16 // widest)
-
-
-def half_only(graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...]) -> bool:
-    tensors = set(inputs) | {t for i in nodes for t in graph.nodes[i].outputs if t}
-    floats = {graph.tensors[t].dtype for t in tensors} & ops.FLOATS
-    return bool(floats) and floats <= {TP.FLOAT16, TP.BFLOAT16}
 
 
 def _block_pattern(shape: tuple, full: tuple) -> tuple[int, int] | None:
@@ -436,7 +306,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
     fast = "  STITCH_FAST_HALF\n" if options.fast_half and half_only(graph, nodes, inputs) else ""
     decls = "\n".join(f"    {vtype(t)} out{k};" for k, t in enumerate(outputs))
     out_views = views.group_views(graph, frozenset(nodes), outputs)
-    view_setup, view_stores = codegen_views.view_code(graph, outputs, out_views)
+    view_setup, view_stores = view_code.view_code(graph, outputs, out_views)
     store = {k: view_stores.get(k, f"    static_cast<{vtype(t)}*>(a.out[{k}])[w] = out{k};")
              for k, t in enumerate(outputs)}
     stores = "\n".join(store.values())
@@ -463,7 +333,7 @@ def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
         direct = "\n".join(f"    const {vtype(t)} in{k} = static_cast<const {vtype(t)}*>(a.in[{k}])[w];"
                            for k, t in full_in)
         plain = "\n".join(code for k, code in store.items() if k not in tiled)
-        tile = codegen_views.tiled_loop(graph, outputs, out_views, tiled, f"{direct}\n{decls}\n{elements}", plain)
+        tile = view_code.tiled_loop(graph, outputs, out_views, tiled, f"{direct}\n{decls}\n{elements}", plain)
         loop = f"  if (vr{tiled[0]}) {{\n{tile}\n  }} else {{\n{loop}\n  }}"
     src = f"""// generated by onnxstitch: group {name}, {len(nodes)} nodes
 {ops.PRELUDE}
@@ -480,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a)
 """
     return KernelSource(name, src, vw, inputs, outputs, kinds,
                         tuple(graph.tensors[t].dtype for t in outputs),
-                        output_views=tuple(views.encode_all(out_views)) if any(out_views) else (),
+                        ElementwiseSpec(tuple(views.encode_all(out_views)) if any(out_views) else ()),
                         input_boxes=boxes if any(boxes) else (),
                         input_windows=windows if any(windows) else ())
 

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto as TP
 
-from .cost import CostModel, node_bytes, node_us
-from .graph import FusionGraph, constant_value
-from .plan import Group, Plan, topological_groups
+from ...cost import CostModel, node_bytes, node_us
+from ...graph import FusionGraph, constant_value
+from ...plan import Group, Plan, topological_groups
+from .. import ATTENTION
 
 # Head sizes the kernel is generated for: whole mma fragments (8), registers for the
 # context (D / 2 floats per thread) and the query fragments (D / 2) within one thread's budget.
@@ -354,21 +355,12 @@ def claim(g: FusionGraph, found: Found) -> FusionGraph:
     return dataclasses.replace(g, nodes=nodes)
 
 
-def of_group(g: FusionGraph, nodes: tuple[int, ...]) -> Match | None:
-    """The attention chain a group's nodes are, or None for any other group."""
-    soft = [i for i in nodes if g.nodes[i].op_type == "Softmax"]
-    if len(soft) != 1 or not any(g.nodes[i].op_type == "MatMul" for i in nodes):
-        return None
-    got = _chain(g, soft[0])
-    return got if isinstance(got, Match) and set(got.nodes) == set(nodes) else None
-
-
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
     """The plan's group for chain `m`: priced as one launch moving q, kᵀ, v, the mask and the
     context once each (the products' arithmetic is far below the memory time at these sizes)."""
     moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
     return Group(name, m.nodes, m.inputs, (m.output,), None, moved, cost.kernel_us(moved),
-                 tuple(g.nodes[i].label for i in m.nodes), tf32=True)
+                 tuple(g.nodes[i].label for i in m.nodes), tf32=True, scheme=ATTENTION, payload=m)
 
 
 def extend_plan(plan: Plan, g: FusionGraph, cost: CostModel, found: Found) -> Plan:

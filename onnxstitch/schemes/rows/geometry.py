@@ -11,9 +11,9 @@ from typing import Iterable, Mapping, Union
 
 from onnx import TensorProto as TP
 
-from . import ops
-from .graph import FusionGraph, reduced_shape, row_run
-from .shapes import Shape, TensorInfo, dtype_size
+from ... import ops
+from ...graph import FusionGraph, reduced_shape, row_run
+from ...shapes import Shape, TensorInfo, dtype_size
 
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
 MAX_CHUNKS = 8  # register chunks per thread and per-element input (16 bytes each)

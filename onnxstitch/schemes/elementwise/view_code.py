@@ -9,9 +9,9 @@ view makes innermost. Both sides move whole sectors.
 """
 from __future__ import annotations
 
-from . import ops, views
-from .codegen_index import decompose
-from .graph import FusionGraph
+from ... import ops, views
+from ...graph import FusionGraph
+from .index import decompose
 
 TILE_A = 32  # elements along the output's innermost axis: one warp's store
 TILE_VECS = 8  # vectors along the source's innermost axis: with TILE_A, 256 threads per block

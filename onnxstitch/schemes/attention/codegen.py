@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import attention
-from .codegen import ARGS_STRUCT, ATTENTION_ENTRY_SUFFIX as ENTRY_SUFFIX, KernelSource
-from .graph import FusionGraph
-from .shapes import symbolic_value
+from ...graph import FusionGraph
+from ...shapes import symbolic_value
+from ..source import ARGS_STRUCT, KernelSource
+from . import match as attention
+from .spec import ENTRY_SUFFIX, AttentionSpec
 
 WARPS = 4  # per block, 16 queries each: the mma tile's rows
 
@@ -227,11 +228,13 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   }}
 }}
 """
+    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), bool(m.transposed))
+    if projected:
+        spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
+                                   biases=bool(biased))
     return KernelSource(
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
-        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), shape_rule="attention",
-        attention=(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), int(m.transposed))
-        + ((m.heads, *(p.offset for p in m.projections), int(biased)) if projected else ()))
+        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
 
 
 def _fixed_columns(threads: int, cols: int, rows: int) -> bool:

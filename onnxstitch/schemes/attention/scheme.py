@@ -1,0 +1,38 @@
+"""The attention scheme behind the common interface (schemes/base.py)."""
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+from onnx import helper
+
+from ...graph import FusionGraph
+from ...plan import Group
+from .. import ATTENTION
+from ..source import KernelSource
+from . import codegen
+
+
+class Attention:
+    name = ATTENTION
+    # The chain's nodes read their own shape and slice parameters (its projections' Slices and
+    # Reshapes): its fallback is the chain as it is, its Transpose included.
+    fallback_verbatim = True
+
+    def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
+        return codegen.generate(graph, name, group.payload)
+
+    def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
+        spec = src.spec
+        out = {"scheme": self.name, "head_size": spec.head_size, "queries_per_block": spec.queries,
+               "block": spec.threads, "shared_bytes": spec.shared_bytes, "transposed_output": spec.transposed,
+               "tf32": True}
+        if spec.projected:  # q, kᵀ, v read from their projections
+            out |= {"heads": spec.heads, "column_offsets": list(spec.column_offsets), "biases": spec.biases}
+        return out
+
+    def attributes(self, src: KernelSource) -> list[onnx.AttributeProto]:
+        return [helper.make_attribute("attention", src.spec.encode())]
+
+
+SCHEME = Attention()

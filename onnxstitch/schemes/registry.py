@@ -1,0 +1,19 @@
+"""Every kernel scheme, by name. Adding a scheme: a folder under schemes/ with its spec, code
+generator and `SCHEME` (schemes/base.py's interface), its launch in the runtime library, and
+one line here (docs/architecture.md)."""
+from __future__ import annotations
+
+from .attention.scheme import SCHEME as ATTENTION
+from .base import Scheme
+from .elementwise.scheme import SCHEME as ELEMENTWISE
+from .rows.scheme import SCHEME as ROWS
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION)}
+
+
+def get(name: str) -> Scheme:
+    """The scheme called `name` (a group's or a kernel source's `scheme`)."""
+    try:
+        return SCHEMES[name]
+    except KeyError:
+        raise ValueError(f"no kernel scheme {name!r} (known: {', '.join(SCHEMES)})") from None
