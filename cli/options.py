@@ -48,6 +48,12 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(e.exit_code)
         except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
             raise
+        except ModuleNotFoundError as e:  # the environment, not the model nor onnxstitch
+            if verbose:
+                traceback.print_exc()
+            click.echo(f"onnxstitch: error: the Python package {e.name!r} is not installed in this environment "
+                       f"(the README's install command installs every dependency)", err=True)
+            sys.exit(1)
         except Exception as e:  # an unexpected failure is still one line unless -v
             if verbose:
                 traceback.print_exc()

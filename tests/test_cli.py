@@ -193,3 +193,20 @@ def test_a_model_file_whose_graph_is_invalid_is_the_users_fault(tmp_path) -> Non
     res = CliRunner().invoke(main, ["optimize", str(path)])
     assert res.exit_code == 2, res.output
     assert "invalid graph" in res.output and str(path) in res.output
+
+
+def test_a_missing_dependency_is_named_not_an_internal_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A dependency missing from the environment (seen: mip on a machine where PYTHONPATH
+    lacked it) is named in one line, not reported as onnxstitch's own fault."""
+    import onnxstitch
+
+    def missing(*_args, **_kwargs):
+        raise ModuleNotFoundError("No module named 'mip'", name="mip")
+
+    monkeypatch.setattr(onnxstitch, "optimize", missing)
+    model = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4] x) => (float[N, 4] y) { a = Relu(x)  y = Sigmoid(a) }"""), str(model))
+    res = CliRunner().invoke(main, ["optimize", str(model)])
+    assert res.exit_code == 1, res.output
+    assert "'mip' is not installed" in res.output and "internal error" not in res.output
