@@ -39,7 +39,7 @@ from .cost import CostModel
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
 from .plan import Group, PackRefusal, Plan, contract, make_group, topological_groups
 from .shapes import fmt
-from .schemes.rows import geometry as rows
+from .schemes import ELEMENTWISE
 
 
 def levels(graph: FusionGraph, groups: Sequence[Sequence[int]]) -> list[int]:
@@ -68,8 +68,9 @@ def _tile(graph: FusionGraph, grp: Group) -> tuple | None:
 
 def refusal(graph: FusionGraph, a: Group, b: Group, level_a: int, level_b: int) -> str | None:
     """None when groups `a` and `b` may share one launch, else why not (rules 1–6)."""
-    if rows.has_rows(graph, a.nodes) or rows.has_rows(graph, b.nodes):
-        return "row kernels are not packed (only elementwise groups share a launch)"
+    other = next((g.scheme for g in (a, b) if g.scheme != ELEMENTWISE), None)
+    if other is not None:
+        return f"{other} kernels are not packed (only elementwise groups share a launch)"
     if a.iteration_shape != b.iteration_shape:
         return f"iteration shapes differ: {fmt(a.iteration_shape)} and {fmt(b.iteration_shape)}"
     if a.iteration_shape is None or any(d is None for d in a.iteration_shape):

@@ -167,11 +167,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
         found = attention_mod.Found()
         if refusal is None and reductions and attention:
             found = stage("attention", lambda: attention_mod.find(g))
-            g = attention_mod.claim(g, found)
-        plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s))
+        # Every scheme's candidates compete in the one program: attention chains against the
+        # rows and elementwise groups over the same nodes (and ORT's own kernels).
+        proposed = [attention_mod.group_of(g, cost, f"a{k}", m) for k, m in enumerate(found.matches)]
+        plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s, proposed=proposed))
         if pack:
             plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
-        return merged, normal, g, attention_mod.extend_plan(plan, g, cost, found), found
+        return merged, normal, g, plan, attention_mod.chosen(found, plan)
 
     skip: frozenset[str] = frozenset()
     undone: list[str] = []

@@ -26,6 +26,7 @@ acyclic solution found is used; with none, the plan fuses nothing and says why.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -315,13 +316,17 @@ def _status_text(status: mip.OptimizationStatus) -> str:
 
 
 def _solve(graph: FusionGraph, groups: Sequence[tuple[int, ...]], cost: CostModel,
-           time_limit_s: float, max_rounds: int, use_conflicts: bool) -> _Outcome:
-    """Set partitioning over fusible nodes with conflict constraints and lazy cycle cuts."""
+           time_limit_s: float, max_rounds: int, use_conflicts: bool,
+           prices: Sequence[float | None] = ()) -> _Outcome:
+    """Set partitioning over fusible nodes with conflict constraints and lazy cycle cuts.
+    `prices`, where given, are candidates' times set by their scheme (cost.py's otherwise)."""
     deadline = time.perf_counter() + time_limit_s
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
     model.verbose = 0
     model.max_mip_gap = _MIP_GAP
-    x = [model.add_var(var_type=mip.BINARY, obj=group_us(graph, cost, frozenset(g))) for g in groups]
+    prices = list(prices) + [None] * (len(groups) - len(prices))
+    x = [model.add_var(var_type=mip.BINARY, obj=group_us(graph, cost, frozenset(g)) if p is None else p)
+         for g, p in zip(groups, prices)]
     covering: dict[int, list[mip.Var]] = {}
     for var, g in zip(x, groups):
         for i in g:
@@ -381,30 +386,59 @@ def unfused_totals(graph: FusionGraph, cost: CostModel) -> dict[str, float | int
             "bytes_before": sum(node_bytes(graph, i) for i in every), "kernels_before": len(graph.nodes)}
 
 
+def _with_proposals_taken(graph: FusionGraph, cands: Candidates, proposed: Sequence[Group], max_size: int,
+                          per_seed: int) -> Candidates:
+    """`cands` and the groups legal around the proposals once they are taken. Candidates are
+    grown to maximal groups (and small ones up to `max_size`) over the fusible nodes; with a
+    proposal's nodes free, the maximal groups beside it reach into it (a mask's arithmetic into
+    an attention chain's Add and Softmax) and the ones that stop at its edge, which the plan
+    needs when it takes the proposal, are no longer grown."""
+    owner = {i: grp for grp in proposed for i in grp.nodes}
+    nodes = tuple(dataclasses.replace(n, reason=f"in the {owner[n.index].scheme} kernel {owner[n.index].name}")
+                  if n.index in owner and n.fusible else n for n in graph.nodes)
+    around = enumerate_candidates(dataclasses.replace(graph, nodes=nodes), max_size, per_seed)
+    groups = tuple(dict.fromkeys(cands.groups + around.groups))
+    return dataclasses.replace(cands, groups=groups)
+
+
 def make_plan(graph: FusionGraph, cost: CostModel = CostModel(), *, time_limit_s: float = 30.0,
               max_size: int = 6, per_seed: int = 8, max_rounds: int = 200,
-              pairwise: bool = True, candidates: Candidates | None = None) -> Plan:
+              pairwise: bool = True, candidates: Candidates | None = None,
+              proposed: Sequence[Group] = ()) -> Plan:
     """Choose the fusion groups of `graph` minimising predicted time.
 
     `time_limit_s` bounds all solver rounds together; `max_size`/`per_seed` bound the small
     candidates (see `enumerate_candidates`); `pairwise=False` leaves acyclicity to the lazy
-    cuts alone (for tests); `candidates` reuses an enumeration already made.
+    cuts alone (for tests); `candidates` reuses an enumeration already made. `proposed` are
+    groups a scheme's own matcher found (attention chains), priced by that scheme: they compete
+    in the same program with the elementwise and rows candidates over their nodes.
     """
     cands = candidates or enumerate_candidates(graph, max_size, per_seed)
+    if proposed and candidates is None:
+        cands = _with_proposals_taken(graph, cands, proposed, max_size, per_seed)
+    every = list(cands.groups) + [grp.nodes for grp in proposed]
+    prices = [None] * len(cands.groups) + [grp.predicted_us for grp in proposed]
     start = time.perf_counter()
-    if cands.groups:
-        out = _solve(graph, cands.groups, cost, time_limit_s, max_rounds, pairwise)
+    if every:
+        out = _solve(graph, every, cost, time_limit_s, max_rounds, pairwise, prices)
     else:
         out = _Outcome(message="no legal multi-node group: nothing to fuse")
     seconds = time.perf_counter() - start
-    chosen = [cands.groups[c] for c in out.chosen]
+    chosen = [every[c] for c in out.chosen]
     order = topological_groups(graph, chosen)
-    groups = tuple(make_group(graph, cost, f"g{k}", chosen[c]) for k, c in enumerate(order))
+
+    def group(k: int, c: int) -> Group:
+        index = out.chosen[c] - len(cands.groups)
+        if index >= 0:  # a scheme's own group, as it made it
+            return dataclasses.replace(proposed[index], name=f"g{k}")
+        return make_group(graph, cost, f"g{k}", chosen[c])
+
+    groups = tuple(group(k, c) for k, c in enumerate(order))
     fused = {i for g in groups for i in g.nodes}
     rest = [i for i in range(len(graph.nodes)) if i not in fused]
     return Plan(
         groups=groups, status=out.status, message=out.message, solve_seconds=seconds,
-        num_candidates=len(cands.groups),
+        num_candidates=len(every),
         **unfused_totals(graph, cost),
         predicted_us_after=sum(g.predicted_us for g in groups) + sum(node_us(graph, cost, i) for i in rest),
         bytes_after=sum(g.predicted_bytes for g in groups) + sum(node_bytes(graph, i) for i in rest),

@@ -178,7 +178,8 @@ def test_bert_plans_one_attention_kernel_per_layer() -> None:
     assert len(chains) == len(res.report.attention) == 2 and not res.report.attention_refusals
     kernels = {k["group"]: k for k in res.report.kernels}
     assert all(kernels[grp.name]["scheme"] == "attention" and kernels[grp.name]["transposed_output"] for grp in chains)
-    # Their nodes are in no other group: the planner saw them as opaque.
+    # The plan chose them over the groups it could make of their Softmax, scale and mask: their
+    # nodes are in no other group.
     others = {i for grp in res.report.plan.groups if not grp.tf32 for i in grp.nodes}
     assert not others & {i for grp in chains for i in grp.nodes}
     off = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False, attention=False)
@@ -188,7 +189,7 @@ def test_bert_plans_one_attention_kernel_per_layer() -> None:
 
 def test_plan_keeps_its_groups_in_topological_order_with_the_chains() -> None:
     # Verification relies on it (a TF32 group's rounding reaches only later groups): a group
-    # reading a chain's context comes after the chain, though chains join the plan last.
+    # reading a chain's context comes after the chain.
     model = core_model(SMALL)
     g = model.graph
     g.node.extend([helper.make_node("Mul", ["y", "two"], ["y2"]), helper.make_node("Relu", ["y2"], ["z"])])
@@ -314,3 +315,44 @@ def test_runtime_names_projections_that_do_not_fit(cpu_lib: Path) -> None:
     model = attention_node_model({"x": [1, 4, 48]}, None, [8, 64, 128, 0, 0, 1, 2, 0, 16, 40, 0], ["x", "x", "x"])
     with pytest.raises(Exception, match="fused0.*do not hold 2 heads of 8 at columns 0, 16, 40"):
         cpu_run(cpu_lib, model, feeds)
+
+
+def test_the_plan_weighs_an_attention_chain_against_the_other_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain is a candidate of the one ILP, priced by its scheme: priced above what ORT's GEMMs
+    and a rows kernel over its Softmax would cost, the plan takes those instead and says why."""
+    model = core_model(SMALL)
+    priced = attention.group_of
+
+    def dear(*args, **kwargs):
+        return dataclasses.replace(priced(*args, **kwargs), predicted_us=1e6)
+
+    monkeypatch.setattr(attention, "group_of", dear)
+    res = onnxstitch.optimize(model, verify=False)
+    assert not any(grp.scheme == "attention" for grp in res.report.plan.groups)
+    assert any(grp.scheme == "rows" for grp in res.report.plan.groups)  # its Softmax, stitched
+    assert not res.report.attention
+    assert any("the plan found other kernels over these nodes cheaper" in r for r in res.report.attention_refusals)
+    monkeypatch.setattr(attention, "group_of", priced)
+    fair = onnxstitch.optimize(model, verify=False)
+    assert [grp.scheme for grp in fair.report.plan.groups] == ["attention"] and len(fair.report.attention) == 1
+
+
+def test_a_long_mask_computation_stays_one_group_beside_the_chain() -> None:
+    """The mask's arithmetic (more nodes than the small candidates hold) is grown as one maximal
+    group; with the chain's own nodes free to join it, that group would reach into the chain's
+    Add and Softmax, and the one that stops at the chain's edge must still be a candidate for
+    the plan that takes the chain (t5-ts: one 7-node mask group, not 2 + 5)."""
+    model = core_model(SMALL)
+    g = model.graph
+    mask_in = next(i for i in g.input if i.name == "mask")
+    mask_in.name = "raw"
+    ops = ["Neg", "Abs", "Sigmoid", "Neg", "Exp", "Neg", "Tanh", "Neg"]
+    t = "raw"
+    for k, op in enumerate(ops):
+        out = "mask" if k == len(ops) - 1 else f"m{k}"
+        g.node.insert(k, helper.make_node(op, [t], [out]))
+        t = out
+    res = onnxstitch.optimize(model, verify=False)
+    groups = res.report.plan.groups
+    assert sorted(grp.scheme for grp in groups) == ["attention", "elementwise"]
+    assert [len(grp.nodes) for grp in groups if grp.scheme == "elementwise"] == [len(ops)]

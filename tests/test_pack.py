@@ -96,7 +96,7 @@ def test_row_groups_are_not_packed() -> None:
                            [_vi(f"y{j}", ["batch", 64]) for j in range(2)]))
     packed = pack.pack(g, plan)
     assert len(packed.groups) == 2
-    assert [r.reason for r in packed.pack_refusals] == ["row kernels are not packed (only elementwise groups share a launch)"]
+    assert [r.reason for r in packed.pack_refusals] == ["rows kernels are not packed (only elementwise groups share a launch)"]
 
 
 def test_a_group_that_depends_on_another_is_not_packed_with_it() -> None:

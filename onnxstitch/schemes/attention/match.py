@@ -21,12 +21,12 @@ BERT's sizes) is not needed.
 Both products run on tensor cores in TF32, as ONNX Runtime's float32 GEMMs do by default
 (`use_tf32`), so the groups are marked `tf32` and verified at TF32's accuracy (verify.py).
 
-This module decides legality only (which chains can be one kernel, and why not); taking a
-legal chain is a rule, not an ILP choice: it removes two GEMM launches and two round trips of
-the scores whatever else is planned. The chain's nodes are claimed before planning, so the
-planner treats them as opaque and cannot put one of them in another group. A chain is
-convex by construction (its intermediates have no reader outside it), so claiming it adds no
-cycle to any plan.
+This module decides legality only (which chains can be one kernel, and why not) and prices a
+chain as one kernel (`group_of`); taking it is the plan's choice: each chain is a candidate of
+the one ILP (plan.py), weighed against the rows and elementwise groups over its Softmax, scale
+and mask and the two GEMMs ORT would run. At BERT's sizes it wins by far (two launches and two
+round trips of the scores saved). A chain is convex by construction (its intermediates have no
+reader outside it), so choosing it adds no cycle the plan's cuts do not already handle.
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto as TP
 
-from ...cost import CostModel, node_bytes, node_us
+from ...cost import CostModel
 from ...graph import FusionGraph, constant_value
-from ...plan import Group, Plan, topological_groups
+from ...plan import Group, Plan
 from .. import ATTENTION
 
 # Head sizes the kernel is generated for: whole mma fragments (8), registers for the
@@ -48,7 +48,6 @@ MIN_HEAD, MAX_HEAD = 8, 128
 # Terms added to the scaled scores (a mask; T5 adds a position bias first): the kernel reads
 # each through its own strides (docs/abi.md).
 MAX_MASKS = 2
-CLAIMED = "in an attention kernel (attention.py)"
 
 
 @dataclass(frozen=True)
@@ -346,15 +345,6 @@ def find(g: FusionGraph) -> Found:
     return Found(tuple(matches), tuple(refusals))
 
 
-def claim(g: FusionGraph, found: Found) -> FusionGraph:
-    """`g` with the chains' nodes kept out of the planner's groups."""
-    members = {i for m in found.matches for i in m.nodes}
-    if not members:
-        return g
-    nodes = tuple(dataclasses.replace(n, reason=CLAIMED) if n.index in members else n for n in g.nodes)
-    return dataclasses.replace(g, nodes=nodes)
-
-
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
     """The plan's group for chain `m`: priced as one launch moving q, kᵀ, v, the mask and the
     context once each (the products' arithmetic is far below the memory time at these sizes)."""
@@ -363,18 +353,10 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
                  tuple(g.nodes[i].label for i in m.nodes), tf32=True, scheme=ATTENTION, payload=m)
 
 
-def extend_plan(plan: Plan, g: FusionGraph, cost: CostModel, found: Found) -> Plan:
-    """`plan` (made with the chains claimed) with one group per chain, the groups kept in a
-    topological order of the contraction (Plan.groups); the totals count each chain as its
-    kernel instead of its nodes."""
-    if not found.matches:
-        return plan
-    groups = tuple(group_of(g, cost, f"a{k}", m) for k, m in enumerate(found.matches))
-    members = [i for grp in groups for i in grp.nodes]
-    every = plan.groups + groups
-    return dataclasses.replace(
-        plan, groups=tuple(every[k] for k in topological_groups(g, [grp.nodes for grp in every])),
-        predicted_us_after=plan.predicted_us_after - sum(node_us(g, cost, i) for i in members)
-        + sum(grp.predicted_us for grp in groups),
-        bytes_after=plan.bytes_after - sum(node_bytes(g, i) for i in members) + sum(grp.predicted_bytes for grp in groups),
-        kernels_after=plan.kernels_after - len(members) + len(groups))
+def chosen(found: Found, plan: Plan) -> Found:
+    """`found` as the plan left it: the chains it runs as attention kernels, and those it found
+    cheaper to run otherwise among the refusals, with why."""
+    taken = [grp.payload for grp in plan.groups if grp.scheme == ATTENTION]
+    passed = [f"{m.describe()}: the plan found other kernels over these nodes cheaper"
+              for m in found.matches if not any(m is t for t in taken)]
+    return Found(tuple(m for m in found.matches if any(m is t for t in taken)), found.refusals + tuple(passed))
