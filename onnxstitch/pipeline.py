@@ -127,100 +127,195 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     their neighbours. `pack` (on by default) runs independent elementwise groups over one
     iteration space in one kernel (pack.py). `attention` (on by default, with `reductions`) runs
     each float32 attention core — MatMul → scale → mask → Softmax → MatMul [→ Transpose] — as
-    one kernel on TF32 tensor cores (attention.py)."""
-    say = progress or (lambda _msg: None)
-    times: dict[str, float] = {}
+    one kernel on TF32 tensor cores (schemes/attention)."""
+    opts = Options(tuple(archs), cost or CostModel(), time_limit_s, verify, seed, reductions, strict, pack, merge,
+                   attention)
+    stage = _Stages(progress)
+    given = _prepare(model, shapes or {}, stage)
+    planned = _plan(given, opts, stage)
+    g, plan = planned.graph, planned.plan
+    sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
+                                        for grp in plan.groups])
+    kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, opts.archs))
+    written = _written(given, planned, list(zip(plan.groups, kernels)), opts, stage)
+    kinfo = tuple({"group": grp.name, "kernel": k.source.name,
+                   **registry.get(k.source.scheme).describe(g, grp, k.source),
+                   "input_kinds": ["full" if x == source_mod.FULL else "broadcast" for x in k.source.input_kinds],
+                   "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
+                  for grp, k in written.built)
+    merged, normal, found = planned.merged, planned.normal, planned.found
+    report = Report(plan, len(given.model.graph.node), len(written.model.graph.node),
+                    tuple(kernels[0].archs) if kernels else opts.archs, g.dim_values, stage.times, kinfo,
+                    written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
+                    tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
+                    tuple(x.describe() for x in found.matches), found.refusals)
+    return OptimizeResult(written.model, report, given.weights)
 
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
-        say(name)
+
+@dataclass(frozen=True)
+class Options:
+    """What `optimize` was asked to do (its keyword arguments)."""
+
+    archs: tuple[str, ...]
+    cost: CostModel
+    time_limit_s: float
+    verify: bool
+    seed: int
+    reductions: bool
+    strict: bool
+    pack: bool
+    merge: bool
+    attention: bool
+
+    @property
+    def clusters(self) -> bool:
+        """Split rows need thread-block clusters: planned only when an sm_90+ image is built."""
+        return any(int(a[3:].rstrip("a")) >= 90 for a in self.archs if a[3:].rstrip("a").isdigit())
+
+
+class _Stages:
+    """Runs stages, announcing each (`progress`) and adding up its seconds (the report's
+    stage_seconds; verification may run some stages several times)."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.say = progress or (lambda _msg: None)
+        self.times: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.say(name)
         t0 = time.perf_counter()
         out = fn()
-        times[name] = times.get(name, 0.0) + time.perf_counter() - t0  # verify may repeat stages
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
         return out
 
+
+@dataclass(frozen=True)
+class _Given:
+    """The model as given, after load → shapes → simplify."""
+
+    loaded: onnx.ModelProto  # as read, large weights as stubs: what goes out when nothing is fused
+    model: onnx.ModelProto  # constants as initializers, dynamic dims named
+    tensors: Mapping[str, Any]  # shapes.TensorInfo by name
+    dim_values: Mapping[str, int]
+    weights: Weights
+    refusal: str | None  # why the model is left unchanged (an opset the project does not know)
+    simple: simplify_mod.Simplified
+
+
+def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
+             stage: _Stages) -> _Given:
+    """load → shapes → simplify."""
     loaded, weights = stage("load", lambda: load.load_detached(model))
     m = load.constants_to_initializers(loaded)
-    m, dim_values = shapes_mod.resolve_shapes(m, shapes or {})
+    m, dim_values = shapes_mod.resolve_shapes(m, shapes)
     refusal = graph_mod.opset_refusal(m)
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
-    before, before_infos = m, infos
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:
         simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))
-    # Split rows need thread-block clusters: plan them only when an sm_90+ image is built.
-    clusters = any(int(a[3:].rstrip("a")) >= 90 for a in archs if a[3:].rstrip("a").isdigit())
-    cost = cost or CostModel()
+    return _Given(loaded, m, infos, dim_values, weights, refusal, simple)
 
-    def planned(skip: frozenset[str]) -> tuple[siblings.Merged, normalize_mod.Normalized, graph_mod.FusionGraph, Plan,
-                                               attention_mod.Found]:
-        """merge → normalize → graph → attention → plan → pack, siblings into `skip` left apart."""
-        merged = siblings.Merged(simple.model, simple.tensors)
-        if refusal is None and merge:
-            merged = stage("merge", lambda: siblings.merge(simple.model, simple.tensors, skip, weights))
-        normal = normalize_mod.Normalized(merged.model, merged.tensors)
-        if refusal is None and reductions:
-            normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
-        g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dim_values, reductions, clusters))
-        found = attention_mod.Found()
-        if refusal is None and reductions and attention:
-            found = stage("attention", lambda: attention_mod.find(g))
-        # Every scheme's candidates compete in the one program: attention chains against the
-        # rows and elementwise groups over the same nodes (and ORT's own kernels).
-        proposed = [attention_mod.group_of(g, cost, f"a{k}", m) for k, m in enumerate(found.matches)]
-        plan = stage("plan", lambda: make_plan(g, cost, time_limit_s=time_limit_s, proposed=proposed))
-        if pack:
-            plan = stage("pack", lambda: pack_mod.pack(g, plan, cost))
-        return merged, normal, g, plan, attention_mod.chosen(found, plan)
 
+@dataclass(frozen=True)
+class _Planned:
+    """merge → normalize → graph → attention → plan → pack, and what was left apart."""
+
+    merged: siblings.Merged
+    normal: normalize_mod.Normalized
+    graph: graph_mod.FusionGraph
+    plan: Plan
+    found: attention_mod.Found
+    undone: tuple[str, ...] = ()  # sibling merges undone, with why
+
+
+def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Planned:
+    """One pass of merge → normalize → graph → attention → plan → pack, siblings into `skip`
+    left apart."""
+    simple, refusal = given.simple, given.refusal
+    merged = siblings.Merged(simple.model, simple.tensors)
+    if refusal is None and opts.merge:
+        merged = stage("merge", lambda: siblings.merge(simple.model, simple.tensors, skip, given.weights))
+    normal = normalize_mod.Normalized(merged.model, merged.tensors)
+    if refusal is None and opts.reductions:
+        normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
+    g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, given.dim_values, opts.reductions,
+                                               opts.clusters))
+    found = attention_mod.Found()
+    if refusal is None and opts.reductions and opts.attention:
+        found = stage("attention", lambda: attention_mod.find(g))
+    # Every scheme's candidates compete in the one program: attention chains against the rows
+    # and elementwise groups over the same nodes (and ORT's own kernels).
+    proposed = [attention_mod.group_of(g, opts.cost, f"a{k}", m) for k, m in enumerate(found.matches)]
+    plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=proposed))
+    if opts.pack:
+        plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
+    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan))
+
+
+def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:
+    """The plan, planned again without the merged siblings whose Slice it left to ORT, its
+    "before" figures those of the model as given."""
     skip: frozenset[str] = frozenset()
     undone: list[str] = []
     while True:
-        merged, normal, g, plan, found = planned(skip)
+        planned = _planned_once(given, opts, stage, skip)
         # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
         # would copy its columns apart again, so it is left apart and the model planned again.
+        g, plan = planned.graph, planned.plan
         grouped = {g.nodes[i].name for grp in plan.groups for i in grp.nodes}
-        unfolded = [(x, t) for x in merged.merges for t in x.outputs if x.slice_node(t) not in grouped]
+        unfolded = [(x, t) for x in planned.merged.merges for t in x.outputs if x.slice_node(t) not in grouped]
         if not unfolded:
             break
         undone += [f"MatMul into {t} (of '{x.activation}'): left apart, the plan left its Slice to ONNX Runtime"
                    for x, t in unfolded]
         skip |= {t for _, t in unfolded}
-    m = normal.model
-    if m is not before:
+    if planned.normal.model is not given.model:
         # "Before" is the model as given, not its rewritten form (k MatMuls, not one and k
         # Slices; a group norm's Reshapes as they were).
-        given = graph_mod.build(before, before_infos, dim_values, reductions, clusters)
-        plan = dataclasses.replace(plan, **unfused_totals(given, cost))
-    sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
-                                        for grp in plan.groups])
-    kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, archs))
-    built = list(zip(plan.groups, kernels))
+        before = graph_mod.build(given.model, given.tensors, given.dim_values, opts.reductions, opts.clusters)
+        plan = dataclasses.replace(plan, **unfused_totals(before, opts.cost))
+    return dataclasses.replace(planned, plan=plan, undone=tuple(undone))
+
+
+@dataclass(frozen=True)
+class _Written:
+    """The stitched model as written, with the groups it fuses and those verification dropped."""
+
+    model: onnx.ModelProto
+    verification: verify_mod.Verification | None
+    built: list  # (Group, CompiledKernel) fused in `model`
+    dropped: tuple[dict[str, str], ...]
+
+
+def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages) -> _Written:
+    """rewrite → check → verify; groups verification finds wrong are left to ONNX Runtime and
+    the rest verified again (only a verified model is written; `strict` stops instead)."""
+    m, g = planned.normal.model, planned.graph
     dropped: list[dict[str, str]] = []
 
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
         """rewrite → check → verify with the groups of `subset` fused."""
         fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
         # Nothing fused: the model goes out exactly as it came in.
-        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else loaded
+        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else given.loaded
         if fused:
-            stage("check", lambda: _check(weights.checkable(made), weights.checkable(m)))
+            stage("check", lambda: _check(given.weights.checkable(made), given.weights.checkable(m)))
         return made, stage("verify", lambda: verify_mod.verify(
-            m, made, g, [grp for grp, _ in subset], seed=seed, dim_values=dim_values, weights=weights,
-            source=before if m is not before else None)) if verify else None
+            m, made, g, [grp for grp, _ in subset], seed=opts.seed, dim_values=given.dim_values,
+            weights=given.weights, source=given.model if m is not given.model else None)) if opts.verify else None
 
     while True:
         try:
             out, checked = attempt(built)
-            break
+            return _Written(out, checked, built, tuple(dropped))
         except (verify_mod.VerifyError, verify_mod.CannotVerify) as e:
             # Groups wrong on their own inputs are left to ONNX Runtime and the rest verified
             # again; a difference no group explains is bisected down to one group; a model
-            # verification cannot run leaves every group to ONNX Runtime. Only a verified model
-            # is written; strict mode stops.
-            if strict:
+            # verification cannot run leaves every group to ONNX Runtime.
+            if opts.strict:
                 raise
             at_fault = set(getattr(e, "groups", ()))
             if not at_fault and isinstance(e, verify_mod.VerifyError):
@@ -230,17 +325,6 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                         "the group is" if len(at_fault) == 1 else f"{len(at_fault)} groups are")
             dropped += [{"group": grp.name, "reason": first_line(e)} for grp, _ in built if grp.name in at_fault]
             built = [(grp, k) for grp, k in built if grp.name not in at_fault]
-    kinfo = tuple({"group": grp.name, "kernel": k.source.name,
-                   **registry.get(k.source.scheme).describe(g, grp, k.source),
-                   "input_kinds": ["full" if x == source_mod.FULL else "broadcast" for x in k.source.input_kinds],
-                   "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
-                  for grp, k in built)
-    report = Report(plan, len(before.graph.node), len(out.graph.node),
-                    tuple(kernels[0].archs) if kernels else tuple(archs), g.dim_values, times, kinfo, checked,
-                    tuple(dropped), simple.rewrites, normal.rewrites, normal.refusals,
-                    tuple(x.describe() for x in merged.merges), merged.refusals + tuple(undone),
-                    tuple(x.describe() for x in found.matches), found.refusals)
-    return OptimizeResult(out, report, weights)
 
 
 def _bisect(built: list, attempt: Callable[[list], Any]) -> str:

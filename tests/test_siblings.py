@@ -141,7 +141,7 @@ def test_no_merge_keeps_the_gemms_apart() -> None:
 def test_merge_is_undone_when_the_plan_leaves_its_split(monkeypatch) -> None:
     """The solver found nothing to fuse (a time limit, say): the Split would be left to ONNX
     Runtime, copying the product apart again, so the GEMMs run apart as in the input."""
-    def no_plan(g, cost, time_limit_s):
+    def no_plan(g, cost, time_limit_s, proposed=()):
         return Plan((), "no plan", "the solver found no plan in time", 0.0, 0, 0.0, 0.0, 0, 0, 0, 0)
 
     monkeypatch.setattr(pipeline, "make_plan", no_plan)

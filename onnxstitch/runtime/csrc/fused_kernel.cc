@@ -182,8 +182,12 @@ class Kernel {
 
   Error Init(const OrtKernelInfo* info);
   Error Compute(OrtKernelContext* ctx);
+  // One launch per scheme (the shape rule): attention, rows, elementwise ("broadcast").
   Error ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
                          const size_t* ranks, size_t n_in);
+  Error LaunchRows(const Loaded* l, cu::Stream stream, void** params, long long n, long long n_rows);
+  Error LaunchElementwise(const Loaded* l, cu::Stream stream, void** params, const StitchArgs& args, long long n,
+                          size_t n_in, size_t n_out);
 
   OrtStatus* ToStatus(const Error& e) const { return api_->CreateStatus(e.code, (Who() + ": " + e.message).c_str()); }
 
@@ -806,39 +810,47 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   CtxGuard guard;
   const Loaded* l = nullptr;
   if (Error e = Enter(ctx, &guard, &stream, &l)) return e;
-  cu::Result r = cu::kSuccess;
+  void* params[1] = {&args};
+  return rows_ ? LaunchRows(l, stream, params, n, n_rows) : LaunchElementwise(l, stream, params, args, n, n_in, n_out);
+}
 
-  if (rows_) {
-    // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
-    const long long per_block = block_threads_ / row_threads_;
-    // One wave of resident blocks: each thread group then walks several rows, loading the
-    // next row while it reduces this one (docs/abi.md).
-    const long long resident = l->rows_blocks_per_sm > 0 ? l->rows_blocks_per_sm : 2048 / block_threads_;
-    const long long cap = std::max<long long>(1, resident * l->sm_count);
-    long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
-    void* params[1] = {&args};
-    const int variant = n < kWideThreshold ? 0 : 1;
-    cu::Function fn = l->entry[variant];
-    const char* suffix = kRowsEntrySuffix[variant];
-    if (l->cluster[variant] != nullptr) {
-      // A split row: row_split blocks (one cluster, its size fixed in the image) per row, rows
-      // grid-strided by cluster; a grid of whole clusters, at most one wave.
-      const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
-      const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
-      r = driver_.LaunchKernel(l->cluster[variant], static_cast<unsigned int>(clusters * row_split_), 1, 1,
-                               static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
-      // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
-      // the one-block-per-row entry computes the same rows.
-      if (r == cu::kSuccess) return {};
-    }
-    r = driver_.LaunchKernel(fn, static_cast<unsigned int>(blocks), 1, 1, static_cast<unsigned int>(block_threads_), 1,
-                             1, 0, stream, params, nullptr);
-    if (r != cu::kSuccess) {
-      return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + suffix + ", grid " + std::to_string(blocks) +
-                                ") failed: " + CuError(r));
-    }
-    return {};
+// The rows scheme's launch (docs/abi.md, "rows").
+Error Kernel::LaunchRows(const Loaded* l, cu::Stream stream, void** params, long long n, long long n_rows) {
+  cu::Result r = cu::kSuccess;
+  // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
+  const long long per_block = block_threads_ / row_threads_;
+  // One wave of resident blocks: each thread group then walks several rows, loading the
+  // next row while it reduces this one (docs/abi.md).
+  const long long resident = l->rows_blocks_per_sm > 0 ? l->rows_blocks_per_sm : 2048 / block_threads_;
+  const long long cap = std::max<long long>(1, resident * l->sm_count);
+  long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
+  const int variant = n < kWideThreshold ? 0 : 1;
+  cu::Function fn = l->entry[variant];
+  const char* suffix = kRowsEntrySuffix[variant];
+  if (l->cluster[variant] != nullptr) {
+    // A split row: row_split blocks (one cluster, its size fixed in the image) per row, rows
+    // grid-strided by cluster; a grid of whole clusters, at most one wave.
+    const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
+    const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
+    r = driver_.LaunchKernel(l->cluster[variant], static_cast<unsigned int>(clusters * row_split_), 1, 1,
+                             static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
+    // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
+    // the one-block-per-row entry computes the same rows.
+    if (r == cu::kSuccess) return {};
   }
+  r = driver_.LaunchKernel(fn, static_cast<unsigned int>(blocks), 1, 1, static_cast<unsigned int>(block_threads_), 1,
+                           1, 0, stream, params, nullptr);
+  if (r != cu::kSuccess) {
+    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + suffix + ", grid " + std::to_string(blocks) +
+                              ") failed: " + CuError(r));
+  }
+  return {};
+}
+
+// The elementwise scheme's launch (docs/abi.md, "broadcast").
+Error Kernel::LaunchElementwise(const Loaded* l, cu::Stream stream, void** params, const StitchArgs& args,
+                                long long n, size_t n_in, size_t n_out) {
+  cu::Result r = cu::kSuccess;
   // Variant: vector entries need whole vectors and 16-byte aligned linear tensors.
   bool vector_ok = (n % vec_width_) == 0;
   for (size_t i = 0; vector_ok && i < n_in; ++i) {
@@ -853,8 +865,6 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
   long long blocks = (work + kBlock - 1) / kBlock;
   blocks = std::min<long long>(blocks, 64LL * l->sm_count);  // 64: best of 16/32/64/uncapped on H200 (docs/perf-notes.md)
   blocks = std::max<long long>(blocks, 1);
-
-  void* params[1] = {&args};
   r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1, kBlock, 1, 1, 0,
                            stream, params, nullptr);
   if (r != cu::kSuccess) {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 from ...graph import FusionGraph
 from ...shapes import symbolic_value
@@ -89,12 +90,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
     first_mask = 6 if biased else 3
-    # Each additive term's rows for this thread's two queries (element strides from the runtime,
-    # 0 where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys `mc<i>` apart.
-    mask_rows = "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
-  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
-  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
-  const int mc{i} = (int)a.strides[{first_mask + i}][3];""" for i in range(len(m.masks)))
+    mask_rows = _mask_rows(len(m.masks), first_mask)
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt)
     stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", v_bias)
 
@@ -148,7 +144,30 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
   float* p0 = Ps + (r0 + g) * PS;
   float* p1 = p0 + 8 * PS;
-  for (int t0 = 0; t0 < Sk; t0 += KT) {{
+{_key_loop(stage_k, stage_v, k_frag, scaled)}"""
+    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), bool(m.transposed))
+    if projected:
+        spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
+                                   biases=bool(biased))
+    return KernelSource(
+        name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
+        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
+
+
+def _mask_rows(masks: int, first_mask: int) -> str:
+    """Each additive term's rows for this thread's two queries (element strides from the
+    runtime, 0 where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys
+    `mc<i>` apart."""
+    return "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
+  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
+  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
+  const int mc{i} = (int)a.strides[{first_mask + i}][3];""" for i in range(masks))
+
+
+def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, str], str]) -> str:
+    """The loop over tiles of keys (stage K and V, scores on tensor cores, the online Softmax,
+    the context's product) and the context's store."""
+    return f"""  for (int t0 = 0; t0 < Sk; t0 += KT) {{
     __syncthreads();  // every warp is done with the previous tile
     // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
 {stage_k}
@@ -228,13 +247,6 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   }}
 }}
 """
-    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), bool(m.transposed))
-    if projected:
-        spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
-                                   biases=bool(biased))
-    return KernelSource(
-        name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
-        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
 
 
 def _fixed_columns(threads: int, cols: int, rows: int) -> bool:

@@ -220,6 +220,20 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
         if pq is not None:
             vec.append(f"    if (runs && pat{k}) ob{k} = (w * V / inner{k}) % span{k};")
     vec += [f"    if (runs && lin{k}) ob{k} = w * V;" for k in linear]
+    vec += _vector_loads(graph, inputs, vectored, windows, inner, rank)
+    rest = [k for k in bcast if k not in vectored]
+    if not rest:
+        return "\n".join(setup) + "\n", "\n".join(vec) + "\n", ""
+    elem = _element_offsets(pats, rest, rank)
+    return "\n".join(setup) + "\n", "\n".join(vec) + "\n", "\n".join(elem) + "\n"
+
+
+def _vector_loads(graph: FusionGraph, inputs: tuple[str, ...], vectored: frozenset[int],
+                  windows: tuple[concats.Window | None, ...], inner: str, rank: int) -> list[str]:
+    """Per vector: each `vectored` input's V elements gathered into bv{k}, with one vector load
+    where the launch allows it (bw{k}), else element by element; a windowed input only inside
+    its window (zeros elsewhere: never selected)."""
+    vec: list[str] = []
     for k in sorted(vectored):
         st = ops.CTYPES[graph.tensors[inputs[k]].dtype][0]
         win = windows[k]
@@ -247,9 +261,12 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
                 *gather,
                 "      }",
                 "    }"]
-    rest = [k for k in bcast if k not in vectored]
-    if not rest:
-        return "\n".join(setup) + "\n", "\n".join(vec) + "\n", ""
+    return vec
+
+
+def _element_offsets(pats: Patterns, rest: list[int], rank: int) -> list[str]:
+    """Per element: the offsets o{k} of the broadcast inputs not loaded per vector, stepping
+    from the vector's first element along the innermost axis, or decomposed."""
     elem = [f"      I {', '.join(f'o{k}' for k in rest)};", "      if (runs) {"]
     for k in rest:
         pq = pats[k]
@@ -260,7 +277,7 @@ def _broadcast_index(graph: FusionGraph, inputs: tuple[str, ...], pats: Patterns
     elem += ["      } else {", f"        I r = i; {'; '.join(f'o{k} = 0' for k in rest)};",
              decompose("r", rank - 1, 0, {k: f"o{k}" for k in rest}, "        "),
              "      }"]
-    return "\n".join(setup) + "\n", "\n".join(vec) + "\n", "\n".join(elem) + "\n"
+    return elem
 
 
 def generate(graph: FusionGraph, name: str, nodes: tuple[int, ...],
