@@ -44,7 +44,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from . import concats, views
+from .folds import concats, views
 from .schemes.rows import geometry as rows_mod
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind

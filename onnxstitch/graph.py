@@ -13,7 +13,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from . import channel_params, concats, ops, slices
+from . import load, ops
+from .folds import channel_params, concats, slices
 from .shapes import Shape, TensorInfo, broadcast_shapes
 
 # Kernel ABI limits (docs/abi.md).
@@ -297,13 +298,13 @@ def _node_reason(n: onnx.NodeProto, tensors: Mapping[str, TensorInfo], attrs: Ma
 
 # ai.onnx opsets whose elementwise semantics the op table follows (Clip's attributes before 11
 # are handled). Outside this range the model is left unchanged, with a warning.
-MIN_OPSET, MAX_OPSET = 7, 28
+MIN_OPSET, MAX_OPSET = 7, load.LATEST_OPSET
 
 
 def opset_refusal(model: onnx.ModelProto) -> str | None:
     """Why no node of `model` may be fused because of its ai.onnx opset (None if it may)."""
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if version is not None and not MIN_OPSET <= version <= MAX_OPSET:
+    version = load.ai_onnx_opset(model)
+    if not MIN_OPSET <= version <= MAX_OPSET:
         return f"ai.onnx opset {version} is outside the supported range {MIN_OPSET}–{MAX_OPSET}"
     return None
 
@@ -319,7 +320,7 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
     `clusters`: the target GPUs have thread-block clusters (sm_90 on)."""
     g = model.graph
     refusal = opset_refusal(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    opset = load.ai_onnx_opset(model)
     input_names = frozenset(i.name for i in g.input)
     constants = {i.name: i for i in g.initializer if i.name not in input_names}
     infos = dict(tensors)

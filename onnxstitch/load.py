@@ -22,6 +22,15 @@ from .weights import Weights
 PROTOBUF_LIMIT = 2**31 - 2**24
 
 
+# The newest ai.onnx opset the project knows (graph.MAX_OPSET).
+LATEST_OPSET = 28
+
+
+def ai_onnx_opset(model: onnx.ModelProto) -> int:
+    """The ai.onnx opset `model` imports; LATEST_OPSET for one that imports none, which then
+    has no ai.onnx node (onnx.checker refuses one), so no pass has anything to read it for."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), LATEST_OPSET)
+
 def is_large(model: onnx.ModelProto) -> bool:
     """True when `model` is too big to serialize as one protobuf message."""
     return model.ByteSize() > PROTOBUF_LIMIT

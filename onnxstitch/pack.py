@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import concats, views
+from .folds import concats, views
 from .cost import CostModel
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph
 from .plan import Group, PackRefusal, Plan, contract, make_group, topological_groups

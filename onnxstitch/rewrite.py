@@ -14,7 +14,8 @@ from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel
 from .schemes import registry
-from . import concats, ops, slices, views
+from . import ops
+from .folds import concats, slices, views
 from .graph import FusionGraph, implicit_inputs
 
 DOMAIN = "com.onnxstitch"

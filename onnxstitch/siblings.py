@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import ops
+from . import load, ops
 from .graph import implicit_inputs
 from .shapes import TensorInfo, infer
 from .weights import Weights
@@ -127,7 +127,7 @@ def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
     """The model with each merged set's MatMuls replaced, where the first of them stood, by one
     MatMul over the concatenated weights and a Slice of its columns per original output."""
     g = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    opset = load.ai_onnx_opset(model)
     at: dict[int, list[onnx.NodeProto]] = {}
     gone: set[int] = set()
     params: list[onnx.TensorProto] = []

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import ops
+from . import load, ops
 from .graph import implicit_inputs, node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
@@ -198,7 +198,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
     g = _Graph(model, tensors)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = load.ai_onnx_opset(model)
     replace: dict[int, onnx.NodeProto] = {}  # node id → its replacement
     rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
     extra: list[onnx.TensorProto] = []

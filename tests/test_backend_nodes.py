@@ -11,7 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx.backend.test.case.node import collect_testcases
 
-from onnxstitch import ops, slices
+from onnxstitch import ops
+from onnxstitch.folds import slices
 
 from .stitching import assert_close, prepared, stitch_nodes
 

@@ -10,7 +10,8 @@ from onnx import parser
 
 import onnxstitch
 from models.fuzz import run_cpu
-from onnxstitch import candidates, slices
+from onnxstitch import candidates
+from onnxstitch.folds import slices
 
 from ._graphs import from_text, node, nodes
 from .slice_models import qkv_split, slice_models

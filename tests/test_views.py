@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 import onnxstitch
 from models.fuzz import run_cpu
-from onnxstitch import candidates, cost, views
+from onnxstitch import candidates, cost
+from onnxstitch.folds import views
 from onnxstitch.inputs import random_feeds
 
 from ._graphs import from_text, node, nodes

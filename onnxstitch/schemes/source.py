@@ -14,7 +14,8 @@ from typing import ClassVar
 
 from onnx import TensorProto as TP
 
-from .. import concats, ops, slices
+from .. import ops
+from ..folds import concats, slices
 from ..graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, constant_value
 
 FULL, BROADCAST = 0, 1

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ... import concats, ops, views
+from ... import ops
+from ...folds import concats, views
 from ...graph import FusionGraph, Node
 from ...shapes import dtype_size
 from ..source import ARGS_STRUCT, BROADCAST, FULL, KernelSource, baked_arg, half_only, load_expr, store_expr

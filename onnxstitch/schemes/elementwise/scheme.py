@@ -6,7 +6,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from ... import views
+from ...folds import views
 from ...graph import FusionGraph
 from ...plan import Group
 from .. import ELEMENTWISE

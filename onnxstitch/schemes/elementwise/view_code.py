@@ -9,7 +9,8 @@ view makes innermost. Both sides move whole sectors.
 """
 from __future__ import annotations
 
-from ... import ops, views
+from ... import ops
+from ...folds import views
 from ...graph import FusionGraph
 from .index import decompose
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .shapes import TensorInfo
+from ..shapes import TensorInfo
 
 OPS = ("BatchNormalization", "InstanceNormalization")
 

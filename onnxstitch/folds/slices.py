@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .shapes import TensorInfo
+from ..shapes import TensorInfo
 
 OPS = frozenset({"Slice", "Split"})
 NO_BOX = (-1, 0, 0)  # the `input_boxes` entry of an input read whole

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import onnx
 
-from .ops import OpKind
-from .shapes import Shape, TensorInfo
+from ..ops import OpKind
+from ..shapes import Shape, TensorInfo
 
 if TYPE_CHECKING:
-    from .graph import FusionGraph
+    from ..graph import FusionGraph
 
 NO_WINDOW = (-1, 0, 0, 0)  # the `input_windows` entry of an input read unshifted
 

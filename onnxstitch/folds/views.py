@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import ops
-from .graph import FusionGraph
-from .shapes import Shape, fmt
+from .. import ops
+from ..graph import FusionGraph
+from ..shapes import Shape, fmt
 
 REST = -1  # the dim whose size makes the element counts agree
 
