@@ -286,7 +286,6 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         say(f"profiling {label}")
         counts = _profile_counts(make, feeds, like, config.profile_runs)
         configs[label] = _stats(times[label], counts, batch, errs)
-    bounds.clear()
     return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
                        configs, package_versions())

@@ -31,6 +31,7 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int:
     has no ai.onnx node (onnx.checker refuses one), so no pass has anything to read it for."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), LATEST_OPSET)
 
+
 def is_large(model: onnx.ModelProto) -> bool:
     """True when `model` is too big to serialize as one protobuf message."""
     return model.ByteSize() > PROTOBUF_LIMIT

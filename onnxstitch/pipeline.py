@@ -195,7 +195,7 @@ class _Given:
 
     loaded: onnx.ModelProto  # as read, large weights as stubs: what goes out when nothing is fused
     model: onnx.ModelProto  # constants as initializers, dynamic dims named
-    tensors: Mapping[str, Any]  # shapes.TensorInfo by name
+    tensors: Mapping[str, shapes_mod.TensorInfo]
     dim_values: Mapping[str, int]
     weights: Weights
     refusal: str | None  # why the model is left unchanged (an opset the project does not know)

@@ -317,14 +317,13 @@ def _status_text(status: mip.OptimizationStatus) -> str:
 
 def _solve(graph: FusionGraph, groups: Sequence[tuple[int, ...]], cost: CostModel,
            time_limit_s: float, max_rounds: int, use_conflicts: bool,
-           prices: Sequence[float | None] = ()) -> _Outcome:
+           prices: Sequence[float | None]) -> _Outcome:
     """Set partitioning over fusible nodes with conflict constraints and lazy cycle cuts.
-    `prices`, where given, are candidates' times set by their scheme (cost.py's otherwise)."""
+    `prices`, one per group: its time where its scheme set it, else None (cost.py's)."""
     deadline = time.perf_counter() + time_limit_s
     model = mip.Model(sense=mip.MINIMIZE, solver_name=mip.CBC)
     model.verbose = 0
     model.max_mip_gap = _MIP_GAP
-    prices = list(prices) + [None] * (len(groups) - len(prices))
     x = [model.add_var(var_type=mip.BINARY, obj=group_us(graph, cost, frozenset(g)) if p is None else p)
          for g, p in zip(groups, prices)]
     covering: dict[int, list[mip.Var]] = {}

@@ -73,14 +73,15 @@ def _known_value(dim: str, dim_values: Mapping[str, int]) -> int | None:
     if dim in dim_values:
         return int(dim_values[dim])
     factors = [f.strip() for f in dim.split("*")]
-    if len(factors) > 1 and all(factors):
-        n = 1
-        for f in factors:
-            v = int(f) if f.isdigit() else _known_value(f, dim_values)
-            if v is None:
-                return None
-            n *= v
-    return n if len(factors) > 1 and all(factors) else None
+    if len(factors) < 2 or not all(factors):
+        return None
+    n = 1
+    for f in factors:
+        v = int(f) if f.isdigit() else _known_value(f, dim_values)
+        if v is None:
+            return None
+        n *= v
+    return n
 
 
 def derived_dims(model: onnx.ModelProto, infos: Mapping[str, TensorInfo],

@@ -33,8 +33,7 @@ def _session(path: Path, stitched: bool, graphs: bool, so=None):
     import onnxruntime as ort
 
     import onnxstitch
-    providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if graphs else "CUDAExecutionProvider",
-                 "CPUExecutionProvider"]
+    providers = bench._provider_list(bench.BenchConfig(cuda_graph=graphs))
     if stitched:
         return onnxstitch.session(str(path), sess_options=so, providers=providers)
     return ort.InferenceSession(str(path), sess_options=so, providers=providers)
