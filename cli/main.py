@@ -140,27 +140,39 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
 @click.option("--iters", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--providers", default="CUDAExecutionProvider,CPUExecutionProvider", show_default=True,
-              help="ONNX Runtime execution providers, in order (the CUDA EP is required).")
+              help="ONNX Runtime execution providers, in order (without the CUDA EP everything runs on the "
+                   "CPU, the stitched model through its fallbacks: a check of the plumbing, not of the kernels).")
 @click.option("--cuda-graph", is_flag=True, help="Run every configuration through ORT's CUDA graphs.")
 @click.option("--peer-ort-optimizer", "peer_type", metavar="MODEL_TYPE",
               help="Also time the model after ORT's transformers optimizer (bert, gpt2, t5, vit, …).")
+@click.option("--profile", is_flag=True, help="Also show where the time goes: ORT's profile of the stock and the "
+                                              "stitched model, top op types (and GPU kernels) side by side.")
+@click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per --profile table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (schema in the result).")
 @verbosity
 def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int, providers: str,
-          cuda_graph: bool, peer_type: str | None, as_json: bool, verbose: bool, quiet: bool) -> None:
+          cuda_graph: bool, peer_type: str | None, profile: bool, top: int, as_json: bool, verbose: bool,
+          quiet: bool) -> None:
     """Time MODEL on ONNX Runtime's CUDA EP against its stitched version."""
     from onnxstitch import bench as bench_mod
     from onnxstitch import load, optimize as run_optimize
 
+    from . import bench_view
+
     shapes = parse_shapes(shape)
     load.load(model)  # bad input fails here, before any GPU work
-    bench_mod.require_gpu("onnxstitch bench")
     plist = tuple(p.strip() for p in providers.split(",") if p.strip())
-    if "CUDAExecutionProvider" not in plist:
-        raise BadInputError(f"--providers {providers}: the stitched model's kernels need CUDAExecutionProvider")
+    if not plist:
+        raise BadInputError(f"--providers {providers!r}: name at least one execution provider")
+    if bench_mod.CUDA in plist:
+        bench_mod.require_gpu("onnxstitch bench")
+    elif cuda_graph or peer_type:
+        raise BadInputError(f"--{'cuda-graph' if cuda_graph else 'peer-ort-optimizer'} needs CUDAExecutionProvider "
+                            f"in --providers")
     sym = {k: v[0] for k, v in shapes.items() if len(v) == 1}
     overrides = {k: tuple(v) for k, v in shapes.items() if len(v) != 1}
-    config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph)
+    config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph,
+                                   profile=profile, profile_runs=10 if profile else 5)
     status = None if (quiet or as_json) else progress_console.status("benchmarking…")
 
     def say(msg: str) -> None:
@@ -179,16 +191,15 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
         res = bench_mod.run(model, stitched, config=config, dim_values=sym, overrides=overrides, peers=peers,
                             progress=say)
     if as_json:
-        click.echo(json.dumps(res.to_json(), indent=2))
+        click.echo(json.dumps(res.to_json(top), indent=2))
+        return
+    if quiet:
         return
     graphs = ", CUDA graphs" if cuda_graph else ""
-    t = Table(title=f"{model} on {res.device} (driver {res.driver}, onnxruntime {res.ort_version}{graphs})")
-    for col in ("", "median ms", "p90 ms", "p99 ms", "samples/s", "CUDA nodes/run", "max abs err", "speedup"):
-        t.add_column(col, justify="right" if col else "left")
-    for label, tm in res.configs.items():
-        t.add_row(label, f"{tm.median_ms:.3f}", f"{tm.p90_ms:.3f}", f"{tm.p99_ms:.3f}", f"{tm.samples_per_s:,.0f}",
-                  f"{tm.launches_per_run:.0f}", f"{tm.max_abs_err:.2g}", f"{res.stock.median_ms / tm.median_ms:.2f}×")
-    console.print(t)
+    console.print(bench_view.timings(res, f"{model} on {res.device} (driver {res.driver}, "
+                                          f"onnxruntime {res.ort_version}{graphs})"))
+    for part in bench_view.profile_tables(res, top) if profile else ():
+        console.print(part)
 
 
 @main.command()
@@ -236,7 +247,11 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
             console.print(f"[red]regression:[/red] {r}")
         if update_baseline and numerics_ok:
             console.print(f"baseline written to {baseline}")
-    if not numerics_ok or (res.regressions and not update_baseline):
+    failed = not numerics_ok or (res.regressions and not update_baseline)
+    if failed and quiet and not as_json:  # quiet prints errors only: what failed, one line each
+        for r in res.regressions:
+            click.echo(f"onnxstitch: error: regression: {r}", err=True)
+    if failed:
         sys.exit(1)
 
 

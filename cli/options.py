@@ -39,6 +39,10 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, verbose: bool, quiet: bool, **kwargs: Any) -> Any:
         logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING if not quiet else logging.ERROR,
                             format="%(levelname)s %(name)s: %(message)s")
+        if quiet:  # ONNX Runtime's own warnings (Memcpy nodes added, nodes on the CPU) go to stderr too
+            import onnxruntime
+
+            onnxruntime.set_default_logger_severity(3)
         try:
             return fn(*args, verbose=verbose, quiet=quiet, **kwargs)
         except StitchError as e:

@@ -3,16 +3,17 @@ by side in one process, on the same seeded inputs, through IO binding on the GPU
 
 Every configuration runs the same feeds, timed in interleaved rounds (all sessions loaded at
 once); outputs are compared with the stock run's. Kernel
-launches per run come from ORT's profiler (CUDA EP node executions). With `cuda_graph`, every
-configuration runs through ORT's CUDA graphs (captured on the first run, replayed after).
+launches per run come from ORT's profiler (CUDA EP node executions, onnxstitch.profile); with
+`profile`, each configuration's profile (top op types and GPU kernels) is kept in the result.
+With `cuda_graph`, every configuration runs through ORT's CUDA graphs (captured on the first
+run, replayed after). Without the CUDA EP in the providers it all runs on ORT's CPU EP, the
+stitched model through its fallback functions: a check of the plumbing, not of the kernels.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,11 +25,17 @@ import onnx
 from . import ortio
 from .errors import BadInputError, StitchError, first_line
 from .inputs import random_feeds
+from .profile import DEFAULT_TOP, Profile, record
 
 # v2: several configurations, percentiles, throughput, device/driver, CUDA graphs.
-SCHEMA_VERSION = 2
+# v3: `profiles` (with profile=True), CPU-only runs (stock labelled STOCK_CPU).
+SCHEMA_VERSION = 3
 STOCK = "ORT CUDA EP"
+STOCK_CPU = "ORT CPU EP"
 STITCHED = "onnxstitch"
+CUDA = "CUDAExecutionProvider"
+# ORT's CUDA EP replays a captured graph without its executor, so a replayed run records no nodes.
+GRAPH_PROFILE_NOTE = "ORT's profiler records no nodes in CUDA graph replays: profiled without CUDA graphs"
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,11 @@ class BenchConfig:
     cuda_graph: bool = False
     seed: int = 0
     profile_runs: int = 5
+    profile: bool = False  # keep each configuration's profile in the result (BenchResult.profiles)
+
+    @property
+    def on_gpu(self) -> bool:
+        return CUDA in self.providers
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ class Timing:
     iters: int
     runs_per_s: float
     samples_per_s: float  # runs/s × batch (the first dim of the first input)
-    launches_per_run: float  # CUDA EP node executions per run, from ORT's profile
+    launches_per_run: float  # node executions per run on the first provider, from ORT's profile
     fused_nodes_on_cuda: int  # FusedKernel nodes that ORT's profile shows on the CUDA EP
     max_abs_err: float = 0.0  # against the stock configuration's outputs
     max_rel_err: float = 0.0
@@ -76,10 +88,12 @@ class BenchResult:
     configs: Mapping[str, Timing] = field(default_factory=dict)
     # Installed versions of the packages the figures depend on (package_versions()).
     versions: Mapping[str, str] = field(default_factory=dict)
+    # Each configuration's ORT profile (BenchConfig.profile), without CUDA graphs.
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
 
     @property
     def stock(self) -> Timing:
-        return self.configs[STOCK]
+        return self.configs[STOCK if STOCK in self.configs else STOCK_CPU]
 
     @property
     def stitched(self) -> Timing:
@@ -97,10 +111,15 @@ class BenchResult:
     def max_rel_err(self) -> float:
         return self.stitched.max_rel_err
 
-    def to_json(self) -> dict[str, Any]:
-        """The result in the versioned JSON schema (`schema`)."""
+    def to_json(self, top: int = DEFAULT_TOP) -> dict[str, Any]:
+        """The result in the versioned JSON schema (`schema`); profiles as their top `top`."""
         out = asdict(self)
         out["configs"] = {k: asdict(v) for k, v in self.configs.items()}
+        out.pop("profiles")
+        if self.profiles:
+            out["profiles"] = {k: p.summary(top) for k, p in self.profiles.items()}
+            if self.cuda_graph:
+                out["profile_note"] = GRAPH_PROFILE_NOTE
         return {"schema": SCHEMA_VERSION, **out, "speedup": self.speedup}
 
 
@@ -139,26 +158,31 @@ def require_gpu(what: str) -> None:
 
 
 class _Bound:
-    """A session with its inputs on the GPU and outputs bound, ready for run_with_iobinding."""
+    """A session with its inputs on its device (the GPU where it has the CUDA EP) and outputs
+    bound, ready for run_with_iobinding."""
 
     def __init__(self, sess, feeds: Mapping[str, np.ndarray], outputs_like: Sequence[np.ndarray] | None) -> None:
         self.sess = sess
         self.io = sess.io_binding()
         self.keep = []
+        device = "cuda" if CUDA in sess.get_providers() else "cpu"
         for name, arr in feeds.items():
-            ov = ortio.to_ortvalue(arr, "cuda", 0)
+            ov = ortio.to_ortvalue(arr, device, 0)
             self.keep.append(ov)
             self.io.bind_ortvalue_input(name, ov)
         for i, out in enumerate(sess.get_outputs()):
             if outputs_like is None:
-                self.io.bind_output(out.name, "cuda", 0)
+                self.io.bind_output(out.name, device, 0)
             else:  # CUDA graphs replay fixed addresses: outputs must be preallocated
-                ov = ortio.empty(outputs_like[i].shape, outputs_like[i].dtype, "cuda", 0)
+                ov = ortio.empty(outputs_like[i].shape, outputs_like[i].dtype, device, 0)
                 self.keep.append(ov)
                 self.io.bind_ortvalue_output(out.name, ov)
 
     def run(self) -> None:
         self.sess.run_with_iobinding(self.io)
+
+    def end_profiling(self) -> str:
+        return self.sess.end_profiling()
 
     def outputs(self) -> list[np.ndarray]:
         return [ortio.to_numpy(o) for o in self.io.get_outputs()]
@@ -192,22 +216,10 @@ def _time(bounds: Mapping[str, _Bound], config: BenchConfig) -> dict[str, list[f
     return times
 
 
-def _profile_counts(make_session: Callable, feeds, outputs_like, runs: int) -> tuple[float, int]:
-    """(CUDA EP node executions per run, FusedKernel nodes on CUDA) from ORT's profiler."""
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "prof")
-        bound = _Bound(make_session(so, graphs=False), feeds, outputs_like)
-        for _ in range(runs):
-            bound.run()
-        events = json.loads(Path(bound.sess.end_profiling()).read_text())
-    cuda = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
-            and e.get("args", {}).get("provider") == "CUDAExecutionProvider"]
-    fused = {e["name"] for e in cuda if e.get("args", {}).get("op_name") == "FusedKernel"}
-    return len(cuda) / runs, len(fused)
+def _profile(make_session: Callable, feeds, outputs_like, runs: int) -> Profile:
+    """ORT's profile of `runs` runs of a fresh session without CUDA graphs (a replayed run
+    records no nodes), after one warm-up run (first allocations) that is left out."""
+    return record(lambda so: _Bound(make_session(so, graphs=False), feeds, outputs_like), runs=runs, warmup=1)
 
 
 def _errors(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> tuple[float, float]:
@@ -222,11 +234,12 @@ def _errors(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> tuple[float
     return abs_err, rel_err
 
 
-def _stats(times: list[float], counts: tuple[float, int], batch: int, errs: tuple[float, float]) -> Timing:
+def _stats(times: list[float], prof: Profile, provider: str, batch: int, errs: tuple[float, float]) -> Timing:
     q = np.percentile(times, [50, 90, 99])
     med = float(statistics.median(times))
     return Timing(med, float(q[1]), float(q[2]), min(times), float(np.mean(times)), len(times),
-                  1e3 / med, 1e3 / med * batch, counts[0], counts[1], errs[0], errs[1])
+                  1e3 / med, 1e3 / med * batch, prof.nodes_per_run(provider),
+                  len(prof.node_names("FusedKernel", CUDA)), errs[0], errs[1])
 
 
 def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
@@ -234,14 +247,19 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         peers: Mapping[str, str | os.PathLike] | None = None,
         progress: Callable[[str], None] | None = None) -> BenchResult:
     """Benchmark the stock model (ORT, default graph optimizations) against the stitched model
-    (the onnxstitch library registered) and any `peers` (label → model path, run stock)."""
+    (the onnxstitch library registered) and any `peers` (label → model path, run stock).
+    Without the CUDA EP in `config.providers` everything runs on ORT's CPU EP, the stitched
+    model through its fallback functions."""
     import onnxruntime as ort
 
     from . import __version__
     from .runtime import session as stitch_session
 
     say = progress or (lambda _m: None)
-    require_gpu("bench")
+    if config.on_gpu:
+        require_gpu("bench")
+    elif config.cuda_graph:
+        raise BadInputError("CUDA graphs need the CUDA EP among the providers")
     model = onnx.load(str(model_path), load_external_data=False)
     feeds = random_feeds(model, config.seed, dim_values, overrides)
     first = next(iter(feeds.values()), np.zeros(1))
@@ -257,7 +275,9 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         cfg = config if graphs else BenchConfig(providers=config.providers)
         return stitch_session(str(stitched_path), sess_options=so, providers=_provider_list(cfg))
 
-    makers = {STOCK: stock_maker(model_path), STITCHED: stitched_maker}
+    stock = STOCK if config.on_gpu else STOCK_CPU
+    # On the CPU the library is not registered (it has CUDA kernels only): the fallbacks run.
+    makers = {stock: stock_maker(model_path), STITCHED: stitched_maker if config.on_gpu else stock_maker(stitched_path)}
     makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
     # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run.
     try:
@@ -274,21 +294,23 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             bounds[label] = _Bound(make(), feeds, like)
             bounds[label].run()  # a CUDA graph is captured here; a model that cannot run fails here
         except Exception as e:
-            if label == STOCK:
+            if label == stock:
                 raise _stock_fault(model_path, " with CUDA graphs" if config.cuda_graph else "", e) from e
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
     say(f"timing {', '.join(bounds)}")
     times = _time(bounds, config)
     configs: dict[str, Timing] = {}
+    profiles: dict[str, Profile] = {}
     for label, make in makers.items():
         errs = _errors(bounds[label].outputs(), reference)
         say(f"profiling {label}")
-        counts = _profile_counts(make, feeds, like, config.profile_runs)
-        configs[label] = _stats(times[label], counts, batch, errs)
-    return BenchResult(str(model_path), gpu_name(), driver_version(), ort.__version__, __version__,
+        profiles[label] = _profile(make, feeds, like, config.profile_runs)
+        configs[label] = _stats(times[label], profiles[label], config.providers[0], batch, errs)
+    device, driver = (gpu_name(), driver_version()) if config.on_gpu else ("CPU", "n/a")
+    return BenchResult(str(model_path), device, driver, ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
-                       configs, package_versions())
+                       configs, package_versions(), profiles if config.profile else {})
 
 
 def _stock_fault(model_path: str | os.PathLike, how: str, e: Exception) -> BadInputError:

@@ -9,6 +9,8 @@ model too, with and without CUDA graphs. Writes corpus.json and corpus.md into -
     python scripts/corpus_report.py --models bert-ts,gpt2-dynamo --out /tmp/corpus
     python scripts/corpus_report.py --gpu                           # on the GPU machine
 
+A spinner on a terminal says which model is at work; --quiet prints only the models that failed.
+
 Exits 1 if any model met an internal error (an exception that is not a StitchError, one whose
 message starts with "internal error", a crash or a timeout) or was written unverified (kernels
 fused but verification skipped), so `--slice cpu` serves as a CI check.
@@ -16,6 +18,7 @@ fused but verification skipped), so `--slice cpu` serves as a CI check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
@@ -246,6 +249,13 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return out
 
 
+def _spinner(text: str) -> Any:
+    """A rich status line on stderr: animated on a terminal, nothing in a log."""
+    from rich.console import Console
+
+    return Console(stderr=True).status(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=Path("build/corpus"), help="folder with manifest.json")
@@ -256,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=60, help="timed runs per configuration with --gpu")
     ap.add_argument("--out", type=Path, help="output folder (default bench/results/<gpu or cpu>/corpus)")
     ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print only the models that failed")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "JOB", "ROW"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -263,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         row = child(job) if kind == "optimize" else time_child(job)
         Path(args.child[2]).write_text(json.dumps(row, default=str))
         return 0
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(line, flush=True)
 
     gpu = False
     where = "cpu"
@@ -274,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.require_gpu("corpus timings")
             gpu, where = True, bench.gpu_name()
         except StitchError as e:
-            print(f"{e}; optimizing only", flush=True)
+            say(f"{e}; optimizing only")
     manifest = json.loads((args.corpus / "manifest.json").read_text())
     wanted = {m for m in args.models.split(",") if m}
     entries = [e for e in manifest["models"] if (not wanted or e["name"] in wanted)
@@ -287,28 +302,33 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as keep_dir, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    status = contextlib.nullcontext() if args.quiet else _spinner(f"optimizing {len(entries)} models")
+    with tempfile.TemporaryDirectory() as keep_dir, ThreadPoolExecutor(max(1, args.jobs)) as pool, status as spin:
         keep = Path(keep_dir) if gpu else None
         # Optimizing runs `--jobs` models at once; timings are taken one model at a time after.
         for e, row in zip(entries, pool.map(lambda e: measure(e, args.corpus, args.timeout, gpu, args.iters, keep),
                                             entries)):
             rows.append(row)
             note = row.get("error", "") + (" UNVERIFIED" if row.get("unverified") else "")
-            print(f"{e['name']:<28} {row['status']:<9} {row.get('optimize_s', 0):>7.1f}s "
-                  f"{row.get('peak_rss_mb', 0):>7.0f}MB  {note[:150]}", flush=True)
+            say(f"{e['name']:<28} {row['status']:<9} {row.get('optimize_s', 0):>7.1f}s "
+                f"{row.get('peak_rss_mb', 0):>7.0f}MB  {note[:150]}")
+            if spin is not None:
+                spin.update(f"optimized {len(rows)}/{len(entries)} models")
             (out / "corpus.json").write_text(json.dumps(rows, indent=1, default=str))  # partial results survive
         for e, row in zip(entries, rows):
             if keep is None or row["status"] != OK:
                 continue
+            if spin is not None:
+                spin.update(f"timing {e['name']}")
             got = _in_child("time", _job(e, args.corpus, gpu, args.iters, keep), args.timeout)
             row.update(got if "runs" in got else {"runs": [{"label": "plain", "error": got.get("error", "")}]})
             speed = " ".join(f"{x['label']} {x['speedup']:.2f}x" if "speedup" in x else
                              f"{x['label']} {(x.get('error') or x.get('na', ''))[:80]}" for x in row["runs"])
-            print(f"{e['name']:<28} {speed}", flush=True)
+            say(f"{e['name']:<28} {speed}")
             (out / "corpus.json").write_text(json.dumps(rows, indent=1, default=str))
     summary = _summary(rows)
     (out / "corpus.md").write_text(markdown(rows, where, summary))
-    print(f"{summary} in {time.perf_counter() - started:.0f} s; wrote {out / 'corpus.json'} and {out / 'corpus.md'}")
+    say(f"{summary} in {time.perf_counter() - started:.0f} s; wrote {out / 'corpus.json'} and {out / 'corpus.md'}")
     bad = [r for r in rows if r["status"] == INTERNAL or r.get("unverified")]
     for r in bad:
         print(f"{r['model']}: {r.get('error', 'unverified write')}\n    {r['repro']}", file=sys.stderr)

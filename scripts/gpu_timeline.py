@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnx  # noqa: E402
 
-from onnxstitch import bench  # noqa: E402
+from onnxstitch import bench, profile  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 
 
@@ -40,28 +40,13 @@ def _session(path: Path, stitched: bool, graphs: bool, so=None):
 
 
 def _ort_nodes(path: Path, stitched: bool, feeds, like, warm: int = 5, runs: int = 10) -> dict:
-    """Nodes per (provider, op) per run and their host time, from ORT's profiler."""
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "prof")
-        bound = bench._Bound(_session(path, stitched, False, so), feeds, like)
-        for _ in range(warm + runs):
-            bound.run()
-        events = json.loads(Path(bound.sess.end_profiling()).read_text())
-    # The warm-up runs (module loads, first allocations) are left out.
-    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-    after = starts[warm] if len(starts) > warm else 0
-    nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
-             and e.get("ts", 0) >= after]
-    per = Counter(f"{e['args'].get('provider', '?')}:{e['args'].get('op_name', '?')}" for e in nodes)
-    host_us = defaultdict(float)
-    for e in nodes:
-        host_us[f"{e['args'].get('provider', '?')}:{e['args'].get('op_name', '?')}"] += e.get("dur", 0)
-    return {k: {"per_run": v / runs, "host_us_per_run": round(host_us[k] / runs, 1),
-                "host_us_per_node": round(host_us[k] / v, 2)} for k, v in per.most_common()}
+    """Nodes per (provider, op) per run and their host time, from ORT's profiler (the warm-up
+    runs, module loads and first allocations, left out)."""
+    prof = profile.record(lambda so: bench._Bound(_session(path, stitched, False, so), feeds, like),
+                          runs=runs, warmup=warm)
+    return {r.name: {"per_run": r.calls_per_run, "host_us_per_run": round(r.us_per_run, 1),
+                     "host_us_per_node": round(r.us_per_run / r.calls_per_run, 2)}
+            for r in prof.by_op(with_provider=True)}
 
 
 def _timeline(bound, runs: int) -> dict:

@@ -134,6 +134,40 @@ def test_bench_without_gpu_says_so(tmp_path: Path) -> None:
     assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
 
 
+def test_bench_profile_on_the_cpu_side_by_side_json_and_quiet(tmp_path: Path) -> None:
+    src, out = tmp_path / "m.onnx", tmp_path / "m.stitched.onnx"
+    onnx.save(chain(6, shape=("batch", 64)), src)
+    assert _invoke("optimize", str(src), "-o", str(out), "--shape", "batch=256", "-q").exit_code == 0
+    common = ("bench", str(src), "--stitched", str(out), "--providers", "CPUExecutionProvider", "--shape", "batch=32",
+              "--warmup", "1", "--iters", "3", "--profile")
+    res = _invoke(*common, "--top", "4")
+    assert res.exit_code == 0, res.output
+    assert "where the time goes" in res.output and "FusedKernel (fallback)" in res.output
+    assert "nodes/run" in res.output and "ORT CPU EP" in res.output
+    res = _invoke(*common, "--top", "2", "--json")
+    doc = json.loads(res.output)
+    assert doc["schema"] == 3 and doc["device"] == "CPU"
+    stock = doc["profiles"]["ORT CPU EP"]
+    assert len(stock["by_op"]) == 2 and stock["nodes_per_run"] == 6
+    assert [r["name"] for r in doc["profiles"]["onnxstitch"]["by_op"]] == ["FusedKernel (fallback)"]
+    assert _invoke(*common, "-q").output == ""
+    res = _invoke(*common, "--cuda-graph")
+    assert res.exit_code == 2 and "--cuda-graph needs CUDAExecutionProvider" in res.output
+
+
+def test_check_quiet_prints_only_what_failed(tmp_path: Path) -> None:
+    src, base = tmp_path / "m.onnx", tmp_path / "base.json"
+    onnx.save(random_graph(20, seed=5, shape=("batch", 16), opaque_every=11), src)
+    assert _invoke("check", str(src), "--baseline", str(base), "--update-baseline", "-q").output == ""
+    assert _invoke("check", str(src), "--baseline", str(base), "-q").output == ""
+    data = json.loads(base.read_text())
+    data["plan"]["kernels_after"] -= 1  # a baseline that fused better: today regressed
+    base.write_text(json.dumps(data))
+    res = _invoke("check", str(src), "--baseline", str(base), "-q")
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and lines and all(ln.startswith("onnxstitch: error: regression:") for ln in lines)
+
+
 def test_optimize_says_what_it_packed_and_no_pack_keeps_groups_apart(tmp_path: Path) -> None:
     from .layout_models import attention_projections
 

@@ -1,0 +1,65 @@
+"""`onnxstitch bench`'s tables: the timings, and with --profile where the time goes (the top op
+types and GPU kernels of the stock and the stitched model, side by side)."""
+from __future__ import annotations
+
+from itertools import zip_longest
+
+from rich.table import Table
+
+from onnxstitch.bench import CUDA, GRAPH_PROFILE_NOTE, STITCHED, BenchResult
+from onnxstitch.profile import Profile, Row
+
+
+def timings(res: BenchResult, title: str) -> Table:
+    """One row per configuration: latency percentiles, throughput, launches, error, speedup."""
+    t = Table(title=title)
+    where = res.providers[0].replace("ExecutionProvider", "")
+    for col in ("", "median ms", "p90 ms", "p99 ms", "samples/s", f"{where} nodes/run", "max abs err", "speedup"):
+        t.add_column(col, justify="right" if col else "left")
+    for label, tm in res.configs.items():
+        t.add_row(label, f"{tm.median_ms:.3f}", f"{tm.p90_ms:.3f}", f"{tm.p99_ms:.3f}", f"{tm.samples_per_s:,.0f}",
+                  f"{tm.launches_per_run:.0f}", f"{tm.max_abs_err:.2g}", f"{res.stock.median_ms / tm.median_ms:.2f}×")
+    return t
+
+
+def _side_by_side(title: str, what: str, stock: list[Row], stitched: list[Row]) -> Table:
+    t = Table(title=title, show_header=True, header_style="bold")
+    for side in ("stock", "stitched"):
+        t.add_column(f"{side} {what}", no_wrap=True, overflow="ellipsis", min_width=12, max_width=60)
+        for col in ("µs/run", "share", "calls/run"):
+            t.add_column(col, justify="right")
+    for a, b in zip_longest(stock, stitched):
+        cells: list[str] = []
+        for r in (a, b):
+            cells += ["", "", "", ""] if r is None else \
+                [r.name, f"{r.us_per_run:,.1f}", f"{r.share:.1%}", f"{r.calls_per_run:g}"]
+        t.add_row(*cells)
+    return t
+
+
+def _summary_line(name: str, p: Profile) -> str:
+    line = f"{name}: {p.node_us_per_run:,.1f} µs of node time per run, {p.nodes_per_run():g} nodes/run"
+    if p.kernels:
+        line += f"; {p.kernel_us_per_run:,.1f} µs of GPU kernels, {p.kernels_per_run:g} launches/run"
+    return line + f" (over {p.runs} profiled runs)"
+
+
+def profile_tables(res: BenchResult, top: int) -> list[Table | str]:
+    """What `bench --profile` prints after the timings: a note, the by-op (and by-kernel) tables
+    and one summary line per side."""
+    stock, stitched = res.profiles[next(iter(res.configs))], res.profiles[STITCHED]
+    out: list[Table | str] = []
+    if res.cuda_graph:
+        out.append(f"[yellow]note:[/yellow] {GRAPH_PROFILE_NOTE}")
+    out.append(_side_by_side(f"where the time goes: top {top} op types by node time", "op",
+                             stock.by_op(top), stitched.by_op(top)))
+    if stock.kernels or stitched.kernels:
+        out.append(_side_by_side(f"top {top} GPU kernels", "kernel", stock.by_kernel(top), stitched.by_kernel(top)))
+    elif res.providers[0] == CUDA:
+        out.append("(this ORT build records no GPU kernel events: node times only, which on the CUDA EP "
+                   "are host time, launches included)")
+    else:
+        out.append("(CPU run: the stitched model runs its fallback functions, listed as 'FusedKernel (fallback)')")
+    out.append(_summary_line(f"stock {next(iter(res.configs))}", stock))
+    out.append(_summary_line(f"stitched {STITCHED}", stitched))
+    return out
