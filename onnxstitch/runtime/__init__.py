@@ -1,6 +1,6 @@
 """Runtime side of onnxstitch: the custom-op library and ONNX Runtime sessions that use it.
 
-``library_path()`` finds (building on first use) ``libonnxstitch_ops.so``, which registers
+``library_path()`` finds (in a wheel; else building on first use) ``libonnxstitch_ops.so``, which registers
 ``com.onnxstitch::FusedKernel`` for ONNX Runtime's CUDA execution provider. ``session()`` makes
 an ``onnxruntime.InferenceSession`` with the CUDA EP and that library.
 
@@ -32,8 +32,9 @@ ProviderSpec = Union[str, tuple[str, dict[str, Any]]]
 def library_path(build: bool = True) -> Path:
     """Path of the custom-op library.
 
-    ``$ONNXSTITCH_LIBRARY`` overrides (the file must exist). Otherwise the cached build for the
-    current sources is returned, compiled first if it is missing and ``build`` is true.
+    In order: ``$ONNXSTITCH_LIBRARY`` (the file must exist); the library shipped inside an
+    installed wheel (``onnxstitch/runtime/lib/``); the cached build for the current sources,
+    compiled first if it is missing and ``build`` is true (source and editable installs).
     Raises FileNotFoundError if there is no library and ``build`` is false, and
     ``build.BuildError`` (a RuntimeError) if building fails.
     """
@@ -45,6 +46,9 @@ def library_path(build: bool = True) -> Path:
         return path
     from . import build as _build
 
+    packaged = _build.packaged_library()
+    if packaged is not None:
+        return packaged
     if build:
         return _build.build()
     path = _build.cached_library(fetch_headers=False)

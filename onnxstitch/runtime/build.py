@@ -13,6 +13,9 @@ Stages, in order:
    ``$ONNXSTITCH_CACHE`` or ``~/.cache/onnxstitch`` and ``<hash>`` covers the sources, the
    flags, the compiler version and the ORT C API header.
 
+A wheel ships the library built by setup.py at ``PACKAGED_LIBRARY`` (``runtime/lib/``);
+``packaged_library()`` finds it, and ``onnxstitch.library_path()`` prefers it to the cache.
+
 ``python -m onnxstitch.runtime.build`` builds (if needed) and prints the library path.
 """
 
@@ -29,6 +32,8 @@ from pathlib import Path
 
 LIBRARY_NAME = "libonnxstitch_ops.so"
 CSRC = Path(__file__).resolve().parent / "csrc"
+# Where a wheel's build (setup.py) puts the library; absent from a source tree.
+PACKAGED_LIBRARY = Path(__file__).resolve().parent / "lib" / LIBRARY_NAME
 SYSTEM_ORT_INCLUDE = Path("/usr/include/onnxruntime")
 DEBIAN_SUITE = "trixie"
 DEBIAN_PACKAGE = "libonnxruntime-dev"
@@ -239,6 +244,11 @@ def _build_key(include_dir: Path, compiler: str, extra_flags: tuple[str, ...] = 
     h.update((compiler + "\0" + "".join(version)).encode())
     h.update((include_dir / C_API_HEADER).read_bytes())
     return h.hexdigest()[:16]
+
+
+def packaged_library() -> Path | None:
+    """The library installed with the package (a wheel's ``runtime/lib/``), or None."""
+    return PACKAGED_LIBRARY if PACKAGED_LIBRARY.is_file() else None
 
 
 def cached_library(fetch_headers: bool = False) -> Path:
