@@ -15,7 +15,7 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnxstitch import __version__
+from onnxstitch import __version__, bundle
 from onnxstitch.errors import BadInputError
 from onnxstitch.load import save
 
@@ -31,13 +31,14 @@ def main() -> None:
     """Fuse memory-bound ONNX operators into generated CUDA kernels for ONNX Runtime."""
 
 
-def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> None:
+def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> list[Path]:
     """Write into a temporary folder beside the target, then rename into place (external data
     first, the model last): a failure never leaves a half-written model. `model`: a model
     (over 2 GiB it goes out with its external data in `<name>.data` beside it), or what
-    writes one to a path (OptimizeResult.save)."""
+    writes one to a path (OptimizeResult.save). Returns the files written, the model last."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    written: list[Path] = []
     try:
         if callable(model):
             model(tmp / path.name)
@@ -45,8 +46,10 @@ def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> 
             save(model, tmp / path.name)
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == path.name):
             os.replace(f, path.parent / f.name)
+            written.append(path.parent / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return written
 
 
 def _summary(report, out: Path) -> Table:
@@ -86,6 +89,8 @@ def _summary(report, out: Path) -> Table:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Stitched model (default MODEL.stitched.onnx).")
 @click.option("--shape", "shape", multiple=True, help="Planning sizes: batch=8,seq=128 or input=8x128.")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the plan as JSON.")
+@click.option("--bundle", "bundle_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write a deployable folder: the stitched model, the custom-op library, a README.")
 @click.option("--arch", "archs", multiple=True, default=("sm_80", "sm_90"), show_default=True,
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
@@ -101,13 +106,19 @@ def _summary(report, out: Path) -> Table:
 @click.option("--attention/--no-attention", default=True, show_default=True,
               help="Run each float32 attention core (MatMul, scale, mask, Softmax, MatMul) as one TF32 kernel.")
 @verbosity
-def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None,
+def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
              pack: bool, merge: bool, attention: bool, verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
     shapes = parse_shapes(shape)
+    library = None
+    if bundle_dir is not None:
+        if output is not None:
+            raise BadInputError(f"-o {output} and --bundle {bundle_dir}: the bundle names its model; give one of them")
+        library = bundle.find_library()  # before the work, which it would waste
+        output = bundle_dir / (model.stem + ".stitched.onnx")
     out = output or model.with_name(model.stem + ".stitched.onnx")
     if out.resolve() == model.resolve():
         raise BadInputError(f"{out}: refusing to overwrite the input model")
@@ -121,7 +132,8 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
                               merge=merge, attention=attention)
-    save_atomic(result.save, out)
+    written = save_atomic(result.save, out)
+    made = bundle.write_bundle(out, written, library) if library is not None else None
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(result.report.to_json(), indent=2))
@@ -131,6 +143,9 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
             console.print(f"[yellow]{result.report.plan.message}[/yellow]")
         for d in result.report.dropped:
             console.print(f"[yellow]left to ONNX Runtime: {d['reason']}[/yellow]")
+        if made is not None:
+            files = ", ".join(p.name for p in (made.model, *made.data, made.library, made.readme))
+            console.print(f"bundle: {made.directory} ({files}); {made.readme.name} says how to load it")
 
 
 @main.command()
