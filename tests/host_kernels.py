@@ -191,8 +191,8 @@ def _aligned(x: np.ndarray) -> np.ndarray:
 
 def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointers: Sequence[int],
                    out_shape: tuple[int, ...], out: int) -> tuple[_Args, int]:
-    """(StitchArgs, grid) of an attention kernel's launch, as the runtime's ComputeAttention fills
-    them (attention.h's AttentionDims), for row-major inputs of `shapes` at `pointers` (q, kᵀ, v,
+    """(StitchArgs, grid) of an attention kernel's launch, as the attention scheme's launch fills
+    them (attention_dims.h's AttentionDims), for row-major inputs of `shapes` at `pointers` (q, kᵀ, v,
     or xq, xk, xv and their biases, then the masks) and the output of `out_shape` at `out`: dims
     [B, H, Sq, Sk] (B = 1 for rank-3 operands), mask k's element strides over them
     (right-aligned, 0 where it broadcasts) in strides[first mask + k], the projections' widths in

@@ -17,6 +17,7 @@ from onnx import helper
 import onnxstitch
 from onnxstitch import verify
 from onnxstitch.schemes.attention import match as attention
+from onnxstitch.schemes.attention.spec import AttentionSpec
 from onnxstitch.runtime import build as rtbuild
 
 from .attention_models import (CORES, PROJECTED, Core, Projected, attention_graph, core_feeds, core_model, core_reference,
@@ -246,7 +247,7 @@ def cpu_lib() -> Path:
     return rtbuild.build(extra_flags=("-DONNXSTITCH_CPU_EP_FOR_TESTS",))
 
 
-def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spec: list[int] | None,
+def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spec: AttentionSpec | None,
                          names: list[str] | None = None) -> bytes:
     """A model of one attention FusedKernel reading graph inputs `shapes_in` (as `names`, which
     may repeat one, when given)."""
@@ -254,13 +255,19 @@ def attention_node_model(shapes_in: dict[str, list], out_shape: list | None, spe
     attrs = dict(kernel_name="k0", vec_width=1, input_kinds=[1] * len(names), output_dtypes=[TP.FLOAT],
                  shape_rule="attention", ptx=b"// none")
     if spec is not None:
-        attrs["attention"] = spec
+        attrs |= spec.attributes()
     node = helper.make_node("FusedKernel", names, ["y"], name="fused0", domain="com.onnxstitch", **attrs)
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TP.FLOAT, s) for n, s in shapes_in.items()],
                           [helper.make_tensor_value_info("y", TP.FLOAT, out_shape)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.onnxstitch", 1)],
                           ir_version=10)
     return m.SerializeToString()
+
+
+def spec(**named) -> AttentionSpec:
+    """A spec for heads of 8, 64 queries per block of 128 threads, unless `named` says otherwise."""
+    return AttentionSpec(**({"head_size": 8, "queries": 64, "threads": 128, "shared_bytes": 0, "masks": 0,
+                             "transposed": False} | named))
 
 
 def cpu_run(lib: Path, model: bytes, feeds: dict) -> list[np.ndarray]:
@@ -277,19 +284,21 @@ def zeros(*shape: int) -> np.ndarray:
 def test_runtime_allocates_the_transposed_context(cpu_lib: Path) -> None:
     # No queries: the output is allocated at [b, s, h, d] and nothing is launched.
     model = attention_node_model({"q": [2, 3, 0, 8], "kt": [2, 3, 8, 5], "v": [2, 3, 5, 8], "m": [2, 1, 1, 5]},
-                                 None, [8, 64, 128, 0, 1, 1])
+                                 None, spec(masks=1, transposed=True))
     (y,) = cpu_run(cpu_lib, model, {"q": zeros(2, 3, 0, 8), "kt": zeros(2, 3, 8, 5), "v": zeros(2, 3, 5, 8),
                                     "m": zeros(2, 1, 1, 5)})
     assert y.shape == (2, 0, 3, 8)
 
 
 @pytest.mark.parametrize("spec,feeds,message", [
-    (None, {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "missing INTS attribute 'attention'"),
-    ([12, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 12), "kt": zeros(1, 12, 4), "v": zeros(1, 4, 12)}, "attention must be"),
-    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "and 1 mask\\(s\\), got 3"),
-    ([8, 64, 128, 0, 0, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 4, 8), "v": zeros(1, 4, 8)}, "do not fit"),
-    ([8, 64, 128, 0, 0, 1], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "of rank 4"),
-    ([8, 64, 128, 0, 1, 0], {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8), "m": zeros(3, 4)},
+    (None, {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)},
+     "missing INT attribute 'attention_head_size'"),
+    (spec(head_size=12), {"q": zeros(1, 4, 12), "kt": zeros(1, 12, 4), "v": zeros(1, 4, 12)},
+     "the attention spec must have"),
+    (spec(masks=1), {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "and 1 mask\\(s\\), got 3"),
+    (spec(), {"q": zeros(1, 4, 8), "kt": zeros(1, 4, 8), "v": zeros(1, 4, 8)}, "do not fit"),
+    (spec(transposed=True), {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8)}, "of rank 4"),
+    (spec(masks=1), {"q": zeros(1, 4, 8), "kt": zeros(1, 8, 4), "v": zeros(1, 4, 8), "m": zeros(3, 4)},
      "does not broadcast"),
 ], ids=["missing", "head-12", "no-mask-input", "k-not-transposed", "transposed-rank-3", "mask"])
 def test_runtime_names_what_does_not_fit(cpu_lib: Path, spec, feeds, message) -> None:
@@ -303,8 +312,8 @@ def test_runtime_allocates_the_context_of_projections(cpu_lib: Path) -> None:
     feeds = {"x": zeros(2, 0, 48), "bq": zeros(16), "bk": zeros(16), "bv": zeros(16)}
     ins = {k: list(v.shape) for k, v in feeds.items()}
     for transposed, shape in ((1, (2, 0, 2, 8)), (0, (2, 2, 0, 8))):
-        model = attention_node_model(ins, None, [8, 64, 128, 0, 0, transposed, 2, 0, 16, 32, 1],
-                                     ["x", "x", "x", "bq", "bk", "bv"])
+        model = attention_node_model(ins, None, spec(transposed=bool(transposed), heads=2, column_offsets=(0, 16, 32),
+                                                     biases=True), ["x", "x", "x", "bq", "bk", "bv"])
         (y,) = cpu_run(cpu_lib, model, feeds)
         assert y.shape == shape
 
@@ -312,7 +321,8 @@ def test_runtime_allocates_the_context_of_projections(cpu_lib: Path) -> None:
 def test_runtime_names_projections_that_do_not_fit(cpu_lib: Path) -> None:
     # Two heads of 8 at column 40 of a 48-wide x: past its end.
     feeds = {"x": zeros(1, 4, 48)}
-    model = attention_node_model({"x": [1, 4, 48]}, None, [8, 64, 128, 0, 0, 1, 2, 0, 16, 40, 0], ["x", "x", "x"])
+    model = attention_node_model({"x": [1, 4, 48]}, None, spec(transposed=True, heads=2, column_offsets=(0, 16, 40)),
+                                 ["x", "x", "x"])
     with pytest.raises(Exception, match="fused0.*do not hold 2 heads of 8 at columns 0, 16, 40"):
         cpu_run(cpu_lib, model, feeds)
 

@@ -1,5 +1,5 @@
-"""The runtime's launch arithmetic for attention kernels (runtime/csrc/attention.h's
-AttentionDims, the code ComputeAttention runs), compiled with g++ and called through ctypes:
+"""The runtime's launch arithmetic for attention kernels (schemes/attention/attention_dims.h's
+AttentionDims, the code the scheme's launch runs), compiled with g++ and called through ctypes:
 dims [B, H, Sq, Sk] and each mask's element strides, against numpy's own broadcasting of the
 mask to the scores (an independent computation), the row widths of operands read from
 projections, and its refusals."""
@@ -18,14 +18,20 @@ from onnxstitch import runtime
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 DRIVER = r"""
-#include "attention.h"
+#include "attention_dims.h"
 extern "C" int attention_dims(const long long* spec, long long spec_size, const long long* shapes,
                               const long long* ranks, long long n_in, long long* dims, long long* strides,
                               long long* widths, char* error, int error_size) {
+  // spec: head size, queries, threads, shared bytes, masks, transposed(, heads, 3 offsets, biased)
   onnxstitch::AttentionSpec s;
+  s.head = spec[0], s.queries = spec[1], s.threads = spec[2], s.shared = spec[3];
+  s.masks = static_cast<int>(spec[4]), s.transposed = spec[5] != 0;
+  if (spec_size == 11) {
+    s.projected = true, s.heads = spec[6], s.biased = spec[10] != 0;
+    for (int i = 0; i < 3; ++i) s.offsets[i] = spec[7 + i];
+  }
   std::string why;
-  std::vector<int64_t> a(spec, spec + spec_size);
-  if (!onnxstitch::ParseAttention(a, &s, &why)) { snprintf(error, error_size, "%s", why.c_str()); return 0; }
+  if (!onnxstitch::CheckAttention(s, &why)) { snprintf(error, error_size, "%s", why.c_str()); return 0; }
   int64_t sh[8][STITCH_MAX_RANK];
   size_t rk[8];
   for (long long i = 0; i < n_in; ++i) {
@@ -49,8 +55,10 @@ def dims_lib(tmp_path_factory) -> ctypes.CDLL:
     src = folder / "driver.cc"
     src.write_text(DRIVER)
     csrc = Path(runtime.__file__).parent / "csrc"
+    scheme = Path(runtime.__file__).parent.parent / "schemes" / "attention"
     lib = folder / "driver.so"
-    subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", f"-I{csrc}", "-include", "cstdio", "-o", str(lib),
+    subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", f"-I{csrc}", f"-I{scheme}", "-include", "cstdio",
+                    "-o", str(lib),
                     str(src)], check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(lib))
 

@@ -1,6 +1,6 @@
-"""The attention kernel (codegen_attention.py) run on the CPU (tests/host_kernels.py, with the
-host forms of its TF32 mma.sync in tests/host_cuda.h), launched as the runtime's
-ComputeAttention does, against an independent float64 numpy reference of
+"""The attention kernel (schemes/attention/codegen.py) run on the CPU (tests/host_kernels.py,
+with the host forms of its TF32 mma.sync in tests/host_cuda.h), launched as the scheme's
+runtime launch (schemes/attention/launch.cc) does, against an independent float64 numpy reference of
 softmax(q·kᵀ·scale + mask)·v on fresh random inputs: within 2e-3 relative norm error (TF32
 products; about 5e-4 in practice), every output element written (outputs are poisoned first).
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 LIBRARY_NAME = "libonnxstitch_ops.so"
 CSRC = Path(__file__).resolve().parent / "csrc"
+# Each scheme's runtime side (its launch.cc and headers) lives in its folder beside its Python.
+SCHEMES = Path(__file__).resolve().parent.parent / "schemes"
 # Where a wheel's build (setup.py) puts the library; absent from a source tree.
 PACKAGED_LIBRARY = Path(__file__).resolve().parent / "lib" / LIBRARY_NAME
 SYSTEM_ORT_INCLUDE = Path("/usr/include/onnxruntime")
@@ -213,7 +215,10 @@ def _compiler() -> str:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for p in CSRC.iterdir() if p.suffix in (".cc", ".h", ".map"))
+    """The library's sources: runtime/csrc and every scheme's C++ files."""
+    common = [p for p in CSRC.iterdir() if p.suffix in (".cc", ".h", ".map")]
+    schemes = [p for p in SCHEMES.glob("*/*") if p.suffix in (".cc", ".h")]
+    return sorted(common) + sorted(schemes)
 
 
 def build_command(
@@ -227,6 +232,8 @@ def build_command(
         *CXXFLAGS,
         *extra_flags,
         f"-I{include_dir}",
+        f"-I{CSRC}",
+        *(f"-I{d}" for d in sorted({p.parent for p in _sources() if p.parent != CSRC})),
         "-o",
         str(output),
         *ccs,

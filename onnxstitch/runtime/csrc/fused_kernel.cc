@@ -14,9 +14,10 @@
 //
 // Attributes read by this library (see the report / docs/abi.md for the encoding of the images:
 // ORT's custom-op C API cannot read STRINGS attributes, so cubins travel as one binary-safe STRING):
-//   kernel_name STRING, vec_width INT, input_kinds INTS, output_dtypes INTS, shape_rule STRING,
-//   image_archs INTS (major*10+minor, e.g. 90), image_sizes INTS, images STRING (the cubins
-//   concatenated in image_archs order), ptx STRING.
+//   kernel_name STRING, input_kinds INTS, output_dtypes INTS, shape_rule STRING, input_boxes and
+//   input_windows INTS (optional), image_archs INTS (major*10+minor, e.g. 90), image_sizes INTS,
+//   images STRING (the cubins concatenated in image_archs order), ptx STRING; and the attributes
+//   of the node's scheme, which its launch.cc reads (scheme.h: the scheme named by shape_rule).
 #include <onnxruntime_c_api.h>
 
 #include <algorithm>
@@ -31,10 +32,10 @@
 #include <string>
 #include <vector>
 
-#include "attention.h"
 #include "cuda_driver.h"
 #include "input_boxes.h"
 #include "output_views.h"
+#include "scheme.h"
 #include "stitch_abi.h"
 
 #define STITCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -51,30 +52,11 @@ constexpr const char* kProvider = "CPUExecutionProvider";
 #else
 constexpr const char* kProvider = "CUDAExecutionProvider";
 #endif
-constexpr int kBlock = 256;
-constexpr long long kWideThreshold = 1LL << 30;  // the 32-bit vector entry stops short of this
-constexpr int kEntries = 2;
-constexpr const char* kEntrySuffix[kEntries] = {"_v32", "_s64"};
-constexpr const char* kRowsEntrySuffix[kEntries] = {"_rows", "_rows64"};  // 32-bit, 64-bit indices
-// Split rows (row_geometry[4] > 1): entries launching clusters of that many blocks per row, in
-// images for GPUs with thread-block clusters (sm_90 on); absent elsewhere.
-constexpr const char* kClusterEntrySuffix[kEntries] = {"_rows_cl", "_rows64_cl"};
-constexpr const char* kAttentionEntrySuffix = "_attn";  // shape_rule "attention": one entry
-
 // Our OrtCustomOp plus the OrtApi it was registered with (InferOutputShapeFn gets no api).
 struct OpDef {
   OrtCustomOp op;  // first member: ORT hands back &op, we cast back to OpDef
   const OrtApi* api;
 };
-
-// An error on its way to becoming an OrtStatus.
-struct Error {
-  OrtErrorCode code = ORT_OK;
-  std::string message;
-  explicit operator bool() const { return code != ORT_OK; }
-};
-
-Error Fail(OrtErrorCode code, std::string message) { return Error{code, std::move(message)}; }
 
 // Converts an OrtStatus from an ORT call into an Error (and releases it).
 Error FromStatus(const OrtApi* api, OrtStatus* status, const char* what) {
@@ -90,16 +72,48 @@ Error FromStatus(const OrtApi* api, OrtStatus* status, const char* what) {
     if (Error e_ = FromStatus(api_, (expr), (what))) return e_; \
   } while (0)
 
-std::string ShapeText(const int64_t* dims, size_t rank) {
-  std::string s = "[";
-  for (size_t i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 // ---------------------------------------------------------------------------------------------
 // Kernel attribute reading (OrtKernelInfo).
 
-struct AttrReader {
+class KernelAttrs final : public Attrs {
+ public:
+  KernelAttrs(const OrtApi* api, const OrtKernelInfo* info) : api_(api), info_(info) {}
+
+  // Binary-safe: ORT reports the true size (+1 for a NUL it appends) and memcpy()s the bytes.
+  Error String(const char* name, std::string* out, bool* present) override {
+    size_t size = 0;
+    OrtStatus* st = api_->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
+    if (st != nullptr) return Absent(st, name, "a STRING", present);
+    std::vector<char> buf(size + 1, '\0');
+    size_t got = buf.size();
+    STITCH_TRY(api_->KernelInfoGetAttribute_string(info_, name, buf.data(), &got),
+               (std::string("reading attribute '") + name + "'").c_str());
+    out->assign(buf.data(), got > 0 ? got - 1 : 0);
+    *present = true;
+    return {};
+  }
+
+  Error Ints(const char* name, std::vector<int64_t>* out, bool* present) override {
+    size_t size = 0;
+    OrtStatus* st = api_->KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size);
+    if (st != nullptr) return Absent(st, name, "INTS", present);
+    out->assign(size, 0);
+    *present = true;
+    if (size == 0) return {};
+    STITCH_TRY(api_->KernelInfoGetAttributeArray_int64(info_, name, out->data(), &size),
+               (std::string("reading attribute '") + name + "'").c_str());
+    out->resize(size);
+    return {};
+  }
+
+  Error Int(const char* name, int64_t* out, bool* present) override {
+    OrtStatus* st = api_->KernelInfoGetAttribute_int64(info_, name, out);
+    if (st != nullptr) return Absent(st, name, "an INT", present);
+    *present = true;
+    return {};
+  }
+
+ private:
   const OrtApi* api_;
   const OrtKernelInfo* info_;
 
@@ -115,54 +129,10 @@ struct AttrReader {
     }
     return {};
   }
-
-  // Binary-safe: ORT reports the true size (+1 for a NUL it appends) and memcpy()s the bytes.
-  Error String(const char* name, std::string* out, bool* present) {
-    size_t size = 0;
-    OrtStatus* st = api_->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
-    if (st != nullptr) return Absent(st, name, "a STRING", present);
-    std::vector<char> buf(size + 1, '\0');
-    size_t got = buf.size();
-    STITCH_TRY(api_->KernelInfoGetAttribute_string(info_, name, buf.data(), &got),
-               (std::string("reading attribute '") + name + "'").c_str());
-    out->assign(buf.data(), got > 0 ? got - 1 : 0);
-    *present = true;
-    return {};
-  }
-
-  Error Ints(const char* name, std::vector<int64_t>* out, bool* present) {
-    size_t size = 0;
-    OrtStatus* st = api_->KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size);
-    if (st != nullptr) return Absent(st, name, "INTS", present);
-    out->assign(size, 0);
-    *present = true;
-    if (size == 0) return {};
-    STITCH_TRY(api_->KernelInfoGetAttributeArray_int64(info_, name, out->data(), &size),
-               (std::string("reading attribute '") + name + "'").c_str());
-    out->resize(size);
-    return {};
-  }
-
-  Error Int(const char* name, int64_t* out, bool* present) {
-    OrtStatus* st = api_->KernelInfoGetAttribute_int64(info_, name, out);
-    if (st != nullptr) return Absent(st, name, "an INT", present);
-    *present = true;
-    return {};
-  }
 };
 
 // ---------------------------------------------------------------------------------------------
-// Per-context module cache entry.
-
-struct Loaded {
-  cu::Context ctx = nullptr;
-  cu::Module module = nullptr;
-  cu::Function entry[kEntries] = {nullptr, nullptr};  // v32, s64
-  cu::Function cluster[kEntries] = {nullptr, nullptr};  // split rows on GPUs with clusters
-  int sm_count = 1;
-  int rows_blocks_per_sm = 0;  // rows kernels: resident blocks per multiprocessor (0: unknown)
-  int cluster_blocks_per_sm = 0;  // the same for the cluster entries
-};
+// The node.
 
 // Pops the pushed context on every path out of Compute.
 struct CtxGuard {
@@ -182,12 +152,6 @@ class Kernel {
 
   Error Init(const OrtKernelInfo* info);
   Error Compute(OrtKernelContext* ctx);
-  // One launch per scheme (the shape rule): attention, rows, elementwise ("broadcast").
-  Error ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
-                         const size_t* ranks, size_t n_in);
-  Error LaunchRows(const Loaded* l, cu::Stream stream, void** params, long long n, long long n_rows);
-  Error LaunchElementwise(const Loaded* l, cu::Stream stream, void** params, const StitchArgs& args, long long n,
-                          size_t n_in, size_t n_out);
 
   OrtStatus* ToStatus(const Error& e) const { return api_->CreateStatus(e.code, (Who() + ": " + e.message).c_str()); }
 
@@ -199,6 +163,9 @@ class Kernel {
   }
 
  private:
+  friend class NodeCall;
+  Error InitImages(KernelAttrs& r);
+  Error Bind(OrtKernelContext* ctx, Bound* b) const;
   Error EnsureDriver();
   Error Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, const Loaded** l);
   Error ModuleFor(cu::Context ctx, const Loaded** out);
@@ -211,19 +178,12 @@ class Kernel {
 
   // From the attributes; immutable after Init.
   std::string kernel_name_;
-  int64_t vec_width_ = 1;
   std::vector<int64_t> input_kinds_;  // 0 FULL, 1 BROADCAST
   std::vector<int64_t> output_dtypes_;
   std::string shape_rule_;
-  bool rows_ = false;                  // shape_rule "rows"
-  std::vector<int64_t> output_kinds_;  // rows only: 0 full, 1 row (keepdims), 2 row (dims dropped)
-  int64_t row_axes_ = 1, row_threads_ = 256, block_threads_ = 256;  // rows only: "row_geometry"
-  int64_t row_inner_ = 0;  // rows only: axes after the row (a column reduction when > 0)
-  int64_t row_split_ = 1;  // rows only: blocks per row (a cluster) where the image has cluster entries
-  std::vector<OutputView> views_;      // broadcast only: per output, "output_views" (may be absent)
+  std::unique_ptr<Scheme> scheme_;     // the shape rule's: its attributes, entries and launch
   std::vector<InputBox> boxes_;        // per input, "input_boxes" (may be absent): a folded Slice/Split
   std::vector<InputWindow> windows_;   // per input, "input_windows" (may be absent): a stitched Concat
-  AttentionSpec attention_;            // shape_rule "attention" only
   std::vector<int64_t> image_archs_;   // major*10+minor
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
@@ -238,21 +198,20 @@ class Kernel {
 };
 
 Error Kernel::Init(const OrtKernelInfo* info) {
-  AttrReader r{api_, info};
+  KernelAttrs r(api_, info);
   bool present = false;
 
   if (Error e = r.String("kernel_name", &kernel_name_, &present)) return e;
   if (!present || kernel_name_.empty()) {
     return Fail(ORT_INVALID_ARGUMENT, "missing STRING attribute 'kernel_name'");
   }
-  if (Error e = r.Int("vec_width", &vec_width_, &present)) return e;
-  if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INT attribute 'vec_width'");
-  if (vec_width_ < 1) {
-    return Fail(ORT_INVALID_ARGUMENT, "vec_width must be >= 1, got " + std::to_string(vec_width_));
-  }
   if (Error e = r.String("shape_rule", &shape_rule_, &present)) return e;
   if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing STRING attribute 'shape_rule'");
-
+  scheme_ = MakeScheme(shape_rule_);
+  if (scheme_ == nullptr) {
+    return Fail(ORT_NOT_IMPLEMENTED,
+                "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\", \"rows\" or \"attention\")");
+  }
   if (Error e = r.Ints("input_kinds", &input_kinds_, &present)) return e;
   if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'input_kinds'");
   for (int64_t k : input_kinds_) {
@@ -263,46 +222,6 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   }
   if (Error e = r.Ints("output_dtypes", &output_dtypes_, &present)) return e;
   if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_dtypes'");
-  rows_ = shape_rule_ == "rows";
-  if (rows_) {
-    // Row kernels (docs/abi.md): each output is full-shaped (0) or row-shaped, keepdims (1).
-    if (Error e = r.Ints("output_kinds", &output_kinds_, &present)) return e;
-    if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'output_kinds' (shape_rule \"rows\")");
-    for (int64_t k : output_kinds_) {
-      if (k < 0 || k > 2) {
-        return Fail(ORT_INVALID_ARGUMENT, "output_kinds values must be 0, 1 or 2, got " + std::to_string(k));
-      }
-    }
-    std::vector<int64_t> geo;
-    if (Error e = r.Ints("row_geometry", &geo, &present)) return e;
-    if (present) {
-      // [row axes, threads per row, threads per block(, axes after the row)] (docs/abi.md)
-      // Threads per row: a power of two up to a warp (lanes share shuffles), whole warps beyond.
-      const bool lanes_ok = (geo.size() == 3 || (geo.size() >= 4 && geo.size() <= 5 && geo[3] >= 0 &&
-                                                 geo[0] + geo[3] <= STITCH_MAX_RANK)) &&
-                            geo[1] >= 1 && geo[1] <= 1024 &&
-                            (geo[1] <= 32 ? (geo[1] & (geo[1] - 1)) == 0 : geo[1] % 32 == 0);
-      // A row of more than a warp reduces across the whole block: then the block is the row.
-      const bool ok = lanes_ok && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[2] >= geo[1] && geo[2] <= 1024 &&
-                      geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]) &&
-                      // a split row: 2..8 blocks (a portable cluster), each the row's block
-                      (geo.size() < 5 || (geo[4] >= 1 && geo[4] <= 8 && (geo[4] == 1 || geo[2] == geo[1])));
-      if (!ok) return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two up to "
-                                                 "32, else a multiple of 32), threads per block (a multiple up to 1024; "
-                                                 "the same beyond 32), optionally the axes after the row and the blocks per row (1..8)]");
-      row_axes_ = geo[0], row_threads_ = geo[1], block_threads_ = geo[2];
-      row_inner_ = geo.size() >= 4 ? geo[3] : 0;
-      row_split_ = geo.size() == 5 ? geo[4] : 1;
-    }
-  }
-
-  if (shape_rule_ == "attention") {
-    std::vector<int64_t> spec;
-    std::string error;
-    if (Error e = r.Ints("attention", &spec, &present)) return e;
-    if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'attention' (shape_rule \"attention\")");
-    if (!ParseAttention(spec, &attention_, &error)) return Fail(ORT_INVALID_ARGUMENT, error);
-  }
 
   size_t n_in = 0, n_out = 0;
   STITCH_TRY(api_->KernelInfo_GetInputCount(info, &n_in), "KernelInfo_GetInputCount");
@@ -315,26 +234,16 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     return Fail(ORT_INVALID_ARGUMENT, "has " + std::to_string(n_out) + " outputs; 1.." +
                                           std::to_string(STITCH_MAX_OUT) + " are supported");
   }
-  if (rows_ && output_kinds_.size() != n_out) {
-    return Fail(ORT_INVALID_ARGUMENT, "output_kinds has " + std::to_string(output_kinds_.size()) +
-                                          " entries for " + std::to_string(n_out) + " outputs");
+  if (Error e = scheme_->Init(r, n_in, n_out)) return e;
+  std::string error;
+  std::vector<int64_t> attr;
+  if (Error e = r.Ints("input_boxes", &attr, &present)) return e;
+  if (!ParseInputBoxes(present ? attr : std::vector<int64_t>(), n_in, &boxes_, &error)) {
+    return Fail(ORT_INVALID_ARGUMENT, error);
   }
-  std::vector<int64_t> views;
-  if (Error e = r.Ints("output_views", &views, &present)) return e;
-  if (present && rows_) return Fail(ORT_INVALID_ARGUMENT, "output_views is for shape_rule \"broadcast\" only");
-  std::string view_error;
-  if (!ParseOutputViews(present ? views : std::vector<int64_t>(n_out, 0), n_out, &views_, &view_error)) {
-    return Fail(ORT_INVALID_ARGUMENT, view_error);
-  }
-  std::vector<int64_t> box_attr;
-  if (Error e = r.Ints("input_boxes", &box_attr, &present)) return e;
-  if (!ParseInputBoxes(present ? box_attr : std::vector<int64_t>(), n_in, &boxes_, &view_error)) {
-    return Fail(ORT_INVALID_ARGUMENT, view_error);
-  }
-  std::vector<int64_t> window_attr;
-  if (Error e = r.Ints("input_windows", &window_attr, &present)) return e;
-  if (!ParseInputWindows(present ? window_attr : std::vector<int64_t>(), n_in, &windows_, &view_error)) {
-    return Fail(ORT_INVALID_ARGUMENT, view_error);
+  if (Error e = r.Ints("input_windows", &attr, &present)) return e;
+  if (!ParseInputWindows(present ? attr : std::vector<int64_t>(), n_in, &windows_, &error)) {
+    return Fail(ORT_INVALID_ARGUMENT, error);
   }
   if (input_kinds_.size() != n_in) {
     return Fail(ORT_INVALID_ARGUMENT, "input_kinds has " + std::to_string(input_kinds_.size()) +
@@ -371,6 +280,10 @@ Error Kernel::Init(const OrtKernelInfo* info) {
     }
   }
 
+  return InitImages(r);
+}
+
+Error Kernel::InitImages(KernelAttrs& r) {
   // Kernel images. STRINGS attributes are unreadable through the custom-op C API, hence INTS
   // archs, byte sizes, and one STRING holding the cubins back to back.
   std::vector<int64_t> sizes;
@@ -473,47 +386,10 @@ Error Kernel::LoadModule(Loaded* l) {
   }
   if (l->module == nullptr) return Fail(ORT_FAIL, "cannot load a kernel image for " + device_arch + ": " + why);
 
-  if (attention_.present) {
-    // One entry, with more dynamic shared memory than the default 48 KB where it needs it.
-    const std::string entry = kernel_name_ + kAttentionEntrySuffix;
-    r = driver_.ModuleGetFunction(&l->entry[0], l->module, entry.c_str());
-    if (r == cu::kSuccess && attention_.shared > 48 * 1024) {
-      r = driver_.FuncSetAttribute(l->entry[0], cu::kFuncMaxDynamicSharedBytes, static_cast<int>(attention_.shared));
-    }
-    if (r != cu::kSuccess) {
-      driver_.ModuleUnload(l->module);
-      l->module = nullptr;
-      return Fail(ORT_FAIL, "the kernel image's entry '" + entry + "' cannot be used with " +
-                                std::to_string(attention_.shared) + " bytes of shared memory: " + CuError(r));
-    }
-    return {};
-  }
-  for (int v = 0; v < kEntries; ++v) {
-    const std::string entry = kernel_name_ + (rows_ ? kRowsEntrySuffix[v] : kEntrySuffix[v]);
-    r = driver_.ModuleGetFunction(&l->entry[v], l->module, entry.c_str());
-    if (r != cu::kSuccess) {
-      driver_.ModuleUnload(l->module);
-      l->module = nullptr;
-      return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + CuError(r));
-    }
-  }
-  // Cluster entries are optional: an image for a GPU without clusters has none (both or neither).
-  for (int v = 0; rows_ && row_split_ > 1 && v < kEntries; ++v) {
-    const std::string entry = kernel_name_ + kClusterEntrySuffix[v];
-    if (driver_.ModuleGetFunction(&l->cluster[v], l->module, entry.c_str()) != cu::kSuccess) l->cluster[v] = nullptr;
-  }
-  if (l->cluster[0] == nullptr || l->cluster[1] == nullptr) l->cluster[0] = l->cluster[1] = nullptr;
-  if (rows_ && driver_.OccupancyMaxActiveBlocksPerMultiprocessor != nullptr) {
-    int n = 0;
-    if (driver_.OccupancyMaxActiveBlocksPerMultiprocessor(&n, l->entry[0], static_cast<int>(block_threads_), 0) ==
-        cu::kSuccess) {
-      l->rows_blocks_per_sm = n;
-    }
-    if (l->cluster[0] != nullptr &&
-        driver_.OccupancyMaxActiveBlocksPerMultiprocessor(&n, l->cluster[0], static_cast<int>(block_threads_), 0) ==
-            cu::kSuccess) {
-      l->cluster_blocks_per_sm = n;
-    }
+  if (Error e = scheme_->Entries(driver_, kernel_name_, l)) {
+    driver_.ModuleUnload(l->module);
+    l->module = nullptr;
+    return e;
   }
   return {};
 }
@@ -579,76 +455,33 @@ Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, 
   return ModuleFor(cuctx, l);
 }
 
-// An attention chain (docs/abi.md, "attention"): dims [B, H, Sq, Sk], mask k's strides in
-// strides[first mask + k], projections' row widths in strides[0..2][0]; one block of `threads`
-// per (batch, head) and `queries` queries, 1-D grid.
-Error Kernel::ComputeAttention(OrtKernelContext* ctx, StitchArgs* args, const int64_t (*shapes)[STITCH_MAX_RANK],
-                               const size_t* ranks, size_t n_in) {
-  long long dims[4], mask_strides[kMaxMasks][4], widths[3];
-  std::string error;
-  if (!AttentionDims(attention_, shapes, ranks, n_in, dims, mask_strides, widths, &error)) {
-    return Fail(ORT_INVALID_ARGUMENT, error);
-  }
-  args->rank = 4;
-  for (int d = 0; d < 4; ++d) args->dims[d] = dims[d];
-  const size_t first = attention_.first_mask();
-  for (int k = 0; k < attention_.masks; ++k) {
-    for (int d = 0; d < 4; ++d) args->strides[first + k][d] = mask_strides[k][d];
-  }
-  if (attention_.projected) {
-    for (int i = 0; i < 3; ++i) args->strides[i][0] = widths[i];
-  }
-  args->n = dims[0] * dims[1] * dims[2] * attention_.head;
-  std::vector<ShapeDim> q, shape;
-  for (size_t j = 0; j < ranks[0]; ++j) q.push_back(ShapeDim{shapes[0][j], ""});
-  AttentionOutput(attention_, q, &shape);  // ranks were checked by AttentionDims
-  int64_t out_dims[STITCH_MAX_RANK];
-  for (size_t d = 0; d < shape.size(); ++d) out_dims[d] = shape[d].value;
-  OrtValue* v = nullptr;
-  STITCH_TRY(api_->KernelContext_GetOutput(ctx, 0, out_dims, shape.size(), &v), "KernelContext_GetOutput");
-  if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output 0");
-  STITCH_TRY(api_->GetTensorMutableData(v, &args->out[0]), "GetTensorMutableData");
-  const long long tiles = (dims[2] + attention_.queries - 1) / attention_.queries;
-  const long long blocks = dims[0] * dims[1] * tiles;
-  if (args->n == 0) return {};  // no queries (without keys the kernel writes zeros, as ORT)
-  if (blocks > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many (batch, head, query tile) blocks");
+// What a scheme's launch asks of the node during one Compute.
+class NodeCall final : public Call {
+ public:
+  NodeCall(Kernel* k, OrtKernelContext* ctx) : k_(k), ctx_(ctx) {}
 
-  cu::Stream stream = nullptr;
-  CtxGuard guard;
-  const Loaded* l = nullptr;
-  if (Error e = Enter(ctx, &guard, &stream, &l)) return e;
-  void* params[1] = {args};
-  const cu::Result r = driver_.LaunchKernel(l->entry[0], static_cast<unsigned int>(blocks), 1, 1,
-                                            static_cast<unsigned int>(attention_.threads), 1, 1,
-                                            static_cast<unsigned int>(attention_.shared), stream, params, nullptr);
-  if (r != cu::kSuccess) {
-    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kAttentionEntrySuffix + ", grid " +
-                              std::to_string(blocks) + ") failed: " + CuError(r));
-  }
-  return {};
-}
-
-Error Kernel::Compute(OrtKernelContext* ctx) {
-  if (shape_rule_ != "broadcast" && !rows_ && !attention_.present) {
-    return Fail(ORT_NOT_IMPLEMENTED,
-                "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\", \"rows\" or \"attention\")");
-  }
-  size_t n_in = 0, n_out = 0;
-  STITCH_TRY(api_->KernelContext_GetInputCount(ctx, &n_in), "KernelContext_GetInputCount");
-  STITCH_TRY(api_->KernelContext_GetOutputCount(ctx, &n_out), "KernelContext_GetOutputCount");
-  if (n_in != input_kinds_.size() || n_out != output_dtypes_.size()) {
-    return Fail(ORT_INVALID_ARGUMENT, "got " + std::to_string(n_in) + " inputs / " +
-                                          std::to_string(n_out) + " outputs, attributes describe " +
-                                          std::to_string(input_kinds_.size()) + " / " +
-                                          std::to_string(output_dtypes_.size()));
+  Error Output(size_t o, const int64_t* dims, size_t rank, void** data) override {
+    const OrtApi* api_ = k_->api_;
+    OrtValue* v = nullptr;
+    STITCH_TRY(api_->KernelContext_GetOutput(ctx_, o, dims, rank, &v), "KernelContext_GetOutput");
+    if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
+    STITCH_TRY(api_->GetTensorMutableData(v, data), "GetTensorMutableData");
+    return {};
   }
 
-  StitchArgs args;
-  std::memset(&args, 0, sizeof(args));  // unused slots are zero
-  int64_t shapes[STITCH_MAX_IN][STITCH_MAX_RANK];
-  long long own[STITCH_MAX_IN][STITCH_MAX_RANK];  // each input's contiguous element strides
-  size_t ranks[STITCH_MAX_IN];
+  Error Enter(cu::Stream* stream, const Loaded** l) override { return k_->Enter(ctx_, &guard_, stream, l); }
+  const cu::Driver& Driver() const override { return k_->driver_; }
+  const std::string& KernelName() const override { return k_->kernel_name_; }
 
+ private:
+  Kernel* k_;
+  OrtKernelContext* ctx_;
+  CtxGuard guard_;  // pops the context Enter pushed when the Compute returns
+};
+
+// The inputs of one Compute: pointers, shapes and strides, boxes and windows applied.
+Error Kernel::Bind(OrtKernelContext* ctx, Bound* b) const {
+  const size_t n_in = b->n_in;
   for (size_t i = 0; i < n_in; ++i) {
     const OrtValue* v = nullptr;
     STITCH_TRY(api_->KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput");
@@ -663,215 +496,70 @@ Error Kernel::Compute(OrtKernelContext* ctx) {
                                             std::to_string(rank) + "; at most " +
                                             std::to_string(STITCH_MAX_RANK) + " is supported");
     }
-    if (st == nullptr) st = api_->GetDimensions(ti, shapes[i], rank);
+    if (st == nullptr) st = api_->GetDimensions(ti, b->shapes[i], rank);
     ONNXTensorElementDataType et = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     if (st == nullptr) st = api_->GetTensorElementType(ti, &et);
     api_->ReleaseTensorTypeAndShapeInfo(ti);
     STITCH_TRY(st, "GetDimensions");
-    ranks[i] = rank;
+    b->ranks[i] = rank;
     long long stride = 1;
-    for (size_t j = rank; j-- > 0;) own[i][j] = stride, stride *= shapes[i][j];
+    for (size_t j = rank; j-- > 0;) b->own[i][j] = stride, stride *= b->shapes[i][j];
     void* data = nullptr;
     // ORT has no const accessor in this API version; the kernel only reads inputs.
     STITCH_TRY(api_->GetTensorMutableData(const_cast<OrtValue*>(v), &data), "GetTensorMutableData");
-    args.in[i] = data;
-    const InputBox& b = boxes_[i];
+    b->args.in[i] = data;
+    const InputBox& box = boxes_[i];
     const InputWindow& w = windows_[i];
     // Boxes and windows move the pointer by whole elements.
-    const int64_t bytes = b.present || w.present ? ElementBytes(static_cast<int>(et)) : 0;
-    if ((b.present || w.present) && bytes == 0) {
+    const int64_t bytes = box.present || w.present ? ElementBytes(static_cast<int>(et)) : 0;
+    if ((box.present || w.present) && bytes == 0) {
       return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " has an element type a box or window cannot step over");
     }
-    if (b.present) {
+    if (box.present) {
       // A folded Slice/Split: the kernel reads [start, stop) along the axis, through the
       // tensor's own strides, from the box's first element on.
-      if (static_cast<size_t>(b.axis) >= rank || b.stop > shapes[i][b.axis]) {
-        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(shapes[i], rank) +
-                                              " has no box [" + std::to_string(b.start) + ", " +
-                                              std::to_string(b.stop) + ") along axis " + std::to_string(b.axis));
+      if (static_cast<size_t>(box.axis) >= rank || box.stop > b->shapes[i][box.axis]) {
+        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(b->shapes[i], rank) +
+                                              " has no box [" + std::to_string(box.start) + ", " +
+                                              std::to_string(box.stop) + ") along axis " + std::to_string(box.axis));
       }
-      if (shapes[i][b.axis] > 0) args.in[i] = static_cast<char*>(data) + b.start * own[i][b.axis] * bytes;
-      shapes[i][b.axis] = b.stop - b.start;
+      if (b->shapes[i][box.axis] > 0) b->args.in[i] = static_cast<char*>(data) + box.start * b->own[i][box.axis] * bytes;
+      b->shapes[i][box.axis] = box.stop - box.start;
     }
     if (w.present) {
       // A stitched Concat's operand: the kernel loads it only inside its window, through its own
       // strides from `origin` elements before its first; it counts as the Concat's size.
-      if (static_cast<size_t>(w.axis) >= rank || shapes[i][w.axis] != w.size) {
-        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(shapes[i], rank) +
+      if (static_cast<size_t>(w.axis) >= rank || b->shapes[i][w.axis] != w.size) {
+        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " of shape " + ShapeText(b->shapes[i], rank) +
                                               " is not " + std::to_string(w.size) + " long along axis " +
                                               std::to_string(w.axis) + " (its Concat window)");
       }
       bool empty = false;
-      for (size_t j = 0; j < rank; ++j) empty = empty || shapes[i][j] == 0;
-      if (!empty) args.in[i] = static_cast<const char*>(args.in[i]) - w.origin * own[i][w.axis] * bytes;
-      shapes[i][w.axis] = w.total;
+      for (size_t j = 0; j < rank; ++j) empty = empty || b->shapes[i][j] == 0;
+      if (!empty) b->args.in[i] = static_cast<const char*>(b->args.in[i]) - w.origin * b->own[i][w.axis] * bytes;
+      b->shapes[i][w.axis] = w.total;
     }
-  }
-
-  if (attention_.present) return ComputeAttention(ctx, &args, shapes, ranks, n_in);
-
-  // Iteration shape: numpy broadcast of all input shapes (right-aligned).
-  size_t rank = 0;
-  for (size_t i = 0; i < n_in; ++i) rank = std::max(rank, ranks[i]);
-  int64_t dims[STITCH_MAX_RANK];
-  for (size_t d = 0; d < rank; ++d) dims[d] = 1;
-  for (size_t i = 0; i < n_in; ++i) {
-    for (size_t j = 0; j < ranks[i]; ++j) {
-      const size_t d = rank - ranks[i] + j;
-      const int64_t s = shapes[i][j];
-      if (dims[d] == 1) {
-        dims[d] = s;
-      } else if (s != 1 && s != dims[d]) {
-        std::string all;
-        for (size_t k = 0; k < n_in; ++k) all += (k ? " " : "") + ShapeText(shapes[k], ranks[k]);
-        return Fail(ORT_INVALID_ARGUMENT, "input shapes do not broadcast: " + all);
-      }
-    }
-  }
-  long long n = 1;
-  for (size_t d = 0; d < rank; ++d) n *= dims[d];
-
-  for (size_t i = 0; i < n_in; ++i) {
-    // FULL inputs are indexed linearly: their shape must be the iteration shape (leading 1s,
-    // which change no linear index, are tolerated).
-    if (input_kinds_[i] == 0) {
-      bool same = ranks[i] <= rank;
-      for (size_t d = 0; same && d < rank; ++d) {
-        const int64_t s = d + ranks[i] >= rank ? shapes[i][d + ranks[i] - rank] : 1;
-        same = s == dims[d];
-      }
-      if (!same) {
-        return Fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(i) + " is FULL but has shape " +
-                                              ShapeText(shapes[i], ranks[i]) + ", not the iteration shape " +
-                                              ShapeText(dims, rank));
-      }
-    }
-    // Element strides of the input's own contiguous layout (a boxed input's: its tensor's),
-    // mapped onto the iteration dims; 0 where the input is broadcast (missing leading dim, or
-    // extent 1 against a larger one).
-    for (size_t j = ranks[i]; j-- > 0;) {
-      const size_t d = rank - ranks[i] + j;
-      args.strides[i][d] = (shapes[i][j] == 1 && dims[d] != 1) ? 0 : own[i][j];
-    }
-  }
-  args.n = n;
-  args.rank = static_cast<int>(rank);
-  for (size_t d = 0; d < rank; ++d) args.dims[d] = dims[d];
-
-  if (rows_ && rank < static_cast<size_t>(row_axes_ + row_inner_)) {
-    return Fail(ORT_INVALID_ARGUMENT, "a rows kernel over " + std::to_string(row_axes_) + " axes with " +
-                                          std::to_string(row_inner_) + " after them got inputs of rank " +
-                                          std::to_string(rank));
-  }
-  // Rows: the row_axes dims [lead, stop) are the row (C elements), trailing or followed by
-  // row_inner others (columns); R rows over the other dims (which may exist when C is 0).
-  const size_t stop = rows_ ? rank - static_cast<size_t>(row_inner_) : rank;
-  const size_t lead = rows_ ? stop - static_cast<size_t>(row_axes_) : rank;
-  long long n_rows = 1;
-  for (size_t d = 0; rows_ && d < rank; ++d) n_rows *= (d >= lead && d < stop) ? 1 : dims[d];
-  bool row_outputs = false;
-  for (size_t o = 0; o < n_out; ++o) {
-    OrtValue* v = nullptr;
-    int64_t out_dims[STITCH_MAX_RANK];
-    size_t out_rank = rank;
-    for (size_t d = 0; d < rank; ++d) out_dims[d] = dims[d];
-    // Row-shaped outputs hold one value per row, the reduction's identity for an empty row
-    // (ONNX's rule, and ORT 1.32's CPU kernels; ORT 1.31 kept the empty dim of an all-empty input).
-    if (rows_ && output_kinds_[o] == 1) {
-      for (size_t d = lead; d < stop; ++d) out_dims[d] = 1;
-      row_outputs = true;
-    }
-    if (rows_ && output_kinds_[o] == 2) {  // the row's dims dropped
-      for (size_t d = stop; d < rank; ++d) out_dims[d - (stop - lead)] = dims[d];
-      out_rank = rank - (stop - lead), row_outputs = true;
-    }
-    if (views_[o].present) {
-      std::vector<ShapeDim> iter, shape;
-      for (size_t d = 0; d < rank; ++d) iter.push_back(ShapeDim{dims[d], ""});
-      std::string error;
-      if (!ViewShape(views_[o], iter, &shape, &error)) {
-        return Fail(ORT_INVALID_ARGUMENT, "output " + std::to_string(o) + "'s view of iteration shape " +
-                                              ShapeText(dims, rank) + ": " + error);
-      }
-      out_rank = shape.size();
-      for (size_t d = 0; d < out_rank; ++d) out_dims[d] = shape[d].value;
-    }
-    STITCH_TRY(api_->KernelContext_GetOutput(ctx, o, out_dims, out_rank, &v), "KernelContext_GetOutput");
-    if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
-    void* data = nullptr;
-    STITCH_TRY(api_->GetTensorMutableData(v, &data), "GetTensorMutableData");
-    args.out[o] = data;
-  }
-  // Empty outputs allocated, nothing to launch; except row-shaped outputs of empty rows, which
-  // still get one value per row.
-  if (n == 0 && !(row_outputs && n_rows > 0)) return {};
-
-  cu::Stream stream = nullptr;
-  CtxGuard guard;
-  const Loaded* l = nullptr;
-  if (Error e = Enter(ctx, &guard, &stream, &l)) return e;
-  void* params[1] = {&args};
-  return rows_ ? LaunchRows(l, stream, params, n, n_rows) : LaunchElementwise(l, stream, params, args, n, n_in, n_out);
-}
-
-// The rows scheme's launch (docs/abi.md, "rows").
-Error Kernel::LaunchRows(const Loaded* l, cu::Stream stream, void** params, long long n, long long n_rows) {
-  cu::Result r = cu::kSuccess;
-  // row_threads per row, block_threads per block; rows grid-strided (docs/abi.md).
-  const long long per_block = block_threads_ / row_threads_;
-  // One wave of resident blocks: each thread group then walks several rows, loading the
-  // next row while it reduces this one (docs/abi.md).
-  const long long resident = l->rows_blocks_per_sm > 0 ? l->rows_blocks_per_sm : 2048 / block_threads_;
-  const long long cap = std::max<long long>(1, resident * l->sm_count);
-  long long blocks = std::max<long long>(1, std::min<long long>((n_rows + per_block - 1) / per_block, cap));
-  const int variant = n < kWideThreshold ? 0 : 1;
-  cu::Function fn = l->entry[variant];
-  const char* suffix = kRowsEntrySuffix[variant];
-  if (l->cluster[variant] != nullptr) {
-    // A split row: row_split blocks (one cluster, its size fixed in the image) per row, rows
-    // grid-strided by cluster; a grid of whole clusters, at most one wave.
-    const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
-    const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
-    r = driver_.LaunchKernel(l->cluster[variant], static_cast<unsigned int>(clusters * row_split_), 1, 1,
-                             static_cast<unsigned int>(block_threads_), 1, 1, 0, stream, params, nullptr);
-    // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
-    // the one-block-per-row entry computes the same rows.
-    if (r == cu::kSuccess) return {};
-  }
-  r = driver_.LaunchKernel(fn, static_cast<unsigned int>(blocks), 1, 1, static_cast<unsigned int>(block_threads_), 1,
-                           1, 0, stream, params, nullptr);
-  if (r != cu::kSuccess) {
-    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + suffix + ", grid " + std::to_string(blocks) +
-                              ") failed: " + CuError(r));
   }
   return {};
 }
 
-// The elementwise scheme's launch (docs/abi.md, "broadcast").
-Error Kernel::LaunchElementwise(const Loaded* l, cu::Stream stream, void** params, const StitchArgs& args,
-                                long long n, size_t n_in, size_t n_out) {
-  cu::Result r = cu::kSuccess;
-  // Variant: vector entries need whole vectors and 16-byte aligned linear tensors.
-  bool vector_ok = (n % vec_width_) == 0;
-  for (size_t i = 0; vector_ok && i < n_in; ++i) {
-    if (input_kinds_[i] == 0) vector_ok = (reinterpret_cast<uintptr_t>(args.in[i]) % 16) == 0;
+Error Kernel::Compute(OrtKernelContext* ctx) {
+  size_t n_in = 0, n_out = 0;
+  STITCH_TRY(api_->KernelContext_GetInputCount(ctx, &n_in), "KernelContext_GetInputCount");
+  STITCH_TRY(api_->KernelContext_GetOutputCount(ctx, &n_out), "KernelContext_GetOutputCount");
+  if (n_in != input_kinds_.size() || n_out != output_dtypes_.size()) {
+    return Fail(ORT_INVALID_ARGUMENT, "got " + std::to_string(n_in) + " inputs / " +
+                                          std::to_string(n_out) + " outputs, attributes describe " +
+                                          std::to_string(input_kinds_.size()) + " / " +
+                                          std::to_string(output_dtypes_.size()));
   }
-  for (size_t o = 0; vector_ok && o < n_out; ++o) {
-    vector_ok = (reinterpret_cast<uintptr_t>(args.out[o]) % 16) == 0;
-  }
-  vector_ok = vector_ok && n < kWideThreshold;
-  const int variant = vector_ok ? 0 : 1;  // _v32 or _s64
-  const long long work = vector_ok ? n / vec_width_ : n;
-  long long blocks = (work + kBlock - 1) / kBlock;
-  blocks = std::min<long long>(blocks, 64LL * l->sm_count);  // 64: best of 16/32/64/uncapped on H200 (docs/perf-notes.md)
-  blocks = std::max<long long>(blocks, 1);
-  r = driver_.LaunchKernel(l->entry[variant], static_cast<unsigned int>(blocks), 1, 1, kBlock, 1, 1, 0,
-                           stream, params, nullptr);
-  if (r != cu::kSuccess) {
-    return Fail(ORT_FAIL, "cuLaunchKernel(" + kernel_name_ + kEntrySuffix[variant] + ", grid " +
-                              std::to_string(blocks) + ") failed: " + CuError(r));
-  }
-  return {};
+  Bound b;
+  std::memset(&b.args, 0, sizeof(b.args));  // unused slots are zero
+  b.kinds = input_kinds_.data();
+  b.n_in = n_in, b.n_out = n_out;
+  if (Error e = Bind(ctx, &b)) return e;
+  NodeCall call(this, ctx);
+  return scheme_->Run(call, &b);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -880,74 +568,53 @@ Error Kernel::LaunchElementwise(const Loaded* l, cu::Stream stream, void** param
 // present in the model (value_info / graph outputs). So this only adds shapes, and only where they
 // are certain; anything unexpected leaves the outputs untouched.
 
-bool ReadInts(const OrtApi* api, const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* out) {
-  const OrtOpAttr* attr = nullptr;
-  if (OrtStatus* st = api->ShapeInferContext_GetAttribute(ctx, name, &attr)) {
-    api->ReleaseStatus(st);
-    return false;
-  }
-  size_t bytes = 0;
-  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes)) api->ReleaseStatus(st);
-  out->assign(bytes / sizeof(int64_t), 0);
-  if (out->empty()) return true;
-  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_INTS, out->data(), out->size() * sizeof(int64_t), &bytes)) {
-    api->ReleaseStatus(st);
-    return false;
-  }
-  return true;
-}
+// The same attributes in shape inference (OrtShapeInferContext): anything unreadable is absent.
+class InferAttrs final : public Attrs {
+ public:
+  InferAttrs(const OrtApi* api, const OrtShapeInferContext* ctx) : api_(api), ctx_(ctx) {}
 
-bool ReadString(const OrtApi* api, const OrtShapeInferContext* ctx, const char* name, std::string* out) {
-  const OrtOpAttr* attr = nullptr;
-  if (OrtStatus* st = api->ShapeInferContext_GetAttribute(ctx, name, &attr)) {
-    api->ReleaseStatus(st);
-    return false;
+  Error Int(const char* name, int64_t* out, bool* present) override {
+    *present = Read(name, ORT_OP_ATTR_INT, out, sizeof(*out)) == sizeof(*out);
+    return {};
   }
-  size_t bytes = 0;
-  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &bytes)) api->ReleaseStatus(st);
-  if (bytes == 0) return false;
-  std::vector<char> buf(bytes + 1, '\0');
-  if (OrtStatus* st = api->ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf.data(), buf.size(), &bytes)) {
-    api->ReleaseStatus(st);
-    return false;
-  }
-  out->assign(buf.data());
-  return true;
-}
 
-// Broadcast of input dims with names: a number other than 1 wins; else one shared name; else 1.
-// Returns false where the result is not certain (unknown dims, two different names, clashes).
-bool BroadcastSymbolic(const std::vector<std::vector<ShapeDim>>& ins, std::vector<ShapeDim>* out) {
-  size_t rank = 0;
-  for (const auto& s : ins) rank = std::max(rank, s.size());
-  out->assign(rank, ShapeDim{});
-  for (size_t d = 0; d < rank; ++d) {
-    int64_t number = -1;
-    std::string name;
-    bool unsure = false;
-    for (const auto& s : ins) {
-      if (d + s.size() < rank) continue;  // this input lacks the dim: broadcast
-      const ShapeDim& x = s[d + s.size() - rank];
-      if (!x.symbol.empty()) {
-        if (name.empty()) name = x.symbol;
-        else if (name != x.symbol) unsure = true;
-      } else if (x.value < 0) {
-        unsure = true;
-      } else if (x.value != 1) {
-        if (number >= 0 && number != x.value) return false;  // do not broadcast at all
-        number = x.value;
-      }
-    }
-    if (number >= 0) {
-      (*out)[d] = ShapeDim{number, ""};
-    } else if (unsure) {
-      return false;
-    } else if (!name.empty()) {
-      (*out)[d] = ShapeDim{-1, name};
-    }
+  Error Ints(const char* name, std::vector<int64_t>* out, bool* present) override {
+    const size_t bytes = Read(name, ORT_OP_ATTR_INTS, nullptr, 0);
+    out->assign(bytes == kAbsent ? 0 : bytes / sizeof(int64_t), 0);
+    *present = bytes != kAbsent && (out->empty() || Read(name, ORT_OP_ATTR_INTS, out->data(), bytes) == bytes);
+    return {};
   }
-  return true;
-}
+
+  Error String(const char* name, std::string* out, bool* present) override {
+    const size_t bytes = Read(name, ORT_OP_ATTR_STRING, nullptr, 0);
+    std::vector<char> buf(bytes == kAbsent ? 1 : bytes + 1, '\0');
+    *present = bytes != kAbsent && bytes > 0 && Read(name, ORT_OP_ATTR_STRING, buf.data(), buf.size()) != kAbsent;
+    if (*present) out->assign(buf.data());
+    return {};
+  }
+
+ private:
+  static constexpr size_t kAbsent = static_cast<size_t>(-1);
+
+  // Copies the attribute into `data` (when given) and returns its size in bytes, kAbsent when
+  // it is missing or unreadable. A size query (no buffer) reports the size with a status.
+  size_t Read(const char* name, OrtOpAttrType type, void* data, size_t size) {
+    const OrtOpAttr* attr = nullptr;
+    if (OrtStatus* st = api_->ShapeInferContext_GetAttribute(ctx_, name, &attr)) {
+      api_->ReleaseStatus(st);
+      return kAbsent;
+    }
+    size_t bytes = size;  // ORT may leave it unset when it copied a single INT
+    if (OrtStatus* st = api_->ReadOpAttr(attr, type, data, size, &bytes)) {
+      api_->ReleaseStatus(st);
+      if (data != nullptr) return kAbsent;
+    }
+    return bytes;
+  }
+
+  const OrtApi* api_;
+  const OrtShapeInferContext* ctx_;
+};
 
 // A name for a dim shape inference cannot size. ORT writes a dim given without a name as that
 // number (ShapeInferContext_SetOutputTypeShape), so an unknown one given as -1 became the size
@@ -959,113 +626,84 @@ std::string UnknownDimName() {
   return "onnxstitch_unk_" + std::to_string(next.fetch_add(1, std::memory_order_relaxed));
 }
 
-void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
-  std::string rule;
-  if (!ReadString(api, ctx, "shape_rule", &rule) || (rule != "broadcast" && rule != "rows" && rule != "attention")) return;
-  std::vector<int64_t> dtypes;
-  if (!ReadInts(api, ctx, "output_dtypes", &dtypes) || dtypes.empty()) return;
-  std::vector<int64_t> out_kinds(dtypes.size(), 0);
-  if (rule == "rows" && (!ReadInts(api, ctx, "output_kinds", &out_kinds) || out_kinds.size() != dtypes.size())) return;
-  std::vector<int64_t> geo;
-  size_t row_axes = 1, row_inner = 0;
-  if (rule == "rows" && ReadInts(api, ctx, "row_geometry", &geo)) {
-    if (geo.size() < 3 || geo.size() > 5 || geo[0] < 1 || (geo.size() >= 4 && geo[3] < 0)) return;
-    row_axes = static_cast<size_t>(geo[0]);
-    row_inner = geo.size() >= 4 ? static_cast<size_t>(geo[3]) : 0;
-  }
-
+// Each input's shape as the kernel sees it: a box's extent, a window's total; false where an
+// input has no shape information.
+bool InputShapes(const OrtApi* api, OrtShapeInferContext* ctx, Attrs& attrs, std::vector<std::vector<ShapeDim>>* ins) {
   size_t n_in = 0;
   if (OrtStatus* st = api->ShapeInferContext_GetInputCount(ctx, &n_in)) {
     api->ReleaseStatus(st);
-    return;
+    return false;
   }
-  std::vector<std::vector<ShapeDim>> ins(n_in);
+  ins->assign(n_in, {});
   for (size_t i = 0; i < n_in; ++i) {
     OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by ctx
     if (OrtStatus* st = api->ShapeInferContext_GetInputTypeShape(ctx, i, &info)) {
       api->ReleaseStatus(st);
-      return;
+      return false;
     }
     size_t rank = 0;
     if (OrtStatus* st = api->GetDimensionsCount(info, &rank)) {
       api->ReleaseStatus(st);
-      return;
+      return false;
     }
     // An input without shape information shows up as rank 0, like a scalar; the two cannot be
     // told apart here, so give up rather than infer a wrong rank.
-    if (rank == 0 || rank > STITCH_MAX_RANK) return;
+    if (rank == 0 || rank > STITCH_MAX_RANK) return false;
     std::vector<int64_t> values(rank);
     std::vector<const char*> names(rank, nullptr);
     OrtStatus* st = api->GetDimensions(info, values.data(), rank);
     if (st == nullptr) st = api->GetSymbolicDimensions(info, names.data(), rank);
     if (st != nullptr) {
       api->ReleaseStatus(st);
-      return;
+      return false;
     }
-    for (size_t j = 0; j < rank; ++j) {
-      ins[i].push_back(ShapeDim{values[j], names[j] ? names[j] : ""});
-    }
+    for (size_t j = 0; j < rank; ++j) (*ins)[i].push_back(ShapeDim{values[j], names[j] ? names[j] : ""});
   }
-  std::vector<int64_t> box_attr;
+  std::vector<int64_t> attr;
   std::vector<InputBox> boxes;
-  std::string box_error;
-  if (!ReadInts(api, ctx, "input_boxes", &box_attr)) box_attr.clear();
-  if (!ParseInputBoxes(box_attr, n_in, &boxes, &box_error)) return;
-  for (size_t i = 0; i < n_in; ++i) {
-    if (!boxes[i].present) continue;
-    if (static_cast<size_t>(boxes[i].axis) >= ins[i].size()) return;
-    ins[i][boxes[i].axis] = ShapeDim{boxes[i].stop - boxes[i].start, ""};
-  }
-  std::vector<int64_t> window_attr;
   std::vector<InputWindow> windows;
-  if (!ReadInts(api, ctx, "input_windows", &window_attr)) window_attr.clear();
-  if (!ParseInputWindows(window_attr, n_in, &windows, &box_error)) return;
-  for (size_t i = 0; i < n_in; ++i) {
-    if (!windows[i].present) continue;
-    if (static_cast<size_t>(windows[i].axis) >= ins[i].size()) return;
-    ins[i][windows[i].axis] = ShapeDim{windows[i].total, ""};
+  std::string error;
+  bool present = false;
+  if (attrs.Ints("input_boxes", &attr, &present) || !ParseInputBoxes(present ? attr : std::vector<int64_t>(), n_in, &boxes, &error)) {
+    return false;
   }
-  std::vector<ShapeDim> shape;
-  if (rule == "attention") {
-    std::vector<int64_t> spec;
-    AttentionSpec attention;
-    std::string error;
-    if (ins.empty() || !ReadInts(api, ctx, "attention", &spec) || !ParseAttention(spec, &attention, &error) ||
-        !AttentionOutput(attention, ins[0], &shape)) {
-      return;
-    }
-  } else if (!BroadcastSymbolic(ins, &shape)) {
+  if (attrs.Ints("input_windows", &attr, &present) ||
+      !ParseInputWindows(present ? attr : std::vector<int64_t>(), n_in, &windows, &error)) {
+    return false;
+  }
+  for (size_t i = 0; i < n_in; ++i) {
+    std::vector<ShapeDim>& in = (*ins)[i];
+    if (boxes[i].present && static_cast<size_t>(boxes[i].axis) >= in.size()) return false;
+    if (boxes[i].present) in[boxes[i].axis] = ShapeDim{boxes[i].stop - boxes[i].start, ""};
+    if (windows[i].present && static_cast<size_t>(windows[i].axis) >= in.size()) return false;
+    if (windows[i].present) in[windows[i].axis] = ShapeDim{windows[i].total, ""};
+  }
+  return true;
+}
+
+void InferShapes(const OrtApi* api, OrtShapeInferContext* ctx) {
+  InferAttrs attrs(api, ctx);
+  std::string rule;
+  std::vector<int64_t> dtypes;
+  bool has_rule = false, has_dtypes = false;
+  attrs.String("shape_rule", &rule, &has_rule);
+  attrs.Ints("output_dtypes", &dtypes, &has_dtypes);
+  std::unique_ptr<Scheme> scheme = has_rule ? MakeScheme(rule) : nullptr;
+  std::vector<std::vector<ShapeDim>> ins, outs;
+  if (scheme == nullptr || !has_dtypes || dtypes.empty() || !InputShapes(api, ctx, attrs, &ins) ||
+      scheme->Init(attrs, ins.size(), dtypes.size()) || !scheme->OutputShapes(ins, dtypes.size(), &outs) ||
+      outs.size() != dtypes.size()) {
     return;
   }
-  std::vector<int64_t> view_attr;
-  std::vector<OutputView> views;
-  std::string view_error;
-  if (!ReadInts(api, ctx, "output_views", &view_attr)) view_attr.assign(dtypes.size(), 0);
-  if (!ParseOutputViews(view_attr, dtypes.size(), &views, &view_error)) return;
-  if (rule == "rows" && shape.size() < row_axes + row_inner) return;
-  const size_t stop = rule == "rows" ? shape.size() - row_inner : shape.size();
-  const size_t lead = rule == "rows" ? stop - row_axes : shape.size();
-
   for (size_t o = 0; o < dtypes.size(); ++o) {
     std::vector<int64_t> values;
     std::vector<const char*> names;
-    std::vector<ShapeDim> viewed;
-    if (views[o].present && !ViewShape(views[o], shape, &viewed, &view_error)) return;
-    std::vector<ShapeDim>& dims = views[o].present ? viewed : shape;
-    std::vector<ShapeDim> named(dims);
-    for (ShapeDim& d : named) {
+    for (ShapeDim& d : outs[o]) {
       if (d.symbol.empty() && d.value < 0) d.symbol = UnknownDimName();
     }
-    for (const ShapeDim& d : named) {
+    for (const ShapeDim& d : outs[o]) {
       values.push_back(d.symbol.empty() ? d.value : -1);
       names.push_back(d.symbol.c_str());
-    }
-    if (out_kinds[o] == 1) {  // row-shaped output: keepdims
-      for (size_t d = lead; d < stop && d < values.size(); ++d) values[d] = 1, names[d] = "";
-    }
-    if (out_kinds[o] == 2 && stop <= values.size()) {  // the row's dims dropped
-      values.erase(values.begin() + lead, values.begin() + stop);
-      names.erase(names.begin() + lead, names.begin() + stop);
     }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     if (OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&info)) {

@@ -32,7 +32,7 @@ class Attention:
         return out
 
     def attributes(self, src: KernelSource) -> list[onnx.AttributeProto]:
-        return [helper.make_attribute("attention", src.spec.encode())]
+        return [helper.make_attribute(k, v) for k, v in src.spec.attributes().items()]
 
 
 SCHEME = Attention()

@@ -1,13 +1,15 @@
 """The attention scheme's launch facts (docs/abi.md, shape rule "attention")."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from .. import ATTENTION
 from ..source import Spec
 
 ENTRY_SUFFIX = "_attn"
+ATTRIBUTE_PREFIX = "attention_"
+_PROJECTION = ("heads", "column_offsets", "biases")
 
 
 @dataclass(frozen=True)
@@ -28,14 +30,23 @@ class AttentionSpec(Spec):
     heads: int = 0  # projected: heads per projection row; 0 when q, kᵀ, v come as they are
     column_offsets: tuple[int, ...] = ()  # projected: where q, k and v start in their rows
     biases: bool = False  # projected: each projection's bias is an input
+    # Compiled into the kernel, not read by the runtime: the last of the `masks` inputs is
+    # boolean (Where(mask, scores, fill); the runtime's element strides serve it as they are),
+    # and a row with no finite score gives zeros (the exporters' Where(IsNaN(p), 0, p)).
+    boolean_mask: bool = False
+    guarded: bool = False
 
     @property
     def projected(self) -> bool:
         return self.heads > 0
 
-    def encode(self) -> list[int]:
-        """The `attention` attribute the runtime reads (docs/abi.md: positional)."""
-        out = [self.head_size, self.queries, self.threads, self.shared_bytes, self.masks, int(self.transposed)]
-        if self.projected:
-            out += [self.heads, *self.column_offsets, int(self.biases)]
+    def attributes(self) -> dict[str, int | list[int]]:
+        """The node attributes the runtime reads (docs/abi.md): `attention_<field>` per field,
+        booleans as 0/1; the projection's fields only when projected."""
+        out: dict[str, int | list[int]] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _PROJECTION and not self.projected:
+                continue
+            out[ATTRIBUTE_PREFIX + f.name] = list(value) if isinstance(value, tuple) else int(value)
         return out

@@ -1,10 +1,10 @@
-// shape_rule "attention" (docs/abi.md): one kernel for an attention chain (codegen_attention.py).
+// shape_rule "attention" (docs/abi.md): one kernel for an attention chain (codegen.py beside this).
 // Its inputs are q [L..., Sq, D], kᵀ [L..., D, Sk], v [L..., Sk, D] and up to kMaxMasks terms
 // added to the scores, each broadcasting to [L..., Sq, Sk]; L is [b, h] or [b·h]. Or, projected,
 // the projections' outputs xq [b, Sq, Wq], xk [b, Sk, Wk], xv [b, Sk, Wv] whose columns
 // offset + h·D .. hold head h, then (biased) a bias [H·D] for each, then the terms. Pure
-// functions over shapes, so they are shared by Compute and shape inference and tested without
-// a GPU.
+// functions over shapes, so they are shared by the launch and shape inference and tested without
+// a GPU (tests/test_attention_dims.py).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "output_views.h"
+#include "output_views.h"  // runtime/csrc
 #include "stitch_abi.h"
 
 namespace onnxstitch {
@@ -20,7 +20,6 @@ namespace onnxstitch {
 constexpr int kMaxMasks = 2;  // additive terms: a mask, and T5's position bias before it
 
 struct AttentionSpec {
-  bool present = false;
   int64_t head = 0, queries = 0, threads = 0, shared = 0;  // head size, queries per block, block, bytes
   int masks = 0;
   bool transposed = false;
@@ -32,32 +31,21 @@ struct AttentionSpec {
   size_t first_mask() const { return biased ? 6 : 3; }
 };
 
-// The "attention" attribute: [head, queries per block, threads, shared bytes, masks, transposed]
-// and, for operands read from projections, [heads, q's, k's and v's column offsets, biased].
-inline bool ParseAttention(const std::vector<int64_t>& a, AttentionSpec* s, std::string* error) {
-  bool ok = (a.size() == 6 || a.size() == 11) && a[0] >= 8 && a[0] <= 128 && a[0] % 8 == 0 && a[1] >= 1 &&
-            a[2] >= 32 && a[2] <= 1024 && a[2] % 32 == 0 && a[3] >= 0 && a[4] >= 0 && a[4] <= kMaxMasks &&
-            (a[5] == 0 || a[5] == 1);
-  // Projected: offsets 16-byte aligned (the kernel reads 4 floats at a time), output transposed
-  // or not, biased 0|1.
-  if (ok && a.size() == 11) {
-    ok = a[6] >= 1 && (a[10] == 0 || a[10] == 1);
-    for (int i = 7; i < 10; ++i) ok = ok && a[i] >= 0 && a[i] % 4 == 0;
+// The spec's limits: head size a multiple of 8 up to 128, whole warps, at most kMaxMasks terms;
+// projected, 16-byte aligned column offsets (the kernel reads 4 floats at a time).
+inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
+  bool ok = s.head >= 8 && s.head <= 128 && s.head % 8 == 0 && s.queries >= 1 && s.threads >= 32 &&
+            s.threads <= 1024 && s.threads % 32 == 0 && s.shared >= 0 && s.masks >= 0 && s.masks <= kMaxMasks;
+  if (ok && s.projected) {
+    ok = s.heads >= 1;
+    for (int i = 0; i < 3; ++i) ok = ok && s.offsets[i] >= 0 && s.offsets[i] % 4 == 0;
   }
   if (!ok) {
-    *error = "attention must be [head size (a multiple of 8, 8..128), queries per block, threads (whole warps), "
-             "shared bytes, masks 0.." + std::to_string(kMaxMasks) + ", transposed 0|1] and, for projections, "
-             "[heads, q, k and v column offsets (multiples of 4), biased 0|1]";
-    return false;
+    *error = "the attention spec must have a head size (a multiple of 8, 8..128), queries per block >= 1, threads "
+             "(whole warps up to 1024), shared bytes >= 0, masks 0.." + std::to_string(kMaxMasks) +
+             " and, for projections, heads >= 1 and q, k and v column offsets (multiples of 4)";
   }
-  *s = AttentionSpec{true, a[0], a[1], a[2], a[3], static_cast<int>(a[4]), a[5] != 0};
-  if (a.size() == 11) {
-    s->projected = true;
-    s->heads = a[6];
-    for (int i = 0; i < 3; ++i) s->offsets[i] = a[7 + i];
-    s->biased = a[10] != 0;
-  }
-  return true;
+  return ok;
 }
 
 // The context's shape from the first input's: q's own, or [b, s, h, d] from [b, h, s, d] when

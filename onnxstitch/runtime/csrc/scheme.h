@@ -1,0 +1,133 @@
+// The runtime side of a kernel scheme (docs/architecture.md, "Schemes"). The FusedKernel op
+// (fused_kernel.cc) reads what every node has (name, inputs and their boxes/windows, output
+// dtypes, images), binds the inputs of each Compute, and hands the rest to the scheme named by
+// the node's shape_rule: its own attributes, its output shapes, its entries in a loaded module
+// and its launch. Each scheme's implementation lives in its folder, onnxstitch/schemes/<name>/
+// launch.cc, and is registered in MakeScheme (schemes.cc).
+#pragma once
+
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_driver.h"
+#include "output_views.h"
+#include "stitch_abi.h"
+
+namespace onnxstitch {
+
+// An error on its way to becoming an OrtStatus (whose message the node's name prefixes).
+struct Error {
+  OrtErrorCode code = ORT_OK;
+  std::string message;
+  explicit operator bool() const { return code != ORT_OK; }
+};
+
+inline Error Fail(OrtErrorCode code, std::string message) { return Error{code, std::move(message)}; }
+
+inline std::string ShapeText(const int64_t* dims, size_t rank) {
+  std::string s = "[";
+  for (size_t i = 0; i < rank; ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// A node's attributes, read alike when its kernel is created (OrtKernelInfo) and in shape
+// inference (OrtShapeInferContext), so a scheme parses them in one place. An absent attribute
+// leaves *present false; one of another type is an error.
+class Attrs {
+ public:
+  virtual ~Attrs() = default;
+  virtual Error Int(const char* name, int64_t* out, bool* present) = 0;
+  virtual Error Ints(const char* name, std::vector<int64_t>* out, bool* present) = 0;
+  virtual Error String(const char* name, std::string* out, bool* present) = 0;
+
+  // A required INT: absent is an error naming the shape rule that needs it.
+  Error RequiredInt(const char* name, const char* rule, int64_t* out) {
+    bool present = false;
+    if (Error e = Int(name, out, &present)) return e;
+    if (!present) {
+      return Fail(ORT_INVALID_ARGUMENT, std::string("missing INT attribute '") + name + "' (shape_rule \"" + rule + "\")");
+    }
+    return {};
+  }
+};
+
+// The inputs of one Compute: device pointers in args.in, each input's shape as the kernel sees
+// it (a box's extent, a window's total), its own contiguous strides, and its kind (0 FULL, 1
+// BROADCAST).
+struct Bound {
+  StitchArgs args;
+  int64_t shapes[STITCH_MAX_IN][STITCH_MAX_RANK];
+  long long own[STITCH_MAX_IN][STITCH_MAX_RANK];
+  size_t ranks[STITCH_MAX_IN];
+  const int64_t* kinds = nullptr;
+  size_t n_in = 0, n_out = 0;
+};
+
+constexpr int kEntries = 2;  // a kernel's variants: 32-bit and 64-bit indexing (or vector, scalar)
+
+// A node's module as loaded in one CUDA context, with the entries its scheme found there.
+struct Loaded {
+  cu::Context ctx = nullptr;
+  cu::Module module = nullptr;
+  cu::Function entry[kEntries] = {nullptr, nullptr};
+  cu::Function cluster[kEntries] = {nullptr, nullptr};  // rows split over clusters, where the GPU has them
+  int sm_count = 1;
+  int blocks_per_sm = 0;          // resident blocks of entry[0] per multiprocessor (0: unknown)
+  int cluster_blocks_per_sm = 0;  // the same for the cluster entries
+};
+
+// What a scheme's launch may ask of the node that runs it.
+class Call {
+ public:
+  virtual ~Call() = default;
+  // Output o of the given shape, allocated by ORT.
+  virtual Error Output(size_t o, const int64_t* dims, size_t rank, void** data) = 0;
+  // ORT's compute stream with its CUDA context current (until the Compute returns) and the
+  // node's module loaded there: called only when there is work to launch.
+  virtual Error Enter(cu::Stream* stream, const Loaded** l) = 0;
+  virtual const cu::Driver& Driver() const = 0;
+  virtual const std::string& KernelName() const = 0;
+
+  // Launches fn (a 1-D grid) and words a failure with the entry's name.
+  Error Launch(cu::Function fn, const char* suffix, long long grid, long long block, long long shared,
+               cu::Stream stream, void** params) {
+    const cu::Result r = Driver().LaunchKernel(fn, static_cast<unsigned int>(grid), 1, 1, static_cast<unsigned int>(block),
+                                               1, 1, static_cast<unsigned int>(shared), stream, params, nullptr);
+    if (r == cu::kSuccess) return {};
+    return Fail(ORT_FAIL, "cuLaunchKernel(" + KernelName() + suffix + ", grid " + std::to_string(grid) +
+                              ") failed: " + Driver().ErrorText(r));
+  }
+};
+
+// One scheme's runtime side.
+class Scheme {
+ public:
+  virtual ~Scheme() = default;
+  // Its own attributes (after the common ones: the input and output counts are known).
+  virtual Error Init(Attrs& a, size_t n_in, size_t n_out) = 0;
+  // The outputs' shapes from the inputs' (named dims kept) for shape inference; false where
+  // they are not certain.
+  virtual bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
+                            std::vector<std::vector<ShapeDim>>* outs) const = 0;
+  // Its entry functions in a module just loaded (its context current).
+  virtual Error Entries(const cu::Driver& d, const std::string& kernel_name, Loaded* l) const = 0;
+  // One Compute: the outputs allocated through `call`, the kernel launched on its stream.
+  virtual Error Run(Call& call, Bound* b) const = 0;
+};
+
+// The scheme of a shape rule ("broadcast", "rows", "attention"); nullptr for another.
+std::unique_ptr<Scheme> MakeScheme(const std::string& shape_rule);
+
+// Finds `entry` in l's module; words a failure.
+inline Error GetEntry(const cu::Driver& d, const Loaded* l, const std::string& entry, cu::Function* fn) {
+  const cu::Result r = d.ModuleGetFunction(fn, l->module, entry.c_str());
+  if (r == cu::kSuccess) return {};
+  *fn = nullptr;
+  return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + d.ErrorText(r));
+}
+
+}  // namespace onnxstitch

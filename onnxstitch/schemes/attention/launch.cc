@@ -1,0 +1,115 @@
+// The attention scheme's runtime side (shape rule "attention", docs/abi.md): dims [B, H, Sq, Sk],
+// mask k's strides in strides[first mask + k], projections' row widths in strides[0..2][0]; one
+// block of `threads` per (batch, head) and `queries` queries, a 1-D grid.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention_dims.h"
+#include "scheme.h"
+
+namespace onnxstitch {
+namespace {
+
+constexpr const char* kSuffix = "_attn";  // one entry
+constexpr int kDefaultSharedLimit = 48 * 1024;
+
+class Attention final : public Scheme {
+ public:
+  // The spec's named attributes (docs/abi.md): attention_<field> of schemes/attention/spec.py.
+  Error Init(Attrs& a, size_t, size_t) override {
+    AttentionSpec& s = spec_;
+    int64_t masks = 0, transposed = 0, heads = 0, biases = 0;
+    const char* rule = "attention";
+    if (Error e = a.RequiredInt("attention_head_size", rule, &s.head)) return e;
+    if (Error e = a.RequiredInt("attention_queries", rule, &s.queries)) return e;
+    if (Error e = a.RequiredInt("attention_threads", rule, &s.threads)) return e;
+    if (Error e = a.RequiredInt("attention_shared_bytes", rule, &s.shared)) return e;
+    if (Error e = a.RequiredInt("attention_masks", rule, &masks)) return e;
+    if (Error e = a.RequiredInt("attention_transposed", rule, &transposed)) return e;
+    bool present = false;
+    if (Error e = a.Int("attention_heads", &heads, &present)) return e;
+    s.masks = static_cast<int>(masks);
+    s.transposed = transposed != 0;
+    s.projected = present && heads > 0;
+    if (s.projected) {
+      // Operands read from projections: the columns where q, k and v start, and their biases.
+      std::vector<int64_t> offsets;
+      if (Error e = a.Ints("attention_column_offsets", &offsets, &present)) return e;
+      if (!present || offsets.size() != 3) {
+        return Fail(ORT_INVALID_ARGUMENT, "attention_column_offsets must be INTS of three (q, k, v) with attention_heads");
+      }
+      if (Error e = a.RequiredInt("attention_biases", rule, &biases)) return e;
+      s.heads = heads;
+      for (int i = 0; i < 3; ++i) s.offsets[i] = offsets[i];
+      s.biased = biases != 0;
+    }
+    std::string error;
+    if (!CheckAttention(s, &error)) return Fail(ORT_INVALID_ARGUMENT, error);
+    return {};
+  }
+
+  bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
+                    std::vector<std::vector<ShapeDim>>* outs) const override {
+    std::vector<ShapeDim> shape;
+    if (ins.empty() || n_out != 1 || !AttentionOutput(spec_, ins[0], &shape)) return false;
+    outs->assign(1, shape);
+    return true;
+  }
+
+  Error Entries(const cu::Driver& d, const std::string& kernel_name, Loaded* l) const override {
+    // More dynamic shared memory than the default 48 KB where the kernel needs it.
+    const std::string entry = kernel_name + kSuffix;
+    cu::Result r = d.ModuleGetFunction(&l->entry[0], l->module, entry.c_str());
+    if (r == cu::kSuccess && spec_.shared > kDefaultSharedLimit) {
+      r = d.FuncSetAttribute(l->entry[0], cu::kFuncMaxDynamicSharedBytes, static_cast<int>(spec_.shared));
+    }
+    if (r == cu::kSuccess) return {};
+    return Fail(ORT_FAIL, "the kernel image's entry '" + entry + "' cannot be used with " +
+                              std::to_string(spec_.shared) + " bytes of shared memory: " + d.ErrorText(r));
+  }
+
+  Error Run(Call& call, Bound* b) const override {
+    long long dims[4], mask_strides[kMaxMasks][4], widths[3];
+    std::string error;
+    if (!AttentionDims(spec_, b->shapes, b->ranks, b->n_in, dims, mask_strides, widths, &error)) {
+      return Fail(ORT_INVALID_ARGUMENT, error);
+    }
+    StitchArgs& args = b->args;
+    args.rank = 4;
+    for (int d = 0; d < 4; ++d) args.dims[d] = dims[d];
+    const size_t first = spec_.first_mask();
+    for (int k = 0; k < spec_.masks; ++k) {
+      for (int d = 0; d < 4; ++d) args.strides[first + k][d] = mask_strides[k][d];
+    }
+    if (spec_.projected) {
+      for (int i = 0; i < 3; ++i) args.strides[i][0] = widths[i];
+    }
+    args.n = dims[0] * dims[1] * dims[2] * spec_.head;
+    std::vector<ShapeDim> q, shape;
+    for (size_t j = 0; j < b->ranks[0]; ++j) q.push_back(ShapeDim{b->shapes[0][j], ""});
+    AttentionOutput(spec_, q, &shape);  // ranks were checked by AttentionDims
+    int64_t out_dims[STITCH_MAX_RANK];
+    for (size_t d = 0; d < shape.size(); ++d) out_dims[d] = shape[d].value;
+    if (Error e = call.Output(0, out_dims, shape.size(), &args.out[0])) return e;
+    const long long tiles = (dims[2] + spec_.queries - 1) / spec_.queries;
+    const long long blocks = dims[0] * dims[1] * tiles;
+    if (args.n == 0) return {};  // no queries (without keys the kernel writes zeros, as ORT)
+    if (blocks > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many (batch, head, query tile) blocks");
+
+    cu::Stream stream = nullptr;
+    const Loaded* l = nullptr;
+    if (Error e = call.Enter(&stream, &l)) return e;
+    void* params[1] = {&args};
+    return call.Launch(l->entry[0], kSuffix, blocks, spec_.threads, spec_.shared, stream, params);
+  }
+
+ private:
+  AttentionSpec spec_;
+};
+
+}  // namespace
+
+std::unique_ptr<Scheme> MakeAttention() { return std::make_unique<Attention>(); }
+
+}  // namespace onnxstitch
