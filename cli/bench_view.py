@@ -22,15 +22,27 @@ def timings(res: BenchResult, title: str) -> Table:
     return t
 
 
-def _side_by_side(title: str, what: str, stock: list[Row], stitched: list[Row]) -> Table:
+# Below this console width the stock and stitched tables are printed one above the other.
+SIDE_BY_SIDE_WIDTH = 110
+
+
+def _tables(title: str, what: str, stock: list[Row], stitched: list[Row], width: int) -> list[Table]:
+    """The two top lists side by side in one table, or one table each on a narrow console."""
+    sides = {"stock": stock, "stitched": stitched}
+    if width < SIDE_BY_SIDE_WIDTH:
+        return [_table(f"{side}: {title}", [side], what, [rows]) for side, rows in sides.items()]
+    return [_table(title, list(sides), what, list(sides.values()))]
+
+
+def _table(title: str, sides: list[str], what: str, columns: list[list[Row]]) -> Table:
     t = Table(title=title, show_header=True, header_style="bold")
-    for side in ("stock", "stitched"):
+    for side in sides:
         t.add_column(f"{side} {what}", no_wrap=True, overflow="ellipsis", min_width=12, max_width=60)
-        for col in ("µs/run", "share", "calls/run"):
-            t.add_column(col, justify="right")
-    for a, b in zip_longest(stock, stitched):
+        for col, width in (("µs/run", 9), ("share", 6), ("calls/run", 9)):  # whole: a long name gives way first
+            t.add_column(col, justify="right", no_wrap=True, min_width=width)
+    for rows in zip_longest(*columns):
         cells: list[str] = []
-        for r in (a, b):
+        for r in rows:
             cells += ["", "", "", ""] if r is None else \
                 [r.name, f"{r.us_per_run:,.1f}", f"{r.share:.1%}", f"{r.calls_per_run:g}"]
         t.add_row(*cells)
@@ -41,20 +53,21 @@ def _summary_line(name: str, p: Profile) -> str:
     line = f"{name}: {p.node_us_per_run:,.1f} µs of node time per run, {p.nodes_per_run():g} nodes/run"
     if p.kernels:
         line += f"; {p.kernel_us_per_run:,.1f} µs of GPU kernels, {p.kernels_per_run:g} launches/run"
-    return line + f" (over {p.runs} profiled runs)"
+    return line
 
 
-def profile_tables(res: BenchResult, top: int) -> list[Table | str]:
+def profile_tables(res: BenchResult, top: int, width: int) -> list[Table | str]:
     """What `bench --profile` prints after the timings: a note, the by-op (and by-kernel) tables
-    and one summary line per side."""
+    (stock and stitched side by side where `width` allows) and one summary line per side."""
     stock, stitched = res.profiles[next(iter(res.configs))], res.profiles[STITCHED]
-    out: list[Table | str] = []
+    out: list[Table | str] = [f"[bold]where the time goes[/bold]: ONNX Runtime's profile of {stock.runs} runs "
+                              f"each (after {stock.skipped_runs} warm-up)"]
     if res.cuda_graph:
         out.append(f"[yellow]note:[/yellow] {GRAPH_PROFILE_NOTE}")
-    out.append(_side_by_side(f"where the time goes: top {top} op types by node time", "op",
-                             stock.by_op(top), stitched.by_op(top)))
+    out += _tables(f"top {top} op types by node time", "op", stock.by_op(top),
+                   stitched.by_op(top), width)
     if stock.kernels or stitched.kernels:
-        out.append(_side_by_side(f"top {top} GPU kernels", "kernel", stock.by_kernel(top), stitched.by_kernel(top)))
+        out += _tables(f"top {top} GPU kernels", "kernel", stock.by_kernel(top), stitched.by_kernel(top), width)
     elif res.providers[0] == CUDA:
         out.append("(this ORT build records no GPU kernel events: node times only, which on the CUDA EP "
                    "are host time, launches included)")

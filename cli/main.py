@@ -213,7 +213,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
     graphs = ", CUDA graphs" if cuda_graph else ""
     console.print(bench_view.timings(res, f"{model} on {res.device} (driver {res.driver}, "
                                           f"onnxruntime {res.ort_version}{graphs})"))
-    for part in bench_view.profile_tables(res, top) if profile else ():
+    for part in bench_view.profile_tables(res, top, console.width) if profile else ():
         console.print(part)
 
 
