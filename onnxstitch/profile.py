@@ -32,7 +32,7 @@ DEFAULT_TOP = 15
 
 @dataclass(frozen=True)
 class ProfileEntry:
-    """One node, op type or GPU kernel over the counted runs: total time and executions."""
+    """One node or GPU kernel (by name) over the counted runs: total time and executions."""
 
     name: str
     op_type: str
