@@ -231,7 +231,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
 def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: float, atol: float | None,
           rtol: float | None, shape: tuple[str, ...], as_json: bool, verbose: bool, quiet: bool) -> None:
     """Re-optimize MODEL and fail (exit 1) if numerics, plan or speed regressed against BASELINE."""
-    from onnxstitch.check import run_check
+    from onnxstitch.gate import run_check
 
     if not update_baseline and not baseline.exists():
         raise BadInputError(f"{baseline}: no baseline yet; create it with --update-baseline")

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import ops
+from . import edit, ops
 from .graph import implicit_inputs, node_attrs
 from .shapes import Shape, TensorInfo, infer
 
@@ -70,24 +70,15 @@ def normalize(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Norm
     """Rewrite every group normalization of `model`'s main graph into its stitchable form
     (module docstring); `tensors` are the inferred tensor facts of `model`, inferred again for
     a rewritten model."""
-    g = model.graph
-    inputs = {i.name for i in g.input}
-    constants = {t.name: t for t in g.initializer if t.name not in inputs}
-    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(g.node):
-        for t in list(n.input) + implicit_inputs(n):
-            if t:
-                consumers.setdefault(t, []).append(i)
-    outputs = {o.name for o in g.output}
+    index = edit.ModelIndex.of(model)
     work, done, refused = _Rewrite(), [], []
-    for i, n in enumerate(g.node):
+    for i, n in enumerate(index.nodes):
         if n.domain not in ("", "ai.onnx"):
             continue
         if n.op_type == "InstanceNormalization":
-            why = _decomposed(i, g.node, tensors, constants, producer, consumers, outputs, work)
+            why = _decomposed(i, index, tensors, work)
         elif n.op_type == "GroupNormalization":
-            why = _native(i, n, tensors, constants, work)
+            why = _native(i, n, tensors, index.constants, work)
         else:
             continue
         if why is None:
@@ -96,8 +87,8 @@ def normalize(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Norm
             refused.append(f"{n.name or n.op_type} ({n.op_type}): {why}")
     if not work.replace:
         return Normalized(model, tensors, (), tuple(refused))
-    _sink(g.node, tensors, constants, consumers, work)
-    out = _rebuild(model, work, consumers, outputs)
+    _sink(index, tensors, work)
+    out = _rebuild(index, work)
     return Normalized(out, infer(out)[1], tuple(done), tuple(refused))
 
 
@@ -115,17 +106,17 @@ def _group_reason(x: Shape | None, groups: int) -> str | None:
     return None
 
 
-def _decomposed(i: int, nodes, tensors: Mapping[str, TensorInfo], constants, producer, consumers,
-                outputs, work: _Rewrite) -> str | None:
+def _decomposed(i: int, index: edit.ModelIndex, tensors: Mapping[str, TensorInfo], work: _Rewrite) -> str | None:
     """Reshape → InstanceNormalization → Reshape back, as exporters write GroupNorm. Returns
     None when rewritten, "" when this InstanceNormalization is not such a pattern, else why."""
+    nodes, producer, consumers, constants = index.nodes, index.producer, index.readers, index.constants
     norm = nodes[i]
     r1_out = norm.input[0]
     if r1_out not in producer or nodes[producer[r1_out]].op_type != "Reshape":
         return ""
     r1 = nodes[producer[r1_out]]
     after = consumers.get(norm.output[0], [])
-    if len(after) != 1 or nodes[after[0]].op_type != "Reshape" or norm.output[0] in outputs:
+    if len(after) != 1 or nodes[after[0]].op_type != "Reshape" or norm.output[0] in index.outputs:
         return ""
     r2 = nodes[after[0]]
     x, y = r1.input[0], r2.output[0]
@@ -148,7 +139,7 @@ def _decomposed(i: int, nodes, tensors: Mapping[str, TensorInfo], constants, pro
     if not (lead_ok and (target[2] == -1 or (all(isinstance(d, int) for d in xs) and  # type: ignore[index]
                                             target[2] * groups == math.prod(xs[1:])))):  # type: ignore[index,arg-type]
         return "the Reshape before it is not to [N, G, -1]"
-    if len(consumers.get(r1_out, [])) != 1 or r1_out in outputs:
+    if len(consumers.get(r1_out, [])) != 1 or r1_out in index.outputs:
         return "the grouped input has other readers"
     space = _Space(tuple(xs), groups, r2.input[1])
     shape4 = f"{r1_out}{SUFFIX}_shape"
@@ -215,11 +206,11 @@ def _node(op: str, inputs: list[str], outputs: list[str], name: str) -> onnx.Nod
     return helper.make_node(op, inputs, outputs, name=name)
 
 
-def _sink(nodes, tensors: Mapping[str, TensorInfo], constants, consumers, work: _Rewrite) -> None:
+def _sink(index: edit.ModelIndex, tensors: Mapping[str, TensorInfo], work: _Rewrite) -> None:
     """Move each space's Reshape back below the elementwise ops that read it: such an op is
     computed in the 4-D space when its other inputs are constants that map there, or tensors
     whose dims are all 1 (the same broadcast in either space)."""
-    for i, n in enumerate(nodes):
+    for i, n in enumerate(index.nodes):
         if i in work.replace or not any(t in work.twin for t in n.input):
             continue
         spaces = {id(work.space[work.twin[t]]) for t in n.input if t in work.twin}
@@ -232,7 +223,7 @@ def _sink(nodes, tensors: Mapping[str, TensorInfo], constants, consumers, work: 
         # Only ops that keep x's shape (a wider broadcast would leave the space).
         if outs[0] not in tensors or tuple(tensors[outs[0]].shape or ()) != tuple(space.shape):
             continue
-        mapped = [_map_input(t, space, tensors, constants, work) for t in n.input]
+        mapped = [_map_input(t, space, tensors, index.constants, work) for t in n.input]
         if any(m is None for m in mapped):
             continue
         twin = f"{outs[0]}{SUFFIX}"
@@ -270,36 +261,18 @@ def _map_input(t: str, space: _Space, tensors: Mapping[str, TensorInfo], constan
     return name
 
 
-def _rebuild(model: onnx.ModelProto, work: _Rewrite, consumers, outputs) -> onnx.ModelProto:
+def _rebuild(index: edit.ModelIndex, work: _Rewrite) -> onnx.ModelProto:
     """The model with replacements in place and a Reshape back to x's space for every twin that
-    something outside the space reads (or that is a graph output), right after its anchor."""
-    g = model.graph
+    something outside the space reads (or that is a graph output), right after its anchor.
+    Constants only the replaced nodes read (the old shape, γ and β) go with them."""
     replaced = set(work.replace)
     back: dict[int, list[onnx.NodeProto]] = {}
     for t, twin in work.twin.items():
-        readers = [j for j in consumers.get(t, []) if j not in replaced or not _reads(work.replace[j], twin)]
-        if readers or t in outputs:
+        readers = [j for j in index.readers.get(t, ()) if j not in replaced or not _reads(work.replace[j], twin)]
+        if readers or t in index.outputs:
             node = _node("Reshape", [twin, work.space[twin].shape_tensor], [t], f"{t}{SUFFIX}_back")
             back.setdefault(work.anchor[twin], []).append(node)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    for i, n in enumerate(g.node):
-        out.graph.node.extend(work.replace.get(i, [n]))
-        out.graph.node.extend(back.get(i, []))
-    out.graph.initializer.extend(work.constants.values())
-    # Constants only the replaced nodes read (the old shape, γ and β) go with them.
-    read = {t for n in out.graph.node for t in list(n.input) + implicit_inputs(n)} | set(outputs)
-    dropped = {t for i in work.replace for t in g.node[i].input} - read
-    kept = [t for t in out.graph.initializer if t.name not in dropped]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    produced = {t for n in out.graph.node for t in n.output} | {i.name for i in out.graph.input} | \
-        {i.name for i in out.graph.initializer}
-    keep = [v for v in out.graph.value_info if v.name in produced]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(keep)
-    return out
+    return edit.spliced(index, work.replace, after=back, initializers=work.constants.values())
 
 
 def _reads(nodes: list[onnx.NodeProto], t: str) -> bool:

@@ -1,5 +1,5 @@
 """The pipeline as a short list of named stages: load → shapes → simplify → merge → normalize →
-graph → attention → plan → pack → codegen → compile → rewrite → check. `optimize` is the library entry point; the CLI wraps it."""
+graph → attention → plan → pack → codegen → compile → rewrite → validate → verify. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
@@ -291,18 +291,18 @@ class _Written:
 
 
 def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages) -> _Written:
-    """rewrite → check → verify; groups verification finds wrong are left to ONNX Runtime and
+    """rewrite → validate → verify; groups verification finds wrong are left to ONNX Runtime and
     the rest verified again (only a verified model is written; `strict` stops instead)."""
     m, g = planned.normal.model, planned.graph
     dropped: list[dict[str, str]] = []
 
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
-        """rewrite → check → verify with the groups of `subset` fused."""
+        """rewrite → validate → verify with the groups of `subset` fused."""
         fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
         # Nothing fused: the model goes out exactly as it came in.
         made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else given.loaded
         if fused:
-            stage("check", lambda: _check(given.weights.checkable(made), given.weights.checkable(m)))
+            stage("validate", lambda: _validate(given.weights.checkable(made), given.weights.checkable(m)))
         return made, stage("verify", lambda: verify_mod.verify(
             m, made, g, [grp for grp, _ in subset], seed=opts.seed, dim_values=given.dim_values,
             weights=given.weights, source=given.model if m is not given.model else None)) if opts.verify else None
@@ -347,8 +347,8 @@ def generate_kernel(g: graph_mod.FusionGraph, name: str, group: Group) -> source
     return registry.get(group.scheme).generate(g, name, group)
 
 
-def _check(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
-    """The full checker on the stitched model; where the original itself fails the full
+def _validate(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """onnx.checker's full check on the stitched model; where the original itself fails the full
     check (its strict shape inference), the stitched model is held to the plain check."""
     try:
         load.check(model, full_check=True)

@@ -24,8 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import load, ops
-from .graph import implicit_inputs
+from . import edit, ops
 from .shapes import TensorInfo, infer
 from .weights import Weights
 
@@ -69,14 +68,8 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
     of one dtype (module docstring). `tensors` are the inferred facts of `model`; MatMuls whose
     output is in `skip` are left alone (the pipeline's undo). `weights`: the store holding the
     payloads of `model`'s stubs (weights.py), which also takes the concatenated weights."""
-    g = model.graph
-    graph_inputs = {i.name for i in g.input}
-    constants = {t.name: t for t in g.initializer if t.name not in graph_inputs}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for t in list(n.input) + implicit_inputs(n):
-            readers.setdefault(t, []).append(n)
-    outputs = {o.name for o in g.output}
+    index = edit.ModelIndex.of(model)
+    g, constants, outputs = model.graph, index.constants, index.outputs
     siblings: dict[tuple[str, int], list[int]] = {}
     for i, n in enumerate(g.node):
         if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.input[1] in constants \
@@ -89,7 +82,7 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
             continue
         kept = []
         for i in members:
-            why = _reader_reason(g.node[i].output[0], readers, outputs)
+            why = _reader_reason(g.node[i].output[0], index, outputs)
             if why:
                 refusals.append(f"{g.node[i].name or g.node[i].output[0]} (MatMul of '{activation}'): {why}")
             else:
@@ -99,64 +92,52 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
             merges.append((Merge(activation, tuple(g.node[i].output[0] for i in kept), sizes), kept))
     if not merges:
         return Merged(model, tensors, (), tuple(refusals))
-    out = _rebuild(model, merges, constants, weights or Weights())
+    out = _rebuild(index, merges, weights or Weights())
     return Merged(out, infer(out)[1], tuple(m for m, _ in merges), tuple(refusals))
 
 
-def _reader_reason(product: str, readers: Mapping[str, list[onnx.NodeProto]], outputs: Collection[str]) -> str | None:
+def _reader_reason(product: str, index: edit.ModelIndex, outputs: Collection[str]) -> str | None:
     """Why a sibling's product should stay its own GEMM's: something reads it (directly or
     through reshapes, which are judged by what they feed) that no stitched kernel can read a
     box for, or it is a graph output: the Slice would be a copy of its own. None when every
     reader is stitchable work."""
     if product in outputs:
         return "its product is a graph output (the Slice would copy it)"
-    for n in readers.get(product, []):
+    for n in index.readers_of(product):
         spec = ops.TABLE.get(n.op_type) if n.domain in ("", "ai.onnx") else None
         if spec is None or spec.kind not in _STITCHABLE:
             return f"{n.op_type} {n.name or n.output[0]} reads its product (the Slice would copy it)"
         if n.op_type in ops.RESHAPES:
             # A reshape costs nothing; what it feeds decides.
-            why = _reader_reason(n.output[0], readers, outputs)
+            why = _reader_reason(n.output[0], index, outputs)
             if why:
                 return why
     return None
 
 
-def _rebuild(model: onnx.ModelProto, merges: list[tuple[Merge, list[int]]],
-             constants: Mapping[str, onnx.TensorProto], weights: Weights) -> onnx.ModelProto:
+def _rebuild(index: edit.ModelIndex, merges: list[tuple[Merge, list[int]]], weights: Weights) -> onnx.ModelProto:
     """The model with each merged set's MatMuls replaced, where the first of them stood, by one
     MatMul over the concatenated weights and a Slice of its columns per original output."""
-    g = model.graph
-    opset = load.ai_onnx_opset(model)
-    at: dict[int, list[onnx.NodeProto]] = {}
-    gone: set[int] = set()
+    nodes, constants = index.nodes, index.constants
+    replace: dict[int, list[onnx.NodeProto]] = {}
     params: list[onnx.TensorProto] = []
     for merged, members in merges:
-        first = g.node[members[0]]
+        first = nodes[members[0]]
         product = f"{first.output[0]}{SUFFIX}"
         w = f"{first.input[1]}{SUFFIX}"
         # Joined lazily: the store makes the wide weight only where it is read (weights.py).
-        params.append(weights.concat([constants[g.node[i].input[1]] for i in members], 1, w))
-        nodes = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
+        params.append(weights.concat([constants[nodes[i].input[1]] for i in members], 1, w))
+        made = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
         start = 0
         for out, size in zip(merged.outputs, merged.sizes):
-            node, consts = _slice(product, out, merged.slice_node(out), start, start + size, opset)
-            nodes.append(node)
+            node, consts = _slice(product, out, merged.slice_node(out), start, start + size, index.opset)
+            made.append(node)
             params += consts
             start += size
-        at[members[0]] = nodes
-        gone.update(members)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    for i, n in enumerate(g.node):
-        out.graph.node.extend(at.get(i, [] if i in gone else [n]))
-    read = {t for n in out.graph.node for t in list(n.input) + implicit_inputs(n)} | {o.name for o in g.output}
-    kept = [t for t in out.graph.initializer if t.name in read or t.name not in constants]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept + params)
+        replace |= {i: [] for i in members}
+        replace[members[0]] = made
     # The old products' value_info stays valid (the Slices yield the same tensors).
-    return out
+    return edit.spliced(index, replace, initializers=params)
 
 
 def _slice(product: str, out: str, name: str, start: int, stop: int,

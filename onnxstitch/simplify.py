@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import load, ops
-from .graph import implicit_inputs, node_attrs
+from . import edit, ops
+from .graph import node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
 
@@ -44,21 +44,14 @@ class Simplified:
 
 
 class _Graph:
-    """Lookups over one model's main graph."""
+    """Lookups over one model's main graph (edit.ModelIndex) with its inferred tensor facts."""
 
     def __init__(self, model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> None:
-        g = model.graph
-        self.nodes = list(g.node)
+        self.index = edit.ModelIndex.of(model)
+        self.nodes = self.index.nodes
         self.tensors = tensors
-        inputs = {i.name for i in g.input}
-        self.constants = {t.name: t for t in g.initializer if t.name not in inputs}
-        self.outputs = {o.name for o in g.output}
-        self.producer = {o: n for n in g.node for o in n.output if o}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for t in list(n.input) + implicit_inputs(n):
-                if t:
-                    self.readers.setdefault(t, []).append(n)
+        self.constants = self.index.constants
+        self.outputs = self.index.outputs
 
     def shape(self, t: str) -> Shape | None:
         info = self.tensors.get(t)
@@ -69,7 +62,7 @@ class _Graph:
         return None if c is None else numpy_helper.to_array(c)
 
     def op(self, t: str) -> onnx.NodeProto | None:
-        n = self.producer.get(t)
+        n = self.index.node_of(t)
         return n if n is not None and n.domain in ("", "ai.onnx") else None
 
     def ints(self, t: str) -> list[int] | None:
@@ -181,7 +174,7 @@ def _keeps_shapes(g: _Graph, t: str, shape: Shape, depth: int = 0) -> bool:
     in turn; `t` and what changes are no graph outputs."""
     if t in g.outputs or depth > 8:
         return False
-    for r in g.readers.get(t, []):
+    for r in g.index.readers_of(t):
         kind = ops.spec(r.op_type, r.domain).kind
         if kind not in (ops.OpKind.ELEMENTWISE, ops.OpKind.BROADCAST) or len(r.output) != 1:
             return False
@@ -198,12 +191,12 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
     g = _Graph(model, tensors)
-    opset = load.ai_onnx_opset(model)
-    replace: dict[int, onnx.NodeProto] = {}  # node id → its replacement
+    opset = g.index.opset
+    replace: dict[int, list[onnx.NodeProto]] = {}  # node position → its replacement
     rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
     extra: list[onnx.TensorProto] = []
     done: list[str] = []
-    for n in g.nodes:
+    for i, n in enumerate(g.nodes):
         if n.domain not in ("", "ai.onnx"):
             continue
         if n.op_type == "GatherND":
@@ -214,9 +207,9 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             if opset >= 13:  # axes an input from opset 13, an attribute before
                 name = f"{n.output[0]}~axes"
                 extra.append(numpy_helper.from_array(np.array(axes, np.int64), name))
-                replace[id(n)] = helper.make_node("Unsqueeze", [data, name], list(n.output), name=n.name)
+                replace[i] = [helper.make_node("Unsqueeze", [data, name], list(n.output), name=n.name)]
             else:
-                replace[id(n)] = helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)
+                replace[i] = [helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)]
             done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
         elif n.op_type == "And" and len(n.input) == 2 and n.output[0] not in g.outputs:  # outputs keep their names
             for x, y in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
@@ -225,53 +218,11 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
                     continue
                 if tuple(ys) == tuple(out) or _keeps_shapes(g, n.output[0], ys):
                     rename[n.output[0]] = y
-                    replace[id(n)] = None  # type: ignore[assignment]
+                    replace[i] = []
                     done.append(f"{n.name or n.output[0]} (And with a tensor known all true) is '{y}'"
                                 + ("" if tuple(ys) == tuple(out) else f", {list(ys)} rather than {list(out)}"))
                     break
     if not done:
         return Simplified(model, tensors)
-    return _rebuild(model, g, replace, rename, extra, tuple(done))
-
-
-def _rebuild(model: onnx.ModelProto, g: _Graph, replace: dict, rename: dict[str, str],
-             extra: list[onnx.TensorProto], done: tuple[str, ...]) -> Simplified:
-    def resolved(t: str) -> str:
-        while t in rename:
-            t = rename[t]
-        return t
-
-    nodes = []
-    for n in g.nodes:
-        new = replace.get(id(n), n)
-        if new is None:
-            continue
-        new = onnx.NodeProto.FromString(new.SerializeToString())
-        new.input[:] = [resolved(t) for t in new.input]
-        nodes.append(new)
-    nodes = _live(nodes, g.outputs)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    read = {t for n in nodes for t in list(n.input) + implicit_inputs(n)}
-    inputs = {i.name for i in out.graph.input}  # an initializer that is an input's default stays
-    kept = [t for t in list(out.graph.initializer) + extra if t.name in read | g.outputs | inputs]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    made = {o for n in nodes for o in n.output}
-    kept_info = [v for v in out.graph.value_info if v.name in made]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(kept_info)
-    return Simplified(out, infer(out)[1], done)
-
-
-def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
-    """`nodes` without those whose outputs nothing reads (repeatedly), order kept."""
-    alive = list(nodes)
-    while True:
-        read = outputs | {t for n in alive for t in list(n.input) + implicit_inputs(n)}
-        keep = [n for n in alive if any(o in read for o in n.output if o)]
-        if len(keep) == len(alive):
-            return keep
-        alive = keep
+    out = edit.spliced(g.index, replace, initializers=extra, rename=rename, prune=True)
+    return Simplified(out, infer(out)[1], tuple(done))

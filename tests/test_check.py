@@ -92,17 +92,17 @@ def test_speed_below_the_floor_is_measured_again(tmp_path: Path, model_path: Pat
     # and its timings are stood in for: what is checked is how readings become a verdict.
     from types import SimpleNamespace
 
-    from onnxstitch import bench, check
+    from onnxstitch import bench, gate
 
     base = tmp_path / "b.json"
     _invoke("check", str(model_path), "--baseline", str(base), "--update-baseline", "-q")
     data = json.loads(base.read_text())
     base.write_text(json.dumps({**data, "speedup": 5.0}))
     left = list(readings)
-    monkeypatch.setattr(check, "gpu_usable", lambda: True)
-    monkeypatch.setattr(check, "_numerics", lambda *a: ())
+    monkeypatch.setattr(gate, "gpu_usable", lambda: True)
+    monkeypatch.setattr(gate, "_numerics", lambda *a: ())
     monkeypatch.setattr(bench, "run", lambda *a, **k: SimpleNamespace(speedup=left.pop(0)))
-    res = check.run_check(model_path, base)
+    res = gate.run_check(model_path, base)
     assert not left  # every reading taken, none more
     assert res.speedup == max(readings)
     assert (not res.ok) == regressed, res.regressions
