@@ -47,15 +47,19 @@ class BuildPyWithLibrary(build_py):
     """build_py, then the custom-op library into the build tree (not for editable installs)."""
 
     def run(self) -> None:
+        editable = getattr(self, "editable_mode", False)
+        if not editable:
+            # setuptools never empties build/lib: a source file moved or removed since the last
+            # in-tree build would otherwise still reach the wheel.
+            shutil.rmtree(Path(self.build_lib, "onnxstitch"), ignore_errors=True)
         super().run()
-        if getattr(self, "editable_mode", False):
+        if editable:
             return
         rt = _runtime_build()
         try:
             built = rt.build()
         except rt.BuildError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise SystemExit(f"onnxstitch: cannot build {rt.LIBRARY_NAME} for the wheel: {first}") from None
+            raise SystemExit(f"onnxstitch: cannot build {rt.LIBRARY_NAME} for the wheel: {exc}") from None
         target = Path(self.build_lib, *LIBRARY_DIR, rt.LIBRARY_NAME)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, target)

@@ -7,6 +7,8 @@ ORT resolves FusedKernel against it and stops at the missing CPU kernel, as the 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,3 +124,31 @@ def test_bundle_and_output_are_one_choice(tmp_path: Path) -> None:
     res = _invoke("optimize", str(src), "--bundle", str(tmp_path / "b"), "-o", str(tmp_path / "o.onnx"))
     assert res.exit_code == 2 and "--bundle" in res.output
     assert not (tmp_path / "b").exists() and not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_cpp_example_runs_the_bundle(lib: Path, tmp_path: Path) -> None:
+    # examples/cpp: built against ORT's headers and this onnxruntime's libonnxruntime. On the CPU
+    # it runs the fallbacks without the library; with the library it reaches the fused nodes.
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run(["bash", str(root / "examples" / "cpp" / "build.sh"), str(tmp_path / "cpp")],
+                           capture_output=True, text=True, cwd=root, timeout=300,
+                           env={**os.environ, "PYTHON": sys.executable})
+    assert build.returncode == 0, build.stdout + build.stderr
+    model = random_graph(30, seed=2, shape=("batch", 64), opaque_every=7)
+    src, bundle = tmp_path / "m.onnx", tmp_path / "bundle"
+    onnx.save(model, src)
+    assert _invoke("optimize", str(src), "--bundle", str(bundle), "-q").exit_code == 0
+    exe, stitched = str(tmp_path / "cpp" / "run_stitched"), str(bundle / "m.stitched.onnx")
+    run = subprocess.run([exe, stitched, "--cpu", "--dim", "batch=3"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    shapes = dict(re.findall(r"^output (\S+) float32 (\[.*\])$", run.stdout, re.M))
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    feeds = random_feeds(model, seed=0, dim_values={"batch": 3})
+    expected = {o.name: str(list(v.shape)) for o, v in zip(ref.get_outputs(), ref.run(None, feeds))}
+    assert shapes == expected, run.stdout
+    with_lib = subprocess.run([exe, stitched, "--cpu", "--library", str(bundle / lib.name)], capture_output=True,
+                              text=True, timeout=120)
+    # ORT's NOT_IMPLEMENTED: the library's schema took the node, and it has no CPU kernel
+    assert with_lib.returncode == 1 and "Could not find an implementation for FusedKernel" in with_lib.stderr, \
+        with_lib.stderr
