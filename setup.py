@@ -29,7 +29,6 @@ except ImportError:  # older setuptools: the wheel package's command
 
 ROOT = Path(__file__).resolve().parent
 BUILD_MODULE = ROOT / "onnxstitch" / "runtime" / "build.py"
-LIBRARY_DIR = ("onnxstitch", "runtime", "lib")  # must match onnxstitch.runtime.build.PACKAGED_LIBRARY
 
 
 def _runtime_build() -> ModuleType:
@@ -60,7 +59,7 @@ class BuildPyWithLibrary(build_py):
             built = rt.build()
         except rt.BuildError as exc:
             raise SystemExit(f"onnxstitch: cannot build {rt.LIBRARY_NAME} for the wheel: {exc}") from None
-        target = Path(self.build_lib, *LIBRARY_DIR, rt.LIBRARY_NAME)
+        target = Path(self.build_lib) / rt.PACKAGED_LIBRARY.relative_to(ROOT)  # where library_path() looks
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, target)
         print(f"onnxstitch: packaged {built} as {target}")
