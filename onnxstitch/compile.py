@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .schemes.source import KernelSource, code_of
-from .errors import CompileError, first_line
+from .errors import BadInputError, CompileError, first_line
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _BASE_OPTIONS = ("-std=c++17",)  # no fast-math: NaN/Inf and rounding stay as ONNX Runtime's
@@ -79,13 +79,19 @@ def _cached(src: KernelSource, target: str, want_ptx: bool) -> bytes:
     return data
 
 
+def arch_number(arch: str) -> int:
+    """"sm_90" (or "sm_90a") → 90, as the runtime compares it with the device's major*10+minor;
+    a value of another form is the user's error."""
+    digits = arch[3:].rstrip("a") if arch.startswith("sm_") else ""
+    if not digits.isdigit():
+        raise BadInputError(f"--arch {arch}: expected a value like sm_90")
+    return int(digits)
+
+
 def _targets(archs: Sequence[str]) -> tuple[tuple[str, ...], str]:
     """`archs` sorted and checked, and the PTX target (the lowest arch's virtual one)."""
-    archs = tuple(sorted(set(archs), key=lambda a: int(a.split("_")[1].rstrip("a"))))
-    for a in archs:
-        if not a.startswith("sm_") or not a[3:].rstrip("a").isdigit():
-            raise CompileError(f"--arch {a}: expected a value like sm_90")
-    return archs, "compute_" + archs[0][3:].rstrip("a")
+    archs = tuple(sorted(set(archs), key=arch_number))
+    return archs, f"compute_{arch_number(archs[0])}"
 
 
 def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> CompiledKernel:

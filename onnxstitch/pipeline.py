@@ -170,7 +170,7 @@ class Options:
     @property
     def clusters(self) -> bool:
         """Split rows need thread-block clusters: planned only when an sm_90+ image is built."""
-        return any(int(a[3:].rstrip("a")) >= 90 for a in self.archs if a[3:].rstrip("a").isdigit())
+        return any(nvrtc_compile.arch_number(a) >= 90 for a in self.archs)
 
 
 class _Stages:

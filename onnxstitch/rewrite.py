@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .compile import CompiledKernel
+from .compile import CompiledKernel, arch_number
 from .schemes import registry
 from . import ops
 from .folds import concats, slices, views
@@ -23,12 +23,7 @@ OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
-                "input_boxes", "input_windows", "attention")
-
-
-def arch_number(arch: str) -> int:
-    """"sm_90" (or "sm_90a") → 90, as the runtime compares it with the device's major*10+minor."""
-    return int(arch.split("_")[1].rstrip("abcdefghijklmnopqrstuvwxyz"))
+                "input_boxes", "input_windows")
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,8 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     formal = [t if t not in formal[:k] else f"{t}~{k}" for k, t in enumerate(formal)]
     fn = helper.make_function(DOMAIN, OP_TYPE, formal, list(src.outputs), body,
                               [o for o in model.opset_import if o.domain != DOMAIN],
-                              attributes=list(KERNEL_ATTRS))
+                              attributes=[*KERNEL_ATTRS, *(a.name for a in registry.get(src.scheme).attributes(src)
+                                                           if a.name not in KERNEL_ATTRS)])
     fn.overload = group.name
     return fn
 

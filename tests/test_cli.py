@@ -77,6 +77,15 @@ def test_bad_shape_option(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--shape" in res.output
 
 
+@pytest.mark.parametrize("arch", ["gfx90", "sm_", "compute_90"])
+def test_bad_arch_option(tmp_path: Path, arch: str) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(chain(3), src)
+    res = _invoke("optimize", str(src), "--arch", arch, "-o", str(tmp_path / "o.onnx"))
+    assert res.exit_code == 2 and f"--arch {arch}: expected a value like sm_90" in res.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
 @pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
 def test_optimize_chain_writes_one_kernel_and_same_outputs(tmp_path: Path, dtype: int) -> None:
     src, out, rep = tmp_path / "chain.onnx", tmp_path / "chain.stitched.onnx", tmp_path / "plan.json"
