@@ -7,7 +7,9 @@
 # then, where g++ is there, builds examples/cpp/run_stitched against the ORT headers carried in
 # .whl/ort-include and the libonnxruntime of the staged onnxruntime-gpu, and runs the bundle with it.
 # Logs under $OUT (gpu_deploy.log, the bundle's README, ORT profiles).
-#   here:  rm -rf .whl && python3 -m pip wheel -q --no-deps -w .whl . && cp -rL "$(python3 -c \
+#   here (the wheel of the last commit, headers from where onnxstitch finds them):
+#          rm -rf .whl /tmp/onnxstitch-src && mkdir /tmp/onnxstitch-src && git archive HEAD | tar x -C /tmp/onnxstitch-src \
+#          && python3 -m pip wheel -q --no-deps -w .whl /tmp/onnxstitch-src && cp -rL "$(python3 -c \
 #            'from onnxstitch.runtime.build import find_ort_include as f; print(f())')" .whl/ort-include
 #   there: bash scripts/gpu_deploy.sh                       (carry .whl; staged packages in /tmp/site)
 set -uo pipefail
