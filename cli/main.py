@@ -1,4 +1,4 @@
-"""Entry point: `onnxstitch optimize | bench | build-library`."""
+"""Entry point: `onnxstitch optimize | bench | check | explain | build-library`."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnxstitch import __version__, bundle
+from onnxstitch import explain as explain_mod
 from onnxstitch.errors import BadInputError
 from onnxstitch.load import save
 
@@ -89,6 +90,8 @@ def _summary(report, out: Path) -> Table:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Stitched model (default MODEL.stitched.onnx).")
 @click.option("--shape", "shape", multiple=True, help="Planning sizes: batch=8,seq=128 or input=8x128.")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the plan as JSON.")
+@click.option("--plan-picture", "picture", type=click.Path(path_type=Path),
+              help="Draw the plan (fused groups coloured by scheme, why neighbours were left out) as .html or .svg.")
 @click.option("--bundle", "bundle_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write a deployable folder: the stitched model, the custom-op library, a README.")
 @click.option("--arch", "archs", multiple=True, default=("sm_80", "sm_90"), show_default=True,
@@ -108,11 +111,13 @@ def _summary(report, out: Path) -> Table:
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, attention: bool, verbose: bool, quiet: bool) -> None:
+             pack: bool, merge: bool, attention: bool, picture: Path | None, verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
     shapes = parse_shapes(shape)
+    if picture:
+        explain_mod.format_of(picture)  # a wrong suffix fails before the work, not after
     library = None
     if bundle_dir is not None:
         if output is not None:
@@ -137,6 +142,8 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps(result.report.to_json(), indent=2))
+    if picture:
+        explain_mod.write(result.report.to_json(), picture, title=model.name)
     if not quiet:
         console.print(_summary(result.report, out))
         if result.report.plan.message:
@@ -268,6 +275,31 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
             click.echo(f"onnxstitch: error: regression: {r}", err=True)
     if failed:
         sys.exit(1)
+
+
+@main.command("explain")
+@click.argument("report", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The picture: .html (self-contained page) or .svg.")
+@click.option("--title", help="Title above the picture (default: the report's file name).")
+@verbosity
+def explain(report: Path, output: Path, title: str | None, verbose: bool, quiet: bool) -> None:
+    """Draw the plan of REPORT (a JSON written by `optimize --report`) as a picture."""
+    explain_mod.format_of(output)
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BadInputError(f"{report}: cannot read the report ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{report}: not a JSON report ({e})") from None
+    if not isinstance(data, dict):
+        raise BadInputError(f"{report}: not an onnxstitch report (expected a JSON object)")
+    try:
+        explain_mod.write(data, output, title=title or report.name)
+    except BadInputError as e:
+        raise BadInputError(f"{report}: {e}") from None
+    if not quiet:
+        console.print(f"plan picture written to {output}")
 
 
 @main.command("build-library")

@@ -17,6 +17,7 @@ from . import pack as pack_mod, rewrite, siblings, simplify as simplify_mod
 from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
+from .explain.outline import GraphOutline, outline
 from .errors import StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
 from .schemes import registry, source as source_mod
@@ -52,6 +53,8 @@ class Report:
     # Attention chains run as one kernel each (attention.py), and the near-misses with why.
     attention: tuple[str, ...] = ()
     attention_refusals: tuple[str, ...] = ()
+    # The planned graph's nodes and edges (the groups' node ids index it): for plan pictures.
+    graph: GraphOutline | None = None
 
     @property
     def wall_seconds(self) -> float:
@@ -85,6 +88,7 @@ class Report:
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
             "attention": {"kernels": list(self.attention), "refusals": list(self.attention_refusals)},
             "plan": plan,
+            "graph": self.graph.to_json() if self.graph else None,
         }
 
 
@@ -148,7 +152,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                     tuple(kernels[0].archs) if kernels else opts.archs, g.dim_values, stage.times, kinfo,
                     written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
-                    tuple(x.describe() for x in found.matches), found.refusals)
+                    tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model))
     return OptimizeResult(written.model, report, given.weights)
 
 
