@@ -53,13 +53,12 @@ def svg(view: PlanView, title: str) -> str:
     texts = [_text(u) for u in view.units]
     sizes = [(t.width, 2 * PAD + LINE * len(t.lines)) for t in texts]
     lay = layered(sizes, view.edges, GAP_X, GAP, top=HEADER)
-    width = max(lay.width, 1060.0)  # the caption's width
-    root = ET.Element("svg", xmlns="http://www.w3.org/2000/svg", width=_n(width), height=_n(lay.height),
-                      viewBox=f"0 0 {_n(width)} {_n(lay.height)}",
+    root = ET.Element("svg", xmlns="http://www.w3.org/2000/svg",
                       style=f"font-family: DejaVu Sans Mono, Menlo, Consolas, monospace; font-size: {FONT:g}px")
     _defs(root)
     ET.SubElement(root, "rect", width="100%", height="100%", fill="#ffffff")
-    _caption(root, view, title)
+    width = _n(max(lay.width, _caption(root, view, title)))
+    root.attrib |= {"width": width, "height": _n(lay.height), "viewBox": f"0 0 {width} {_n(lay.height)}"}
     refused = _refused_edges(view)
     edges = ET.SubElement(root, "g", {"class": "edges"})
     for r in lay.routes:
@@ -110,19 +109,24 @@ def _text(u: Unit) -> Text:
     if u.kind == GROUP:
         return _group_text(u)
     if u.kind == LAYERS:
-        c = u.collapsed
-        assert c is not None
-        schemes = ", ".join(f"{s} {k}" for s, k in sorted(c.schemes.items()))
-        lines = [f"× {c.count} identical layers", f"{c.first} … {c.last}",
-                 *_wrap(f"{c.groups} fused groups ({schemes})", 2), f"{c.ort_nodes} nodes left to ONNX Runtime",
-                 f"{_size(u.predicted_bytes)} · {u.predicted_us:,.1f} µs fused"]
-        return Text(tuple(lines), "\n".join(lines) + "\neach planned like the layer drawn before the box", WIDE)
+        return _layers_text(u)
     head = f"{u.ops[0]} · " + ("ONNX Runtime" if u.kind == ORT else "left alone")
     lines = [head, *_wrap(u.name, 1, NARROW)]
     if u.kind == ORT and u.reason and not u.reason.endswith(_GENERIC):
         lines += _wrap(u.reason, 2, NARROW)
     why = u.reason if u.kind == ORT else "fusible, but the plan found no group that pays for it"
     return Text(tuple(lines), f"{u.name} ({u.ops[0]})\n{why}", NARROW)
+
+
+def _layers_text(u: Unit) -> Text:
+    c = u.collapsed
+    assert c is not None
+    schemes = ", ".join(f"{s} {k}" for s, k in sorted(c.schemes.items()))
+    fused = [*_wrap(f"{_count(c.groups, 'fused group')} ({schemes})", 2),
+             f"{_size(u.predicted_bytes)} · {u.predicted_us:,.1f} µs fused"] if c.groups else ["0 fused groups"]
+    lines = [f"× {c.count} identical layers", f"{c.first} … {c.last}", *fused,
+             f"{_count(c.ort_nodes, 'node')} left to ONNX Runtime"]
+    return Text(tuple(lines), "\n".join(lines) + "\neach planned like the layer drawn before the box", WIDE)
 
 
 def _group_text(u: Unit) -> Text:
@@ -174,19 +178,21 @@ def _defs(root: ET.Element) -> None:
         ET.SubElement(m, "path", d="M0,0 L8,4 L0,8 z", fill=colour)
 
 
-def _caption(root: ET.Element, view: PlanView, title: str) -> None:
+def _caption(root: ET.Element, view: PlanView, title: str) -> float:
+    """Title, totals and legend at the top; returns how wide they are."""
     t = view.totals
     speed = f" ({t.us_before / t.us_after:.2f}×)" if t.us_after > 0 else ""
     line = (f"kernels {t.kernels_before} → {t.kernels_after} · predicted {t.us_before:,.1f} µs → "
             f"{t.us_after:,.1f} µs{speed} · bytes moved {_size(t.bytes_before)} → {_size(t.bytes_after)} · "
             f"{t.groups} fused groups")
-    hidden = [f"{t.shape_only} nodes whose results are read only as shapes"] if t.shape_only else []
-    hidden += [f"{t.constant} nodes on constants only (ONNX Runtime folds them)"] if t.constant else []
+    hidden = [f"{_count(t.shape_only, 'node')} whose results are read only as shapes"] if t.shape_only else []
+    hidden += [f"{_count(t.constant, 'node')} on constants only (ONNX Runtime folds them)"] if t.constant else []
     g = ET.SubElement(root, "g", {"class": "caption"})
     ET.SubElement(g, "text", x="20", y="26", style="font-size: 16px; font-weight: bold").text = title
+    note = f"not drawn: {', '.join(hidden)}" if hidden else ""
     ET.SubElement(g, "text", x="20", y="46").text = line
-    if hidden:
-        ET.SubElement(g, "text", x="20", y="62").text = f"not drawn: {', '.join(hidden)}"
+    if note:
+        ET.SubElement(g, "text", x="20", y="62").text = note
     x = 20.0
     for key, label in (("elementwise", "elementwise"), ("rows", "rows"), ("attention", "attention"),
                        (ORT, "ONNX Runtime"), (SINGLE, "fusible, left alone"), (LAYERS, "collapsed layers"),
@@ -197,7 +203,12 @@ def _caption(root: ET.Element, view: PlanView, title: str) -> None:
         x += 19 + GLYPH * len(label) + 16
     ET.SubElement(g, "path", d=f"M{_n(x)},81 h24", stroke="#dc2626", fill="none",
                   **{"stroke-dasharray": "4 3", "stroke-width": "1.5"})
-    ET.SubElement(g, "text", x=_n(x + 29), y="85").text = "not fused (why: in the box)"
+    ET.SubElement(g, "text", x=_n(x + 29), y="85").text = last = "not fused (why: in the box)"
+    return max(x + 29 + GLYPH * len(last), 20 + GLYPH * max(len(line), len(note))) + 20
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _edge(parent: ET.Element, r: Route, refused: str | None) -> None:
