@@ -1,8 +1,10 @@
 """Attention cores as exporters write them (MatMul q·kᵀ → Mul scale → Add mask → Softmax →
-MatMul ·v → Transpose), at chosen shapes, and an independent float64 reference."""
+MatMul ·v → Transpose; transformers' SDPA with its scales before the product, Where masks and
+NaN guard), at chosen shapes, and independent float64 references."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import onnx
@@ -10,9 +12,6 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from onnxstitch import graph as graph_mod, load, shapes
-
-
-
 from onnxstitch.schemes.attention import match as attention
 
 
@@ -245,3 +244,176 @@ def attention_graph(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, atte
     m, dims = shapes.resolve_shapes(m, {})
     g = graph_mod.build(m, shapes.infer(m)[1], dims)
     return g, attention.find(g)
+
+
+# transformers' SDPA attention as torch.onnx writes it (issue 22), node for node as in
+# build/corpus/distilbert-{dynamo,ts}.onnx: q (and k) scaled before the product, the mask made
+# additive by Where or applied to the scores by Where, and Where(IsNaN(p), 0, p) after the
+# Softmax.
+FLOAT_MIN = float(np.finfo(np.float32).min)  # the dynamo exporter's fill; TorchScript's is -inf
+
+
+@dataclass(frozen=True)
+class Sdpa:
+    """A core (lead (b, h); `core.mask` the boolean mask's shape or None) written as an exporter
+    writes SDPA.
+
+    exporter "dynamo": kᵀ = Reshape [b, h, d, s] ← Transpose [0, 2, 1] ← Reshape [b·h, s, d] ←
+    k [b, h, s, d], masks filled with float32's minimum; "ts": kᵀ = Transpose [0, 2, 3, 1] ←
+    k [b, s, h, d], masks filled with -inf. scale "both": Mul by d^-1/4 on q and on kᵀ; "q": Mul
+    by d^-1/2 on q alone; "div": Div by d^1/4 on each. mask "additive": scores + Where(mask, 0,
+    fill); "keep": Where(mask, scores, fill); "drop": Where(mask, fill, scores). `guard`:
+    Where(IsNaN(p), 0, p) after the Softmax."""
+
+    core: Core
+    exporter: str = "dynamo"
+    scale: str = "both"
+    mask: str = "additive"
+    guard: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.exporter}-{self.scale}-{self.mask if self.core.mask else 'nomask'}" \
+               f"{'-guard' if self.guard else ''}-{self.core.id}"
+
+    @property
+    def fill(self) -> float:
+        return FLOAT_MIN if self.exporter == "dynamo" else -np.inf
+
+    @property
+    def factors(self) -> tuple[float, float]:
+        """The float32 constants multiplying q and kᵀ (a Div's divisor inverted)."""
+        d = self.core.d
+        if self.scale == "q":
+            return float(np.float32(d ** -0.5)), 1.0
+        if self.scale == "div":
+            return (1 / float(np.float32(d ** 0.25)),) * 2
+        return (float(np.float32(d ** -0.25)),) * 2
+
+
+def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
+    """The core of `s` with inputs q [b, h, sq, d], k (see Sdpa), v [b, h, sk, d] and the
+    boolean mask; output y."""
+    c = s.core
+    (b, h), d = c.lead, c.d
+    vi, mk = helper.make_tensor_value_info, helper.make_node
+    scalar = lambda name, x: numpy_helper.from_array(np.array(x, np.float32), name)  # noqa: E731
+    inits = [scalar("zero", 0.0)] if s.guard or (c.mask is not None and s.mask == "additive") else []
+    inits += [scalar("fill", s.fill)] if c.mask is not None else []
+    k_shape = [b, h, c.sk, d] if s.exporter == "dynamo" else [b, c.sk, h, d]
+    ins = [vi("q", TP.FLOAT, [b, h, c.sq, d]), vi("k", TP.FLOAT, k_shape), vi("v", TP.FLOAT, [b, h, c.sk, d])]
+    if s.exporter == "dynamo":
+        inits += [numpy_helper.from_array(np.array(x, np.int64), n)
+                  for n, x in (("flat", [b * h, c.sk, d]), ("split", [b, h, d, c.sk]))]
+        nodes = [mk("Reshape", ["k", "flat"], ["k_flat"]), mk("Transpose", ["k_flat"], ["kt_flat"], perm=[0, 2, 1]),
+                 mk("Reshape", ["kt_flat", "split"], ["kt"])]
+    else:
+        nodes = [mk("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1])]
+    op = "Div" if s.scale == "div" else "Mul"
+    factor = {"q": d ** -0.5, "div": d ** 0.25}.get(s.scale, d ** -0.25)
+    inits.append(scalar("factor", factor))
+    q, kt = "q", "kt"
+    nodes.append(mk(op, ["q", "factor"], ["q_scaled"]))
+    q = "q_scaled"
+    if s.scale != "q":
+        nodes.append(mk(op, ["kt", "factor"], ["kt_scaled"]))
+        kt = "kt_scaled"
+    nodes.append(mk("MatMul", [q, kt], ["scores"]))
+    last = "scores"
+    if c.mask is not None:
+        ins.append(vi("mask", TP.BOOL, list(c.mask)))
+        if s.mask == "additive":
+            nodes += [mk("Where", ["mask", "zero", "fill"], ["bias"]), mk("Add", ["scores", "bias"], ["masked"])]
+        else:
+            kept = ["scores", "fill"] if s.mask == "keep" else ["fill", "scores"]
+            nodes.append(mk("Where", ["mask", *kept], ["masked"]))
+        last = "masked"
+    nodes.append(mk("Softmax", [last], ["p"], axis=-1))
+    probs = "p"
+    if s.guard:
+        nodes += [mk("IsNaN", ["p"], ["p_nan"]), mk("Where", ["p_nan", "zero", "p"], ["p_guarded"])]
+        probs = "p_guarded"
+    nodes.append(mk("MatMul", [probs, "v"], ["ctx"]))
+    out_shape = [b, h, c.sq, d]
+    if c.transposed:
+        nodes.append(mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3]))
+        out_shape = [b, c.sq, h, d]
+    else:
+        nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "sdpa", ins, [vi("y", TP.FLOAT, out_shape)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def sdpa_feeds(s: Sdpa, rng: np.random.Generator, blank_rows: bool = False) -> dict[str, np.ndarray]:
+    """Random q, k, v and a boolean mask dropping a tenth of the keys, never a whole row unless
+    `blank_rows`: then batch 0's first query row (every row of batch 0 when the mask does not
+    vary by query) attends to nothing."""
+    c = s.core
+    (b, h), d = c.lead, c.d
+    k_shape = (b, h, c.sk, d) if s.exporter == "dynamo" else (b, c.sk, h, d)
+    feeds = {"q": rng.standard_normal((b, h, c.sq, d)), "k": rng.standard_normal(k_shape),
+             "v": rng.standard_normal((b, h, c.sk, d))}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    if c.mask is not None:
+        mask = rng.random(c.mask) >= 0.1
+        mask[..., 0] = True
+        if blank_rows:
+            mask[0, ..., 0, :] = False
+        feeds["mask"] = mask if s.mask != "drop" else ~mask  # "drop": true where a key is dropped
+    return feeds
+
+
+def sdpa_reference(s: Sdpa, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The context in float64 from the inputs, with the model's float32 scale constants: NaN
+    where a row's every score is -inf, or 0 there with the guard."""
+    c = s.core
+    q, k, v = (feeds[n].astype(np.float64) for n in ("q", "k", "v"))
+    kt = k.transpose(0, 1, 3, 2) if s.exporter == "dynamo" else k.transpose(0, 2, 3, 1)
+    fq, fk = s.factors
+    scores = (q * fq) @ (kt * fk)
+    if c.mask is not None:
+        mask = feeds["mask"]
+        if s.mask == "additive":
+            scores = scores + np.where(mask, 0.0, s.fill)
+        else:
+            scores = np.where(mask if s.mask == "keep" else ~mask, scores, s.fill)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        p = e / e.sum(-1, keepdims=True)
+    if s.guard:
+        p = np.where(np.isnan(p), 0.0, p)
+    y = p @ v
+    return y.transpose(0, 2, 1, 3) if c.transposed else y
+
+
+def tensor_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+    """The values of tensors `names` of `model` over `feeds`, as ONNX Runtime on the CPU computes
+    them (a kernel's inputs that the model computes before it)."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    inferred = onnx.shape_inference.infer_shapes(m)
+    known = {v.name: v for v in list(inferred.graph.value_info) + list(m.graph.input) + list(m.graph.output)}
+    wanted = [t for t in names if t not in feeds]
+    m.graph.output.extend(known[t] for t in wanted if t not in {o.name for o in m.graph.output})
+    got = dict(zip([o.name for o in m.graph.output],
+                   ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)))
+    consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    return [feeds[t] if t in feeds else consts[t] if t in consts else got[t] for t in names]
+
+
+# SDPA cores the tests run: both exporters, each scale placement, additive and boolean masks
+# (kept where true, or where false), masks per key or per (query, key), with and without the
+# guard, rank-4 heads transposed back or not, ragged tiles.
+SDPA = [
+    Sdpa(Core((2, 3), 70, 70, 64, (2, 1, 1, 70))),
+    Sdpa(Core((2, 3), 70, 70, 64, (2, 1, 1, 70)), exporter="ts"),
+    Sdpa(Core((1, 2), 33, 130, 32, (1, 1, 33, 130), transposed=False), exporter="ts", scale="q"),
+    Sdpa(Core((2, 2), 20, 64, 16, (2, 1, 20, 64)), scale="div", mask="keep"),
+    Sdpa(Core((2, 2), 20, 70, 16, (2, 2, 20, 70), transposed=False), exporter="ts", mask="drop"),
+    Sdpa(Core((2, 2), 65, 65, 32, None), exporter="ts", guard=False),
+    Sdpa(Core((1, 2), 40, 40, 16, (1, 1, 40, 40)), exporter="ts", mask="keep", guard=False),
+]

@@ -1,10 +1,12 @@
 """Attention chains on the CPU: which chains become one kernel and why others do not
-(attention.py), the plan and report around them, the stitched model through its fallback
+(attention.py; the eager forms and transformers' SDPA as both exporters write it), the plan and report around them, the stitched model through its fallback
 function against the original on fresh random inputs, TF32-aware verification, and the
 runtime's "attention" shape rule up to the first driver call (the CPU-EP test build)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,9 @@ from onnxstitch.schemes.attention import match as attention
 from onnxstitch.schemes.attention.spec import AttentionSpec
 from onnxstitch.runtime import build as rtbuild
 
-from .attention_models import (CORES, PROJECTED, Core, Projected, attention_graph, core_feeds, core_model, core_reference,
-                               projected_feeds, projected_model, projected_reference, relative_error)
+from .attention_models import (CORES, PROJECTED, SDPA, Core, Projected, Sdpa, attention_graph, core_feeds, core_model,
+                               core_reference, projected_feeds, projected_model, projected_reference, relative_error,
+                               sdpa_feeds, sdpa_model, sdpa_reference)
 from .stitching import fresh_seed
 
 SMALL = Core((2, 3), 10, 10, 16, (2, 1, 1, 10))
@@ -366,3 +369,121 @@ def test_a_long_mask_computation_stays_one_group_beside_the_chain() -> None:
     groups = res.report.plan.groups
     assert sorted(grp.scheme for grp in groups) == ["attention", "elementwise"]
     assert [len(grp.nodes) for grp in groups if grp.scheme == "elementwise"] == [len(ops)]
+
+
+# transformers' SDPA as the exporters write it (attention_models.Sdpa).
+
+@pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
+def test_sdpa_forms_are_one_chain(s: Sdpa) -> None:
+    g, f = attention_graph(sdpa_model(s))
+    (m,) = f.matches
+    assert not f.refusals
+    fq, fk = s.factors
+    assert m.scale == fq * fk  # the float32 constants' product, folded exactly
+    assert (m.q, m.kt, m.v, m.guarded) == ("q", "kt", "v", s.guard)
+    ops = sorted(g.nodes[i].op_type for i in m.nodes)
+    scales = ["Div" if s.scale == "div" else "Mul"] * (1 if s.scale == "q" else 2)
+    masks = [] if s.core.mask is None else ["Add"] if s.mask == "additive" else ["Where"]
+    want = ["MatMul", "MatMul", "Softmax"] + scales + masks + ["IsNaN", "Where"] * s.guard + ["Transpose"] * s.core.transposed
+    assert ops == sorted(want)
+    if s.core.mask is None:
+        assert m.masks == () and m.select is None
+    elif s.mask == "additive":  # Where(mask, 0, fill) is computed before the chain, once
+        assert m.masks == ("bias",) and m.select is None
+    else:
+        assert m.masks == () and m.select == attention.Select("mask", s.mask == "keep", s.fill)
+
+
+def _sdpa_edited(s: Sdpa, edit) -> onnx.ModelProto:
+    model = sdpa_model(s)
+    edit(model.graph)
+    return model
+
+
+def _node(g: onnx.GraphProto, output: str) -> onnx.NodeProto:
+    return next(n for n in g.node if output in n.output)
+
+
+def _guard_of_half(g: onnx.GraphProto) -> None:
+    g.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    _node(g, "p_guarded").input[1] = "half"
+
+
+def _reshaped_scores(g: onnx.GraphProto) -> None:
+    # DeBERTa reshapes its scores between the product and the Softmax.
+    g.initializer.append(onnx.numpy_helper.from_array(np.array([2, 3, 10, 10], np.int64), "same"))
+    g.node.insert(list(g.node).index(_node(g, "scores")) + 1, helper.make_node("Reshape", ["scores", "same"], ["scores_r"]))
+    _node(g, "masked").input[0] = "scores_r"
+
+
+def _three_terms(g: onnx.GraphProto) -> None:
+    add = _node(g, "masked")
+    add.output[0] = "masked1"
+    at = list(g.node).index(add) + 1
+    for k, (x, y) in enumerate((("masked1", "masked2"), ("masked2", "masked"))):
+        g.node.insert(at + k, helper.make_node("Add", [x, "bias"], [y]))
+
+
+def _boolean_before_a_term(g: onnx.GraphProto) -> None:
+    where = _node(g, "masked")
+    where.output[0] = "selected"
+    g.node.insert(list(g.node).index(where) + 1, helper.make_node("Add", ["selected", "q_bias"], ["masked"]))
+    g.input.append(helper.make_tensor_value_info("q_bias", TP.FLOAT, [10]))
+
+
+SMALL_SDPA = Sdpa(SMALL)
+
+
+@pytest.mark.parametrize("model,reason", [
+    (_sdpa_edited(SMALL_SDPA, _guard_of_half), "reach the second MatMul through IsNaN, Where"),
+    (_sdpa_edited(SMALL_SDPA, _reshaped_scores), "Reshape 'scores_r' between the scores' product and the Softmax"),
+    (_sdpa_edited(SMALL_SDPA, _three_terms), "more terms than the kernel adds"),
+    (_sdpa_edited(dataclasses.replace(SMALL_SDPA, mask="keep"), _boolean_before_a_term),
+     "a boolean mask before an added term"),
+    (_sdpa_edited(SMALL_SDPA, _extra_output), "'p' is also read outside the chain"),
+], ids=["guard-not-zero", "reshaped-scores", "three-terms", "boolean-before-term", "probabilities-read-outside"])
+def test_sdpa_near_misses_name_what_stops_them(model: onnx.ModelProto, reason: str) -> None:
+    f = found(model)
+    assert not f.matches and len(f.refusals) == 1
+    assert f.refusals[0].startswith("attention at 'p': ") and reason in f.refusals[0], f.refusals[0]
+
+
+def test_a_scale_read_elsewhere_stays_outside_the_chain() -> None:
+    # q·d^-1/4 is also a graph output: ONNX Runtime computes it anyway, and the kernel reads it
+    # with kᵀ's factor alone as its scale.
+    model = sdpa_model(SMALL_SDPA)
+    model.graph.output.append(helper.make_tensor_value_info("q_scaled", TP.FLOAT, [2, 3, 10, 16]))
+    (m,) = found(model).matches
+    assert m.q == "q_scaled" and m.scale == SMALL_SDPA.factors[1]
+
+
+@pytest.mark.parametrize("s", [SDPA[1], SDPA[3]], ids=lambda s: s.id)
+def test_stitched_sdpa_core_runs_anywhere_through_its_function(s: Sdpa) -> None:
+    # Verified inside optimize on ONNX Runtime's CPU (the fused node runs its function there),
+    # then run on inputs with rows that attend to nothing.
+    res = onnxstitch.optimize(sdpa_model(s), strict=True)
+    assert [grp.scheme for grp in res.report.plan.groups].count("attention") == 1
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()), blank_rows=True)
+    (got,) = run_cpu(res.model, feeds)
+    want = sdpa_reference(s, feeds)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    keep = ~np.isnan(want)
+    assert relative_error(got[keep], want[keep]) <= 1e-5
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "build" / "corpus"
+
+
+@pytest.mark.skipif(not (CORPUS / "manifest.json").exists(), reason="needs build/corpus (scripts/build_corpus.py)")
+@pytest.mark.parametrize("name", ["distilbert-dynamo", "roberta-dynamo", "clip-text-dynamo", "qwen2-dynamo",
+                                  "distilbert-ts", "bert-ts"])
+def test_exported_sdpa_models_get_one_attention_kernel_per_layer(name: str) -> None:
+    # Verified on ONNX Runtime's CPU inside optimize (the fused nodes run their functions there).
+    entry = {m["name"]: m for m in json.loads((CORPUS / "manifest.json").read_text())["models"]}[name]
+    layers = int(re.search(r"\b(?:num_hidden_layers|n_layers)=(\d+)", entry["origin"]).group(1))
+    res = onnxstitch.optimize(str(CORPUS / entry["file"]), shapes=entry["shapes"], strict=True)
+    chains = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
+    assert len(chains) == len(res.report.attention) == layers and not res.report.attention_refusals
+    assert res.report.verification is not None and res.report.verification.tensors_checked
+    kernels = {k["group"]: k for k in res.report.kernels}
+    assert all(kernels[grp.name]["scheme"] == "attention" for grp in chains)

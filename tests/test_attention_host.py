@@ -9,7 +9,13 @@ The cases walk whole and ragged tiles of queries and keys (64 each), cross atten
 the context stored transposed to [b, s, h, d] or not, T5's position bias before a mask, and
 BERT's padding mask (-3.4e38 on some keys, a whole tile of keys masked in one case) whose keys
 must get no weight: their rows of v are then overwritten with 1e4 and the context must not
-change. Each case runs the default kernel and the variants scripts/bench_attention.py compares."""
+change. Each case runs the default kernel and the variants scripts/bench_attention.py compares.
+
+transformers' SDPA forms (attention_models.Sdpa, both exporters) run the same way: q and kᵀ
+scaled before the product (one folded scale in the kernel), additive masks made by Where,
+boolean masks on the scores (kept where true or where false, filled with -inf or float32's
+minimum), and the NaN guard: rows whose every key is masked with -inf give exactly 0 with the
+guard, NaN without it (as ONNX Runtime's Softmax)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +27,9 @@ from onnx import numpy_helper
 
 from onnxstitch.schemes.attention import codegen as codegen_attention
 
-from .attention_models import (PROJECTED, Core, attention_graph, core_feeds, core_model, core_reference, projected_feeds,
-                               projected_model, projected_reference, relative_error)
+from .attention_models import (PROJECTED, SDPA, Core, Sdpa, attention_graph, core_feeds, core_model, core_reference,
+                               projected_feeds, projected_model, projected_reference, relative_error, sdpa_feeds,
+                               sdpa_model, sdpa_reference, tensor_values)
 from .host_kernels import HAVE_GXX, launch
 from .stitching import fresh_seed
 
@@ -133,7 +140,8 @@ def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
     model = projected_model(p, rng)
     match, src = generated(model, OPTIONS[variant])
     assert len(match.projections) == 3 and match.biased == p.biased
-    assert src.spec.projected and len(src.spec.encode()) == 11 and src.spec.heads == p.core.lead[1]
+    assert src.spec.projected and src.spec.heads == p.core.lead[1]
+    assert src.spec.attributes()["attention_column_offsets"] == [x.offset for x in match.projections]
     feeds = projected_feeds(p, rng)
     values = feeds | {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     if p.source == "matmul":  # the projections' products, which ONNX Runtime computes
@@ -145,3 +153,57 @@ def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
     assert np.isfinite(got).all(), f"{p.id} (seed {seed}): elements not written or not finite"
     err = relative_error(got, expected)
     assert err <= TOLERANCE, f"{p.id} (seed {seed}): relative error {err:.2e}"
+
+
+def run_sdpa(s: Sdpa, rng: np.random.Generator, folder, options=codegen_attention.AttentionOptions(),
+             blank_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(the kernel's context, the float64 reference) over fresh random inputs; the kernel's
+    inputs that the model computes before the chain (kᵀ, an additive mask) from ONNX Runtime."""
+    model = sdpa_model(s)
+    match, src = generated(model, options)
+    assert match.guarded == s.guard and src.spec.guarded == s.guard
+    assert src.spec.boolean_mask == (s.core.mask is not None and s.mask != "additive")
+    feeds = sdpa_feeds(s, rng, blank_rows=blank_rows)
+    ins = tensor_values(model, feeds, src.inputs)
+    expected = sdpa_reference(s, feeds)
+    got = np.full(expected.shape, np.nan, np.float32)  # poisoned: every element must be written
+    launch(src, ins, [got], folder)
+    return got, expected
+
+
+def _finite_rows_error(got: np.ndarray, expected: np.ndarray) -> float:
+    keep = np.isfinite(expected)
+    return relative_error(got[keep], expected[keep])
+
+
+@pytest.mark.parametrize("variant", ["default", "keys-128"])
+@pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
+def test_sdpa_kernel_matches_float64(s: Sdpa, variant: str, folder) -> None:
+    seed = fresh_seed()
+    # Rows with nothing to attend to where the guard makes them 0 (-inf fills; a finite fill
+    # leaves such a row a plain Softmax).
+    blank = s.guard and s.core.mask is not None and s.fill == -np.inf
+    got, expected = run_sdpa(s, np.random.default_rng(seed), folder, OPTIONS[variant], blank_rows=blank)
+    assert np.isfinite(got).all(), f"{s.id} (seed {seed}): elements not written or not finite"
+    if blank:  # the reference's rows of zeros: exactly zeros
+        zeros = (expected == 0).all(-1)
+        assert zeros.any() and (got[zeros] == 0).all(), f"{s.id} (seed {seed}): rows with every key masked"
+    err = relative_error(got, expected)
+    assert err <= TOLERANCE, f"{s.id} (seed {seed}): relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_rows_with_every_key_masked_give_zeros_only_with_the_guard(guard: bool, folder) -> None:
+    # -inf on every key of batch 0's first query row: Softmax gives NaN there, which
+    # Where(IsNaN(p), 0, p) makes 0; the other rows are untouched either way.
+    s = Sdpa(Core((2, 2), 70, 70, 32, (2, 1, 70, 70), transposed=False), exporter="ts", mask="keep", guard=guard)
+    seed = fresh_seed()
+    got, expected = run_sdpa(s, np.random.default_rng(seed), folder, blank_rows=True)
+    blank = got[0, :, 0]
+    if guard:
+        assert (blank == 0).all() and np.isfinite(got).all(), f"seed {seed}"
+    else:
+        assert np.isnan(blank).all() and np.isnan(expected[0, :, 0]).all(), f"seed {seed}"
+        assert np.isfinite(np.delete(got, 0, axis=2)).all(), f"seed {seed}"
+    err = _finite_rows_error(got, expected)
+    assert err <= TOLERANCE, f"seed {seed}: relative error {err:.2e}"

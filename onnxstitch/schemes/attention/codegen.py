@@ -18,6 +18,7 @@ queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-n
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,13 +91,18 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
     first_mask = 6 if biased else 3
-    mask_rows = _mask_rows(len(m.masks), first_mask)
+    mask_rows = _mask_rows(len(m.mask_inputs), first_mask, boolean=m.select is not None)
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt)
     stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", v_bias)
 
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(f"mk{row}{i}[key * mc{i}]" for i in range(len(m.masks)))
-        return f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
+        value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
+        if m.select is None:
+            return value
+        # The boolean mask (Where on the scores): its fill where the score is not kept.
+        kept = f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]"
+        return f"({kept} {'!=' if m.select.keep else '=='} 0 ? {value} : FILL)"
 
     if options.staged_tf32 is None:
         # Rows of K read from a projection are staged 4 floats at a time whatever the key count.
@@ -116,7 +122,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
-  extern __shared__ __align__(16) float stitch_smem[];
+{_fill(m)}  extern __shared__ __align__(16) float stitch_smem[];
   float* Ks = stitch_smem;     // {"[KT][KS]: the tile's rows of K" if projected else "[D][KS]: the tile's columns of Kᵀ"}
   float* Vs = Ks + {"KT" if projected else "D"} * KS;     // [KT][VS]: the tile's rows of V
   float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp
@@ -144,8 +150,9 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
   float* p0 = Ps + (r0 + g) * PS;
   float* p1 = p0 + 8 * PS;
-{_key_loop(stage_k, stage_v, k_frag, scaled)}"""
-    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.masks), bool(m.transposed))
+{_key_loop(stage_k, stage_v, k_frag, scaled, m.guarded)}"""
+    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.mask_inputs),
+                         bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded)
     if projected:
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
@@ -154,17 +161,42 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
 
 
-def _mask_rows(masks: int, first_mask: int) -> str:
-    """Each additive term's rows for this thread's two queries (element strides from the
-    runtime, 0 where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys
-    `mc<i>` apart."""
-    return "\n".join(f"""  const float* mk{i} = static_cast<const float*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
-  const float* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
-  const float* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
+def _mask_rows(masks: int, first_mask: int, boolean: bool = False) -> str:
+    """Each mask's rows for this thread's two queries (element strides from the runtime, 0
+    where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys `mc<i>` apart;
+    the last is ONNX bool (a byte each) when `boolean`."""
+    def kind(i: int) -> str:
+        return "unsigned char" if boolean and i == masks - 1 else "float"
+
+    return "\n".join(f"""  const {kind(i)}* mk{i} = static_cast<const {kind(i)}*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
+  const {kind(i)}* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
+  const {kind(i)}* mkb{i} = mk{i} + (long long)(qb < Sq ? qb : 0) * a.strides[{first_mask + i}][2];
   const int mc{i} = (int)a.strides[{first_mask + i}][3];""" for i in range(masks))
 
 
-def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, str], str]) -> str:
+def _fill(m: attention.Match) -> str:
+    """The boolean mask's fill as a constant (nothing without one, so the other chains' sources
+    stay as they were)."""
+    if m.select is None:
+        return ""
+    fill = "NEG_INF" if m.select.fill == -math.inf else _literal(m.select.fill)
+    return f"  const float FILL = {fill};  // where the boolean mask drops a score\n"
+
+
+def _normalise(guarded: bool) -> str:
+    """The context's normaliser per row: 1 / the row's sum."""
+    if not guarded:
+        return """  // No keys: zeros, as ONNX Runtime's empty product; a row whose every score is -inf: NaN, as
+  // its Softmax.
+  const float i0 = Sk > 0 ? 1.f / l0 : 0.f, i1 = Sk > 0 ? 1.f / l1 : 0.f;
+"""
+    return """  // No keys: zeros, as ONNX Runtime's empty product. A row whose every score is -inf sums to 0:
+  // its Softmax is NaN there and the guard makes it 0, so the context is 0 (o is 0 there).
+  const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+"""
+
+
+def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, str], str], guarded: bool) -> str:
     """The loop over tiles of keys (stage K and V, scores on tensor cores, the online Softmax,
     the context's product) and the context's store."""
     return f"""  for (int t0 = 0; t0 < Sk; t0 += KT) {{
@@ -234,10 +266,7 @@ def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, st
     l0 += __shfl_xor_sync(0xffffffffu, l0, k);
     l1 += __shfl_xor_sync(0xffffffffu, l1, k);
   }}
-  // No keys: zeros, as ONNX Runtime's empty product; a row whose every score is -inf: NaN, as
-  // its Softmax.
-  const float i0 = Sk > 0 ? 1.f / l0 : 0.f, i1 = Sk > 0 ? 1.f / l1 : 0.f;
-  float* out = static_cast<float*>(a.out[0]);
+{_normalise(guarded)}  float* out = static_cast<float*>(a.out[0]);
   const long long rowa = TRANSPOSED ? (b * Sq + qa) * H + h : bh * Sq + qa;
   const long long rowb = TRANSPOSED ? (b * Sq + qb) * H + h : bh * Sq + qb;
 #pragma unroll

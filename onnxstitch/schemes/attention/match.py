@@ -2,14 +2,28 @@
 
 Design note
 -----------
-Exporters write attention's core as MatMul(q, kᵀ) → (Mul | Div by a scalar) → (Add mask, after
-Add position bias in T5) →
-Softmax over the keys → MatMul(·, v), often followed by the Transpose that puts heads back
-beside each other ([b, h, s, d] → [b, s, h, d]). Stock ONNX Runtime runs that as two batched
+Exporters write attention's core as MatMul(q, kᵀ) → Softmax over the keys → MatMul(·, v), often
+followed by the Transpose that puts heads back beside each other ([b, h, s, d] → [b, s, h, d]),
+with these between:
+
+- a scale: a Mul or Div by a scalar constant after the product (the eager form), or on q and/or
+  kᵀ before it (transformers' SDPA as both torch.onnx exporters write it: each by
+  1/sqrt(sqrt(d)), or q alone); all fold into the kernel's one scale, their product;
+- up to MAX_MASKS terms: Adds of a mask or T5's position bias (the exporters' boolean masks
+  arrive as such a term, Where(mask, 0, -max) computed once outside the chain), and at most one
+  boolean mask on the scores themselves, Where(mask, scores, fill) or Where(mask, fill, scores)
+  with a scalar fill, outermost;
+- after the Softmax, SDPA's guard Where(IsNaN(p), 0, p): a row whose every score is -inf gives
+  zeros instead of NaN, and the kernel is generated to do the same (`guarded`).
+
+Stock ONNX Runtime runs that as two batched
 GEMMs around a Softmax kernel and a Transpose, writing and re-reading the scores each time.
-Here the chain is one kernel (codegen_attention.py): a block owns 64 queries of one (batch,
+Here the chain is one kernel (codegen.py): a block owns 64 queries of one (batch,
 head), walks the keys in tiles of 64 with the running-maximum Softmax of FlashAttention, and
 writes the context once, transposed when the Transpose was part of the chain.
+
+Every Softmax between two MatMuls is matched or refused with why (`Found.refusals`, in the
+report): anything else between them (a Reshape in DeBERTa's scores, a third term) is named.
 
 Where q, kᵀ and v are each a projection's output split into heads — Transpose ← Reshape
 [b, s, h·d] → [b, s, h, d] ← [Add bias] ← [Slice or Split of the columns] ← x [b, s, w], as
@@ -63,44 +77,66 @@ class Projection:
 
 
 @dataclass(frozen=True)
+class Select:
+    """A boolean mask on the scores: Where(mask, scores, fill) keeps a score where the mask is
+    true (`keep` True), Where(mask, fill, scores) where it is false; `fill` elsewhere."""
+
+    mask: str
+    keep: bool
+    fill: float
+
+
+@dataclass(frozen=True)
 class Match:
     """One attention chain: its nodes and what the kernel needs to know of them."""
 
-    # topological: [the projections' nodes], MatMul, [Mul|Div], [Add, [Add]], Softmax, MatMul, [Transpose]
+    # topological: [the projections' nodes], [q's, kᵀ's Mul|Div], MatMul, [Mul|Div], [Add, [Add]],
+    # [Where], Softmax, [IsNaN, Where], MatMul, [Transpose]
     nodes: tuple[int, ...]
     q: str  # [L..., Sq, D]
     kt: str  # [L..., D, Sk]: the first MatMul's second operand, keys already transposed
     v: str  # [L..., Sk, D]
     masks: tuple[str, ...]  # added to the scaled scores in this order; each broadcasts to [L..., Sq, Sk]
-    scale: float  # the scores' multiplier (1 when there is no Mul/Div)
+    scale: float  # the scores' multiplier: the product of the scales on q, kᵀ and the product (1 when none)
     output: str  # the context, [L..., Sq, D], or [b, Sq, h, D] when `transposed`
     transposed: bool
     head_dim: int
     # q, kᵀ and v read from their projections (all three or none), with `heads` heads.
     projections: tuple[Projection, ...] = ()
     heads: int = 0
+    select: Select | None = None  # a boolean mask, applied after the added terms
+    guarded: bool = False  # Where(IsNaN(p), 0, p): rows without a finite score give zeros
+    softmax: str = ""  # the Softmax's name, for reports
 
     @property
     def biased(self) -> bool:
         return any(p.bias for p in self.projections)
 
     @property
+    def mask_inputs(self) -> tuple[str, ...]:
+        """The kernel's mask inputs: the added terms, then the boolean mask."""
+        return self.masks + ((self.select.mask,) if self.select else ())
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """The kernel's inputs: q, kᵀ, v (or the projections' outputs, then their biases), then
         the masks (docs/abi.md)."""
         if not self.projections:
-            return (self.q, self.kt, self.v) + self.masks
+            return (self.q, self.kt, self.v) + self.mask_inputs
         biases = tuple(p.bias for p in self.projections if p.bias)
-        return tuple(p.x for p in self.projections) + biases + self.masks
+        return tuple(p.x for p in self.projections) + biases + self.mask_inputs
 
     def describe(self) -> str:
         """One line for reports."""
         mask = "".join(f" + '{t}'" for t in self.masks)
+        if self.select:
+            mask += f" where '{self.select.mask}' is {str(self.select.keep).lower()} (else {self.select.fill:g})"
         read = ""
         if self.projections:
             cols = ", ".join(f"'{p.x}'[{p.offset}:]" for p in self.projections)
             read = f"; q, kᵀ, v read from {cols}{' with their biases' if self.biased else ''}"
-        return (f"'{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax → · '{self.v}' → '{self.output}'"
+        return (f"attention at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
+                f"{' (NaN-guarded)' if self.guarded else ''} → · '{self.v}' → '{self.output}'"
                 f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}{read}")
 
 
@@ -132,23 +168,34 @@ def _same(a: object, b: object) -> bool:
     return a is not None and a == b
 
 
-def _scaled(g: FusionGraph, t: str) -> tuple[str, float, int | None] | None:
-    """(product, scale, the Mul/Div node or None) when `t` is a MatMul's product, possibly
-    multiplied or divided by a scalar constant; None otherwise."""
+def _op(g: FusionGraph, t: str) -> str | None:
+    """The op type of `t`'s producer (None for graph inputs and constants)."""
     at = g.producer.get(t)
-    if at is None:
+    return None if at is None else g.nodes[at].op_type
+
+
+def _scaling(g: FusionGraph, t: str) -> tuple[str, float, int] | None:
+    """(x, factor, the node) when `t` is x multiplied or divided by a non-zero scalar constant."""
+    at = g.producer.get(t)
+    if at is None or g.nodes[at].op_type not in ("Mul", "Div"):
         return None
     n = g.nodes[at]
-    if n.op_type == "MatMul":
-        return t, 1.0, None
-    if n.op_type not in ("Mul", "Div"):
-        return None
     a, b = n.inputs[:2]
     for inner, factor in ((a, b), (b, a)) if n.op_type == "Mul" else ((a, b),):
         value = _scalar(g, factor)
-        p = g.producer.get(inner)
-        if value is not None and value != 0 and p is not None and g.nodes[p].op_type == "MatMul":
+        if value is not None and value != 0 and math.isfinite(value) and factor != inner:
             return inner, (value if n.op_type == "Mul" else 1.0 / value), at
+    return None
+
+
+def _scaled(g: FusionGraph, t: str) -> tuple[str, float, int | None] | None:
+    """(product, scale, the Mul/Div node or None) when `t` is a MatMul's product, possibly
+    multiplied or divided by a scalar constant; None otherwise."""
+    if _op(g, t) == "MatMul":
+        return t, 1.0, None
+    s = _scaling(g, t)
+    if s is not None and _op(g, s[0]) == "MatMul":
+        return s
     return None
 
 
@@ -161,56 +208,166 @@ def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
         any(_leads_to_scores(g, u, adds - 1) for u in g.nodes[at].inputs[:2])
 
 
-def _chain(g: FusionGraph, soft: int) -> Match | str | None:
-    """The chain around Softmax `soft`, why it cannot be one kernel, or None
-    when the Softmax is not between two MatMuls at all (nothing worth reporting)."""
-    n = g.nodes[soft]
-    x = n.inputs[0]
-    nodes = [soft]
+# How far a Softmax's input and output are searched for a MatMul that the chain's form does not
+# reach: such a Softmax is a near-miss, refused with the node that stopped the match.
+BACK_SEARCH, AHEAD_SEARCH = 8, 4
+
+
+def _reaches(g: FusionGraph, t: str, depth: int, backward: bool) -> bool:
+    """Whether a MatMul writes (backward) or reads (forward) `t` within `depth` nodes."""
+    frontier = {t}
+    for _ in range(depth):
+        if backward:
+            nodes = {g.producer[x] for x in frontier if x in g.producer}
+        else:
+            nodes = {i for x in frontier for i in g.consumers.get(x, ())}
+        if any(g.nodes[i].op_type == "MatMul" for i in nodes):
+            return True
+        frontier = {x for i in nodes for x in (g.nodes[i].inputs if backward else g.nodes[i].outputs) if x}
+    return False
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """The scores as the chain computes them, walked back from the Softmax's input."""
+
+    product: str  # the first MatMul's output
+    scale: float  # the scale after the product
+    masks: tuple[str, ...]
+    select: Select | None
+    nodes: tuple[int, ...]  # the Mul/Div, the Adds and the Where
+
+
+def _select(g: FusionGraph, t: str) -> tuple[str, Select] | None:
+    """(the scores, the boolean mask) when `t` is Where(mask, scores, fill) or Where(mask, fill,
+    scores), the mask boolean and the fill a scalar constant that is not NaN or +inf."""
+    at = g.producer.get(t)
+    if at is None or g.nodes[at].op_type != "Where":
+        return None
+    cond, x, y = g.nodes[at].inputs[:3]
+    info = g.tensors.get(cond)
+    if info is None or info.dtype != TP.BOOL:
+        return None
+    for scores, fill, keep in ((x, y, True), (y, x, False)):
+        value = _scalar(g, fill)
+        if value is not None and value == value and value != math.inf and _scalar(g, scores) is None:
+            return scores, Select(cond, keep, value)
+    return None
+
+
+def _scores(g: FusionGraph, soft: int) -> _Scores | str:
+    """The scores feeding Softmax `soft` in the chain's form, or what stops them being so: the
+    first node, walking back, that is not the form's (a refusal when a MatMul lies behind)."""
+    x = g.nodes[soft].inputs[0]
+    nodes: list[int] = []
+    select = None
+    got = _select(g, x)
+    if got is not None:
+        nodes.append(g.producer[x])
+        x, select = got
     masks: list[str] = []
+    room = MAX_MASKS - (select is not None)
     # Additive terms, outermost first: at each Add, the operand that leads back to the product
     # is the chain, the other a term.
-    while len(masks) < MAX_MASKS and _scaled(g, x) is None:
-        at = g.producer.get(x)
-        if at is None or g.nodes[at].op_type != "Add":
-            break
+    while _scaled(g, x) is None and _op(g, x) == "Add" and len(masks) < room:
+        at = g.producer[x]
         a, b = g.nodes[at].inputs[:2]
-        inner, term = (a, b) if _leads_to_scores(g, a, MAX_MASKS - len(masks) - 1) else (b, a)
+        # (Through more Adds than the kernel takes, so that too many terms are named as such.)
+        inner, term = (a, b) if _leads_to_scores(g, a, BACK_SEARCH) else \
+            (b, a) if _leads_to_scores(g, b, BACK_SEARCH) else (None, None)
+        if inner is None:
+            # Neither side is the form's: name the node on the side a MatMul lies behind.
+            x = next((u for u in (a, b) if _reaches(g, u, BACK_SEARCH, backward=True)), x)
+            break
         masks.insert(0, term)
-        nodes.insert(0, at)
+        nodes.append(at)
         x = inner
     scaled = _scaled(g, x)
     if scaled is None:
-        return None
+        at = g.producer.get(x)
+        if at is None:
+            return f"its input '{x}' comes from no MatMul"
+        n = g.nodes[at]
+        what = ("more terms than the kernel adds" if n.op_type == "Add" and len(masks) == room
+                else "a boolean mask before an added term" if n.op_type == "Where" and x != g.nodes[soft].inputs[0]
+                else "not the chain's form")
+        return (f"{n.op_type} '{n.name or n.outputs[0]}' between the scores' product and the Softmax ({what}: a "
+                f"scale, up to {MAX_MASKS} added terms or boolean masks (one Where, outermost))")
     product, scale, scaler = scaled
-    if scaler is not None:
-        nodes.insert(0, scaler)
-    first = g.producer[product]
-    probs = n.outputs[0]
+    return _Scores(product, scale, tuple(masks), select, tuple(nodes) + ((scaler,) if scaler is not None else ()))
+
+
+def _guarded_probabilities(g: FusionGraph, soft: int) -> tuple[str, tuple[int, ...]]:
+    """(the probabilities as the second MatMul should read them, the guard's nodes): after
+    Where(IsNaN(p), 0, p), or p itself when there is no such guard."""
+    p = g.nodes[soft].outputs[0]
+    readers = g.consumers.get(p, ())
+    if len(readers) != 2:  # (p read elsewhere too is refused as such by the chain's check)
+        return p, ()
+    isnan = next((i for i in readers if g.nodes[i].op_type == "IsNaN"), None)
+    where = next((i for i in readers if g.nodes[i].op_type == "Where"), None)
+    if isnan is None or where is None or _only_reader(g, g.nodes[isnan].outputs[0]) != where:
+        return p, ()
+    cond, zero, kept = g.nodes[where].inputs[:3]
+    if cond != g.nodes[isnan].outputs[0] or kept != p or _scalar(g, zero) != 0:
+        return p, ()
+    return g.nodes[where].outputs[0], (isnan, where)
+
+
+def _operand(g: FusionGraph, t: str, first: int) -> tuple[str, float, tuple[int, ...]]:
+    """(the operand, its scale, the scale's node) for the first MatMul's input `t`: SDPA scales
+    q and kᵀ before the product; a Mul/Div by a scalar read by the product alone folds into the
+    kernel's scale."""
+    s = _scaling(g, t)
+    if s is None or _only_reader(g, t) != first:
+        return t, 1.0, ()
+    return s[0], s[1], (s[2],)
+
+
+def _chain(g: FusionGraph, soft: int) -> Match | str | None:
+    """The chain around Softmax `soft`, why it cannot be one kernel, or None when the Softmax
+    is not between two MatMuls at all (nothing worth reporting)."""
+    n = g.nodes[soft]
+    name = f"attention at '{n.name or n.outputs[0]}'"
+    probs, guard = _guarded_probabilities(g, soft)
     second = next((c for c in g.consumers.get(probs, ()) if g.nodes[c].op_type == "MatMul"
                    and g.nodes[c].inputs[0] == probs), None)
     if second is None:
-        return None
-    name = f"attention at '{n.name or n.outputs[0]}'"
-    chain = [first] + nodes + [second]
-    for i, j in zip(chain, chain[1:]):
-        if any(_only_reader(g, t) != j for t in g.nodes[i].outputs if t):
-            return f"{name}: '{g.nodes[i].outputs[0]}' is also read outside the chain"
-    q, kt = g.nodes[first].inputs[:2]
+        if not _reaches(g, n.outputs[0], AHEAD_SEARCH, backward=False) or \
+                not _reaches(g, n.inputs[0], BACK_SEARCH, backward=True):
+            return None
+        ops = sorted({g.nodes[c].op_type for c in g.consumers.get(probs, ())})
+        return (f"{name}: the probabilities reach the second MatMul through {', '.join(ops)} (the kernel takes them "
+                f"as they are, or through Where(IsNaN(p), 0, p))")
+    scores = _scores(g, soft)
+    if isinstance(scores, str):
+        return f"{name}: {scores}" if _reaches(g, n.inputs[0], BACK_SEARCH, backward=True) else None
+    first = g.producer[scores.product]
+    q, q_scale, q_node = _operand(g, g.nodes[first].inputs[0], first)
+    kt, k_scale, k_node = _operand(g, g.nodes[first].inputs[1], first)
     v = g.nodes[second].inputs[1]
     ctx = g.nodes[second].outputs[0]
-    nodes = chain
+    nodes = set(q_node + k_node + scores.nodes + guard) | {first, soft, second}
+    # Convex: what the chain computes before its context is read only inside it.
+    for i in sorted(nodes - {second}):
+        for t in g.nodes[i].outputs:
+            if t and (t in g.graph_outputs or any(c not in nodes for c in g.consumers.get(t, ()))):
+                return f"{name}: '{t}' is also read outside the chain"
     transposed = False
     after = _only_reader(g, ctx)
     if after is not None and g.nodes[after].op_type == "Transpose" and \
             list(g.nodes[after].attrs.get("perm", ())) == [0, 2, 1, 3]:
-        nodes.append(after)
+        nodes.add(after)
         ctx, transposed = g.nodes[after].outputs[0], True
-    why = _shape_reason(g, q, kt, v, tuple(masks), ctx, soft)
+    select = scores.select
+    why = _shape_reason(g, q, kt, v, scores.masks + ((select.mask,) if select else ()), ctx, soft, bool(select))
     if why:
         return f"{name}: {why}"
-    match = Match(tuple(nodes), q, kt, v, tuple(masks), scale, ctx, transposed, int(g.shape(q)[-1]))  # type: ignore[index]
-    return _projections(g, match, first, second) or match
+    match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
+                  int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
+                  softmax=n.name or n.outputs[0])
+    readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, second)
+    return _projections(g, match, readers) or match
 
 
 # Transposes from [b, s, h, d] to the operands: q and v [b, h, s, d], kᵀ [b, h, d, s].
@@ -262,12 +419,12 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     return Projection(x, offset, bias, tuple(nodes)), h
 
 
-def _projections(g: FusionGraph, m: Match, first: int, second: int) -> Match | None:
+def _projections(g: FusionGraph, m: Match, readers: tuple[int, int, int]) -> Match | None:
     """`m` reading q, kᵀ and v from their projections (module docstring), or None when one of
     them is not such a read, their head counts or biases differ, or a Split's other outputs are
-    read outside the chain."""
-    got = [_projection(g, m.q, _HEADS_FIRST, first), _projection(g, m.kt, _KEYS_TRANSPOSED, first),
-           _projection(g, m.v, _HEADS_FIRST, second)]
+    read outside the chain. `readers`: the chain's node reading each of q, kᵀ and v."""
+    got = [_projection(g, m.q, _HEADS_FIRST, readers[0]), _projection(g, m.kt, _KEYS_TRANSPOSED, readers[1]),
+           _projection(g, m.v, _HEADS_FIRST, readers[2])]
     if any(p is None for p in got):
         return None
     projections = tuple(p for p, _ in got)  # type: ignore[misc]
@@ -288,11 +445,14 @@ def _projections(g: FusionGraph, m: Match, first: int, second: int) -> Match | N
 
 
 def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...], ctx: str,
-                  soft: int) -> str | None:
-    """Why these operands do not fit the kernel (None when they do)."""
+                  soft: int, select: bool) -> str | None:
+    """Why these operands do not fit the kernel (None when they do); the last of `masks` is
+    the boolean one when `select`."""
     for t in (q, kt, v, *masks, ctx):
-        if g.tensors.get(t) is None or g.tensors[t].dtype != TP.FLOAT:
-            info = g.tensors.get(t)
+        info = g.tensors.get(t)
+        if info is not None and info.dtype == TP.BOOL and t == masks[-1] and select:
+            continue
+        if info is None or info.dtype != TP.FLOAT:
             have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
             return f"'{t}' is {have}: the kernel is float32 only (float16 keeps its stitched Softmax)"
     qs, ks, vs = g.shape(q), g.shape(kt), g.shape(v)
@@ -339,6 +499,7 @@ def find(g: FusionGraph) -> Found:
             refusals.append(got)
             continue
         if taken & set(got.nodes):
+            refusals.append(f"attention at '{got.softmax}': shares nodes with a chain found before it")
             continue
         taken |= set(got.nodes)
         matches.append(got)
