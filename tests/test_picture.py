@@ -204,7 +204,7 @@ def test_small_model_picture_shows_groups_refusals_and_edges(small_report: dict)
     by_name = {b.attrs.get("data-name"): b for b in boxes}
     for name, r in refused:
         neighbour = small_report["graph"]["nodes"][r["node"]]["name"]
-        assert f"{neighbour} (Add) left out" in by_name[name].text.replace("\n", " ")
+        assert f"{neighbour} (Add) left out" in " ".join(by_name[name].text.split())
         assert r["reason"] in by_name[name].tooltip
         assert any(e.get("data-from") == by_name[name].id for e in red)
 
@@ -287,3 +287,16 @@ def test_screenshot_in_a_headless_browser(small_report: dict, tmp_path: Path) ->
     pixels = {tuple(p) for p in np.asarray(image.open(shot).convert("RGB")).reshape(-1, 3).tolist()}
     assert (0xDC, 0xFC, 0xE7) in pixels  # a rows group's fill
     assert (0xF3, 0xF4, 0xF6) in pixels  # an ONNX Runtime node's fill
+
+
+def test_a_group_verification_dropped_is_drawn_as_such(small_report: dict) -> None:
+    report = json.loads(json.dumps(small_report))
+    victim = report["plan"]["groups"][1]
+    victim["dropped_by_verification"] = "outputs differ from the original's (max abs err 3.2)"
+    boxes = check_picture(explain.render(report, "svg", "dropped", max_whole=1000), report)
+    box = next(b for b in boxes if b.attrs.get("data-name") == victim["name"])
+    assert "left to ONNX Runtime by verification" in box.text and "max abs err 3.2" in box.tooltip
+    assert f"{len(report['plan']['groups']) - 1} fused groups" in explain.render(report, "svg", "dropped")
+    # The kernel each kept group runs, in its tooltip.
+    kept = next(b for b in boxes if b.attrs.get("data-name") == report["plan"]["groups"][0]["name"])
+    assert f"kernel {report['plan']['groups'][0]['kernel']['kernel']}" in kept.tooltip

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Sequence
 
-from .layout import Layout, Route, layered
+from .layout import Box, Route, layered
 from .view import GROUP, LAYERS, ORT, SINGLE, PlanView, Refusal, Unit
 
 WIDE = 300.0  # a fused group's or collapsed layers' box
@@ -82,8 +82,9 @@ def _n(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".")
 
 
-def _wrap(text: str, lines: int, width: float = WIDE, indent: str = "  ") -> list[str]:
-    """`text` in at most `lines` lines of a box `width` wide, the last cut with an ellipsis."""
+def _wrap(text: str, lines: int, width: float = WIDE, indent: str = "\u00a0\u00a0") -> list[str]:
+    """`text` in at most `lines` lines of a box `width` wide, the last cut with an ellipsis; lines
+    after the first indented (by no-break spaces: SVG collapses leading plain ones)."""
     chars = int((width - 2 * PAD) / GLYPH)
     out = textwrap.wrap(text, chars, subsequent_indent=indent, break_on_hyphens=False) or [""]
     if len(out) > lines:
@@ -133,7 +134,8 @@ def _group_text(u: Unit) -> Text:
     lines = [f"{u.name} · {u.scheme} · {len(u.nodes)} ops", *_wrap(_ops(u.ops), 3),
              f"{_size(u.predicted_bytes)} · {u.predicted_us:,.1f} µs predicted"]
     warn_from = len(lines)
-    tip = [lines[0], f"predicted {u.predicted_bytes:,} bytes, {u.predicted_us:.2f} µs", "nodes:",
+    tip = [lines[0], f"predicted {u.predicted_bytes:,} bytes, {u.predicted_us:.2f} µs",
+           *([f"kernel {u.kernel}"] if u.kernel else []), "nodes:",
            *(f"  {n} ({op})" for n, op in zip(u.names, u.ops))]
     if u.dropped:
         lines += _wrap(f"✗ left to ONNX Runtime by verification: {u.reason}", 2)
@@ -141,7 +143,7 @@ def _group_text(u: Unit) -> Text:
     for r in u.refusals[:MAX_REFUSALS]:
         lines += _wrap(f"✗ {_refusal(r)}", 4)
     if len(u.refusals) > MAX_REFUSALS:
-        lines.append(f"  (+{len(u.refusals) - MAX_REFUSALS} more left out: hover)")
+        lines.append(f"(+{len(u.refusals) - MAX_REFUSALS} more left out: hover)")
     tip += [f"left out {r.name} ({r.op}): {r.reason}" for r in u.refusals]
     return Text(tuple(lines), "\n".join(tip), WIDE, warn_from)
 
@@ -226,7 +228,7 @@ def _edge(parent: ET.Element, r: Route, refused: str | None) -> None:
         ET.SubElement(e, "title").text = refused
 
 
-def _box(parent: ET.Element, u: Unit, t: Text, b) -> None:
+def _box(parent: ET.Element, u: Unit, t: Text, b: Box) -> None:
     key = "dropped" if u.dropped else u.scheme if u.kind == GROUP else u.kind
     fill, stroke = COLOURS.get(str(key), OTHER)
     attrs = {"class": f"unit {u.kind}", "id": f"u{u.id}", "data-kind": u.kind, "data-ops": " ".join(u.ops),

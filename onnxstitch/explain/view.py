@@ -54,6 +54,7 @@ class Unit:
     reason: str | None = None  # why ONNX Runtime keeps the node, or why verification dropped the group
     dropped: bool = False
     collapsed: Collapsed | None = None
+    kernel: str = ""  # the group's kernel and launch shape, from the report ("" when none)
 
 
 @dataclass(frozen=True)
@@ -157,5 +158,13 @@ def _group_units(outline: GraphOutline, groups: Sequence[Mapping[str, Any]]) -> 
         units.append(Unit(0, GROUP, nodes, tuple(outline.nodes[i].op for i in nodes),
                           tuple(outline.nodes[i].name for i in nodes), str(grp["name"]), str(grp.get("scheme")),
                           int(grp.get("predicted_bytes") or 0), float(grp.get("predicted_us") or 0.0),
-                          tuple(refusals.values()), dropped, dropped is not None))
+                          tuple(refusals.values()), dropped, dropped is not None, kernel=_kernel(grp.get("kernel"))))
     return units
+
+
+def _kernel(info: Mapping[str, Any] | None) -> str:
+    """"stitch_ab12: block 256, vec_width 4": the kernel's name and launch facts."""
+    if not info:
+        return ""
+    facts = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("group", "kernel", "scheme", "input_kinds"))
+    return f"{info.get('kernel', '')}: {facts}"
