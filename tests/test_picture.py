@@ -300,3 +300,10 @@ def test_a_group_verification_dropped_is_drawn_as_such(small_report: dict) -> No
     # The kernel each kept group runs, in its tooltip.
     kept = next(b for b in boxes if b.attrs.get("data-name") == report["plan"]["groups"][0]["name"])
     assert f"kernel {report['plan']['groups'][0]['kernel']['kernel']}" in kept.tooltip
+
+
+def test_optimize_refuses_a_picture_it_cannot_write_before_the_work(tmp_path: Path) -> None:
+    src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(layered_model(2), src)
+    run = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out), "--plan-picture", str(tmp_path / "p.png")])
+    assert run.exit_code == 2 and ".svg or .html" in run.output and not out.exists()
