@@ -76,6 +76,8 @@ def _summary(report, out: Path) -> Table:
         t.add_row("merged GEMMs", "", f"{len(report.merged)} (from sibling MatMuls)")
     if report.attention:
         t.add_row("attention kernels", "", f"{len(report.attention)} (TF32 tensor cores)")
+    if report.epilogues:
+        t.add_row("GEMM epilogues", "", f"{len(report.epilogues)} (cuBLASLt)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
     v = report.verification
     if v is not None:
@@ -108,10 +110,14 @@ def _summary(report, out: Path) -> Table:
               help="Run MatMuls of one activation by constant weights (Q/K/V, gate/up) as one GEMM.")
 @click.option("--attention/--no-attention", default=True, show_default=True,
               help="Run each float32 attention core (MatMul, scale, mask, Softmax, MatMul) as one TF32 kernel.")
+@click.option("--epilogues/--no-epilogues", default=False, show_default=True,
+              help="Run MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one cuBLASLt call with an epilogue, "
+                   "where the plan finds it cheaper (experimental until measured on the GPU).")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, attention: bool, picture: Path | None, verbose: bool, quiet: bool) -> None:
+             pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None, verbose: bool,
+             quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -136,7 +142,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
-                              merge=merge, attention=attention)
+                              merge=merge, attention=attention, epilogues=epilogues)
     written = save_atomic(result.save, out)
     made = bundle.write_bundle(out, written, library) if library is not None else None
     if report:

@@ -104,15 +104,19 @@ def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> C
 def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS) -> list[CompiledKernel]:
     """Compile several kernels concurrently (NVRTC runs outside the GIL), every (kernel, target)
     pair a task of its own so that a few kernels still fill the cores; sources whose code is
-    the same (comments aside, codegen.named_by_code) are compiled once and share the images."""
+    the same (comments aside, codegen.named_by_code) are compiled once and share the images.
+    A source without code (a library call: the gemm scheme) gets no image."""
     sources = list(sources)
     if not sources:
         return []
     archs, ptx_arch = _targets(archs)
-    unique = list({code_of(s.source): s for s in reversed(sources)}.values())
+    unique = list({code_of(s.source): s for s in reversed(sources) if s.source}.values())
     tasks = [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
-    with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
-        images = dict(zip(((code_of(s.source), t) for s, t, _ in tasks), pool.map(lambda job: _cached(*job), tasks)))
+    images: dict = {}
+    if tasks:
+        with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+            images = dict(zip(((code_of(s.source), t) for s, t, _ in tasks), pool.map(lambda job: _cached(*job), tasks)))
     done = {code: CompiledKernel(s, archs, tuple(images[code, a] for a in archs), images[code, ptx_arch], ptx_arch)
             for code, s in ((code_of(s.source), s) for s in unique)}
-    return [dataclasses.replace(done[code_of(s.source)], source=s) for s in sources]
+    return [dataclasses.replace(done[code_of(s.source)], source=s) if s.source else CompiledKernel(s, (), (), b"", "")
+            for s in sources]

@@ -1,5 +1,5 @@
 """The pipeline as a short list of named stages: load → shapes → simplify → merge → normalize →
-graph → attention → plan → pack → codegen → compile → rewrite → validate → verify. `optimize` is the library entry point; the CLI wraps it."""
+graph → attention → epilogues → plan → pack → codegen → compile → rewrite → validate → verify. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +22,7 @@ from .errors import StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
 from .schemes import registry, source as source_mod
 from .schemes.attention import match as attention_mod
+from .schemes.gemm import match as gemm_mod
 from .weights import Weights
 
 Progress = Callable[[str], None]
@@ -55,6 +56,9 @@ class Report:
     attention_refusals: tuple[str, ...] = ()
     # The planned graph's nodes and edges (the groups' node ids index it): for plan pictures.
     graph: GraphOutline | None = None
+    # GEMMs run through cuBLASLt with their epilogue (schemes/gemm), and the refusals with why.
+    epilogues: tuple[str, ...] = ()
+    epilogue_refusals: tuple[str, ...] = ()
 
     @property
     def wall_seconds(self) -> float:
@@ -87,6 +91,7 @@ class Report:
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
             "attention": {"kernels": list(self.attention), "refusals": list(self.attention_refusals)},
+            "epilogues": {"gemms": list(self.epilogues), "refusals": list(self.epilogue_refusals)},
             "plan": plan,
             "graph": self.graph.to_json() if self.graph else None,
         }
@@ -118,7 +123,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
              seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True,
-             merge: bool = True, attention: bool = True) -> OptimizeResult:
+             merge: bool = True, attention: bool = True, epilogues: bool = False) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
@@ -131,9 +136,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     their neighbours. `pack` (on by default) runs independent elementwise groups over one
     iteration space in one kernel (pack.py). `attention` (on by default, with `reductions`) runs
     each float32 attention core — MatMul → scale → mask → Softmax → MatMul [→ Transpose] — as
-    one kernel on TF32 tensor cores (schemes/attention)."""
+    one kernel on TF32 tensor cores (schemes/attention). `epilogues` (off by default: experimental
+    until measured on the GPU) proposes each MatMul/Gemm by a constant weight with its bias,
+    ReLU or tanh GELU and residual as one cuBLASLt call with an epilogue (schemes/gemm)."""
     opts = Options(tuple(archs), cost or CostModel(), time_limit_s, verify, seed, reductions, strict, pack, merge,
-                   attention)
+                   attention, epilogues)
     stage = _Stages(progress)
     given = _prepare(model, shapes or {}, stage)
     planned = _plan(given, opts, stage)
@@ -149,10 +156,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                   for grp, k in written.built)
     merged, normal, found = planned.merged, planned.normal, planned.found
     report = Report(plan, len(given.model.graph.node), len(written.model.graph.node),
-                    tuple(kernels[0].archs) if kernels else opts.archs, g.dim_values, stage.times, kinfo,
+                    next((k.archs for k in kernels if k.images), opts.archs), g.dim_values, stage.times, kinfo,
                     written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
-                    tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model))
+                    tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model),
+                    tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals)
     return OptimizeResult(written.model, report, given.weights)
 
 
@@ -170,6 +178,7 @@ class Options:
     pack: bool
     merge: bool
     attention: bool
+    epilogues: bool = False
 
     @property
     def clusters(self) -> bool:
@@ -225,7 +234,7 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
 
 @dataclass(frozen=True)
 class _Planned:
-    """merge → normalize → graph → attention → plan → pack, and what was left apart."""
+    """merge → normalize → graph → attention → epilogues → plan → pack, and what was left apart."""
 
     merged: siblings.Merged
     normal: normalize_mod.Normalized
@@ -233,6 +242,7 @@ class _Planned:
     plan: Plan
     found: attention_mod.Found
     undone: tuple[str, ...] = ()  # sibling merges undone, with why
+    gemms: gemm_mod.Found = gemm_mod.Found()
 
 
 def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Planned:
@@ -253,10 +263,14 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     # Every scheme's candidates compete in the one program: attention chains against the rows
     # and elementwise groups over the same nodes (and ORT's own kernels).
     proposed = [attention_mod.group_of(g, opts.cost, f"a{k}", m) for k, m in enumerate(found.matches)]
+    gemms = gemm_mod.Found()
+    if refusal is None and opts.epilogues:
+        gemms = stage("epilogues", lambda: gemm_mod.find(g))
+        proposed += [gemm_mod.group_of(g, opts.cost, f"e{k}", m) for k, m in enumerate(gemms.matches)]
     plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=proposed))
     if opts.pack:
         plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
-    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan))
+    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan), gemms=gemm_mod.chosen(gemms, plan))
 
 
 def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:

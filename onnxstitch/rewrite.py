@@ -37,13 +37,13 @@ class FusedGroup:
 
 def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     k = group.kernel
+    # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob split by
+    # image_sizes (docs/abi.md). A library call (the gemm scheme) carries no image.
+    images = dict(image_archs=[arch_number(a) for a in k.archs], image_sizes=[len(i) for i in k.images],
+                  images=b"".join(k.images), ptx=k.ptx) if k.images or k.ptx else {}
     node = helper.make_node(
         OP_TYPE, list(k.source.bound_inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
-        # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob
-        # split by image_sizes (docs/abi.md).
-        kernel_name=k.source.name, vec_width=k.source.vec_width, image_archs=[arch_number(a) for a in k.archs],
-        image_sizes=[len(i) for i in k.images], images=b"".join(k.images), ptx=k.ptx,
-        shape_rule=k.source.shape_rule)
+        kernel_name=k.source.name, vec_width=k.source.vec_width, shape_rule=k.source.shape_rule, **images)
     node.attribute.append(helper.make_attribute("output_dtypes", list(k.source.output_dtypes),
                                                 attr_type=onnx.AttributeProto.INTS))
     # Typed explicitly: a group fed only by baked constants has no inputs, and an empty list

@@ -6,9 +6,10 @@ from __future__ import annotations
 from .attention.scheme import SCHEME as ATTENTION
 from .base import Scheme
 from .elementwise.scheme import SCHEME as ELEMENTWISE
+from .gemm.scheme import SCHEME as GEMM
 from .rows.scheme import SCHEME as ROWS
 
-SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION)}
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION, GEMM)}
 
 
 def get(name: str) -> Scheme:

@@ -79,7 +79,10 @@ def code_of(source: str) -> str:
 
 def named_by_code(src: KernelSource) -> KernelSource:
     """`src` (generated as PLACEHOLDER) renamed after a hash of its code, so groups with the same
-    code (the same layer repeated) share one name, one compilation and one cache entry."""
+    code (the same layer repeated) share one name, one compilation and one cache entry. A
+    library call (no code: the gemm scheme) keeps the name its scheme gave it."""
+    if not src.source:
+        return src
     name = "stitch_" + hashlib.sha256(code_of(src.source).encode()).hexdigest()[:16]
     return dataclasses.replace(src, name=name, source=src.source.replace(PLACEHOLDER, name))
 

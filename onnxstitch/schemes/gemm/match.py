@@ -1,0 +1,366 @@
+"""GEMM epilogues: a product by a constant weight and the elementwise work after it as one
+cuBLASLt call.
+
+Design note
+-----------
+Stock ONNX Runtime runs MatMul → Add(bias) → GELU as a GEMM writing its product and a kernel
+reading it back (onnxstitch's elementwise group at best). cuBLASLt computes
+D = act(α·op(A)·op(B) + β·C + bias) in one call: the bias, a ReLU or the tanh-form GELU and a
+residual added through β·C cost the GEMM almost nothing, and one write and one read of the
+product and one launch are saved.
+
+Legal chains (`find`): a MatMul (A of rank 2 or 3, rows flattened) or a Gemm (alpha 1; its C a
+1-D constant bias with beta 1, or absent) whose B is a constant 2-D weight, float32 or float16
+throughout, followed by
+
+- its bias: an Add of a 1-D constant [N] (Gemm's own C counts), required;
+- optionally a residual: an Add of a tensor of the product's shape (cuBLASLt's C with β = 1);
+- optionally an activation: Relu; Gelu(approximate="tanh"); or GELU's tanh form as exporters
+  write it, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in any arrangement of its nodes,
+  recognised by evaluating the nodes between x and their one output (`_activation`).
+
+cuBLASLt's epilogue adds C before its activation, so a residual after the activation is
+refused, and so is the exact GELU (erf): it stays a stitched kernel. Each product is proposed
+with every legal prefix of its chain (bias; bias + residual; ... + activation), all sharing its
+nodes: the plan takes at most one, or none.
+
+Price (`group_of`): the roofline of the GEMM — its flops at the tensor rate of its dtype
+against the bytes it moves at the device's bandwidth (cost.py's) — with the epilogue's extra
+reads (bias, residual) and no second write. The plan prices ORT's own GEMM by its bytes only
+(cost.node_us: the same in every plan), so the group is priced as that GEMM plus what the
+epilogue adds to the roofline: compute-bound GEMMs hide their epilogue, memory-bound ones pay
+for the residual's read. The ILP weighs it against ORT's GEMM with the elementwise or rows
+kernel over the same nodes.
+
+Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
+(`chosen`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto as TP, helper, numpy_helper
+
+from ...cost import CostModel, node_us
+from ...graph import FusionGraph, constant_value
+from ...plan import Group, Plan
+from .. import GEMM
+from .spec import DTYPES, GemmSpec
+
+# Dense tensor-core peaks of H100 SXM (NVIDIA's datasheet; H200 has the same SMs), TFLOP/s.
+TF32_TFLOPS = 494.7
+FP16_TFLOPS = 989.4
+FP32_TFLOPS = 66.9  # float32 without TF32 (CUDA cores)
+# ONNX Runtime's CUDA EP runs float32 GEMMs in TF32 unless a session passes use_tf32=0
+# (CUDAExecutionProviderInfo::use_tf32 defaults to true); the epilogue GEMM does as it does.
+TF32 = True
+# Nodes of an activation written out (GELU's tanh form takes 7 to 9).
+MAX_ACTIVATION_NODES = 12
+_ACTIVATION_OPS = frozenset({"Mul", "Add", "Sub", "Div", "Pow", "Tanh", "Erf", "Sqrt", "Neg"})
+EXACT_GELU = "cuBLASLt's GELU epilogue is the tanh form"
+
+
+@dataclass(frozen=True)
+class Match:
+    """One product and the epilogue cuBLASLt runs after it."""
+
+    nodes: tuple[int, ...]  # the product, its Adds, the activation's nodes (topological)
+    a: str  # [.., M, K] ([K, M] when trans_a)
+    b: str  # the constant weight
+    bias: str
+    residual: str | None
+    output: str
+    activation: str  # "", "relu" or "gelu" (tanh form)
+    dtype: int
+    k: int
+    n: int
+    trans_a: bool = False
+    trans_b: bool = False
+    product: str = ""  # the MatMul/Gemm's name, for reports
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The node's inputs: A, B, the bias, [R] (docs/abi.md)."""
+        return (self.a, self.b, self.bias) + ((self.residual,) if self.residual else ())
+
+    @property
+    def spec(self) -> GemmSpec:
+        epilogue = {"": "bias", "relu": "relu_bias", "gelu": "gelu_bias"}[self.activation]
+        return GemmSpec(epilogue, self.residual is not None, self.dtype, TF32 and self.dtype == TP.FLOAT,
+                        self.trans_a, self.trans_b)
+
+    def describe(self) -> str:
+        """One line for reports."""
+        parts = [f"+ bias '{self.bias}'"]
+        if self.residual:
+            parts.append(f"+ '{self.residual}'")
+        if self.activation:
+            parts.append({"relu": "→ ReLU", "gelu": "→ GELU (tanh)"}[self.activation])
+        dtype = TP.DataType.Name(self.dtype).lower()
+        return (f"GEMM epilogue at '{self.product}': '{self.a}' · '{self.b}' [K {self.k}, N {self.n}] "
+                f"{' '.join(parts)} → '{self.output}', {dtype}{' (TF32)' if self.spec.tf32 else ''}")
+
+
+@dataclass(frozen=True)
+class Found:
+    """The chains cuBLASLt can run (every legal prefix of each), and the refusals with why."""
+
+    matches: tuple[Match, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def _only_reader(g: FusionGraph, t: str) -> int | None:
+    readers = g.consumers.get(t, ())
+    return readers[0] if len(readers) == 1 and t not in g.graph_outputs else None
+
+
+def _dtype_name(g: FusionGraph, t: str) -> str:
+    info = g.tensors.get(t)
+    return "of unknown type" if info is None else TP.DataType.Name(info.dtype).lower()
+
+
+def _same_shape(g: FusionGraph, x: str, y: str) -> bool:
+    """Shapes known and equal dim by dim (the same number or the same symbol)."""
+    sx, sy = g.shape(x), g.shape(y)
+    return sx is not None and sy is not None and len(sx) == len(sy) and \
+        all(a is not None and a == b for a, b in zip(sx, sy))
+
+
+def _is_bias(g: FusionGraph, t: str, n: int, dtype: int) -> bool:
+    return t in g.constants and g.shape(t) == (n,) and g.tensors[t].dtype == dtype
+
+
+def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, int, int] | str:
+    """(A, B, Gemm's bias, trans_a, trans_b, K, N) of product node `i`, or why it is no
+    epilogue GEMM."""
+    n = g.nodes[i]
+    a, b = n.inputs[:2]
+    out = n.outputs[0]
+    for t in (a, b, out):
+        info = g.tensors.get(t)
+        if info is None or info.dtype not in DTYPES:
+            return f"'{t}' is {_dtype_name(g, t)}: float32 or float16 only"
+    if len({g.tensors[t].dtype for t in (a, b, out)}) != 1:
+        return "its operands' types differ"
+    if b not in g.constants:
+        return f"its weight '{b}' is not a constant"
+    sa, sb = g.shape(a), g.shape(b)
+    if sb is None or len(sb) != 2:
+        return f"its weight '{b}' is not 2-D"
+    trans_a = trans_b = False
+    bias = None
+    if n.op_type == "Gemm":
+        trans_a, trans_b = bool(n.attrs.get("transA", 0)), bool(n.attrs.get("transB", 0))
+        if float(n.attrs.get("alpha", 1.0)) != 1.0:
+            return "Gemm's alpha is not 1"
+        c = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
+        if c is not None:
+            nn = sb[0] if trans_b else sb[1]
+            if float(n.attrs.get("beta", 1.0)) != 1.0 or not isinstance(nn, int) or \
+                    not _is_bias(g, c, nn, g.tensors[out].dtype):
+                return f"Gemm's C '{c}' is not a 1-D constant bias added with beta 1"
+            bias = c
+    if sa is None or not 2 <= len(sa) <= 3 or (trans_a and len(sa) != 2):
+        return f"A '{a}' of shape {None if sa is None else list(sa)}: rank 2 or 3 (rows flattened)"
+    k, kb = (sa[0] if trans_a else sa[-1]), (sb[1] if trans_b else sb[0])
+    n_dim = sb[0] if trans_b else sb[1]
+    if not isinstance(k, int) or k != kb or not isinstance(n_dim, int):
+        return f"A {list(sa)} and B {list(sb)}: K and N must be fixed and agree"
+    return a, b, bias, trans_a, trans_b, k, n_dim
+
+
+def _residual_after(g: FusionGraph, t: str) -> tuple[int, str] | None:
+    """(the Add, the other operand) when `t`'s one reader adds a runtime tensor of its shape."""
+    at = _only_reader(g, t)
+    if at is None or g.nodes[at].op_type != "Add":
+        return None
+    x, y = g.nodes[at].inputs[:2]
+    other = y if x == t else x
+    if other in g.constants or other == t or not _same_shape(g, other, t) or \
+            g.tensors[other].dtype != g.tensors[t].dtype or not _same_shape(g, g.nodes[at].outputs[0], t):
+        return None
+    return at, other
+
+
+def _regions(g: FusionGraph, x: str) -> list[tuple[tuple[int, ...], str]]:
+    """Each way, smallest first, of computing one tensor from `x` and scalar constants alone with
+    x and everything between read only by those nodes: (the nodes, their output). An activation
+    written out is one of them (GELU's x·(1 + tanh(..)) closes before its final ×0.5)."""
+    start = g.producer.get(x, -1)
+    region: list[int] = []
+    known = {x}
+    closed: list[tuple[tuple[int, ...], str]] = []
+    for i in range(start + 1, min(len(g.nodes), start + 1 + 4 * MAX_ACTIVATION_NODES)):
+        n = g.nodes[i]
+        ins = [t for t in n.inputs if t]
+        if not any(t in known for t in ins):
+            continue
+        if n.op_type not in _ACTIVATION_OPS or n.domain not in ("", "ai.onnx") or len(n.outputs) != 1 or \
+                not all(t in known or (t in g.constants and math.prod(g.constants[t].dims) == 1) for t in ins) or \
+                len(region) == MAX_ACTIVATION_NODES:
+            break
+        region.append(i)
+        known.add(n.outputs[0])
+        members = set(region)
+        inner = [x] + [g.nodes[j].outputs[0] for j in region[:-1]]
+        if all(t not in g.graph_outputs and all(c in members for c in g.consumers.get(t, ())) for t in inner):
+            closed.append((tuple(region), n.outputs[0]))
+    return closed
+
+
+def _gelu_form(g: FusionGraph, x: str, nodes: tuple[int, ...], y: str) -> str | None:
+    """"tanh" or "erf" when the nodes compute that form of GELU of `x`, else None. Evaluated in
+    float64 over [-6, 6] with the model's constants: the forms differ by up to 4.7e-4, float16's
+    rounding of the constants moves each by up to 3.2e-5."""
+    made = [helper.make_node(g.nodes[i].op_type, list(g.nodes[i].inputs), list(g.nodes[i].outputs),
+                             **dict(g.nodes[i].attrs)) for i in nodes]
+    consts = sorted({t for i in nodes for t in g.nodes[i].inputs if t in g.constants})
+    inits = [numpy_helper.from_array(np.asarray(constant_value(g, t), np.float64).reshape(()), t) for t in consts]
+    model = helper.make_model(helper.make_graph(made, "activation", [helper.make_tensor_value_info(x, TP.DOUBLE, [None])],
+                                                [helper.make_tensor_value_info(y, TP.DOUBLE, [None])], inits),
+                              opset_imports=[helper.make_opsetid("", max(g.opset, 13))])
+    from onnx.reference import ReferenceEvaluator
+
+    v = np.linspace(-6.0, 6.0, 241)
+    try:
+        got = np.asarray(ReferenceEvaluator(model).run(None, {x: v})[0], np.float64)
+    except Exception:  # an op the evaluator does not take in float64: not an activation we know
+        return None
+    if got.shape != v.shape:
+        return None
+    tanh = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+    erf = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    for form, want in (("tanh", tanh), ("erf", erf)):
+        if np.max(np.abs(got - want)) <= 1e-4:
+            return form
+    return None
+
+
+def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[int, ...], str] | str | None:
+    """(kind, nodes, output) of the activation applied to `t`, why it cannot be the epilogue's
+    (the exact GELU), or None when `t` is not read by one."""
+    readers = g.consumers.get(t, ())
+    if not readers or t in g.graph_outputs:
+        return None
+    n = g.nodes[readers[0]]
+    at = n.index
+    if len(readers) == 1 and n.op_type == "Relu" and n.domain in ("", "ai.onnx"):
+        return "relu", (at,), n.outputs[0]
+    if len(readers) == 1 and n.op_type == "Gelu" and n.domain in ("", "ai.onnx"):
+        if n.attrs.get("approximate", "none") in ("tanh", b"tanh"):
+            return "gelu", (at,), n.outputs[0]
+        return f"the exact GELU '{n.name or n.outputs[0]}' stays a stitched kernel: {EXACT_GELU}"
+    for nodes, y in reversed(_regions(g, t)):
+        form = _gelu_form(g, t, nodes, y)
+        if form == "tanh":
+            return "gelu", nodes, y
+        if form == "erf":
+            return f"the exact (erf) GELU into '{y}' stays a stitched kernel: {EXACT_GELU}"
+    return None
+
+
+def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
+    """Every legal epilogue chain of product `i` (its prefixes) and why it stops where it does."""
+    n = g.nodes[i]
+    name = f"GEMM epilogue at '{n.name or n.outputs[0]}'"
+    got = _product(g, i)
+    if isinstance(got, str):
+        return [], [f"{name}: {got}"]
+    a, b, bias, trans_a, trans_b, k, n_dim = got
+    dtype = g.tensors[n.outputs[0]].dtype
+    t, nodes, residual = n.outputs[0], [i], None
+    found: list[Match] = []
+    why: list[str] = []
+
+    def take(activation: str = "", out: str | None = None) -> None:
+        found.append(Match(tuple(sorted(nodes)), a, b, bias, residual, out or t, activation, dtype, k, n_dim,
+                           trans_a, trans_b, n.name or n.outputs[0]))
+
+    # The bias and the residual, in either order.
+    for _ in range(2):
+        at = _only_reader(g, t)
+        if at is None or g.nodes[at].op_type != "Add":
+            break
+        x, y = g.nodes[at].inputs[:2]
+        other = y if x == t else x
+        if bias is None and _is_bias(g, other, n_dim, dtype):
+            bias = other
+        elif residual is None and _residual_after(g, t) is not None:
+            residual = other
+        else:
+            break
+        nodes.append(at)
+        t = g.nodes[at].outputs[0]
+        if bias is not None:
+            take()
+    if bias is None:
+        readers = g.consumers.get(n.outputs[0], ())
+        what = "the product is a graph output" if n.outputs[0] in g.graph_outputs else \
+            f"it is read by {len(readers)} nodes" if len(readers) != 1 else \
+            f"its reader is {g.nodes[readers[0]].op_type}, not the Add of a bias [{n_dim}]"
+        return [], [f"{name}: no bias after it ({what})"]
+    act = _activation(g, t)
+    if isinstance(act, str):
+        why.append(f"{name}: {act}")
+    elif act is not None:
+        kind, extra, out = act
+        nodes.extend(extra)
+        take(kind, out)
+        if _residual_after(g, out) is not None:
+            why.append(f"{name}: the Add after its activation stays apart (cuBLASLt adds C before the activation)")
+    return found, why
+
+
+def find(g: FusionGraph) -> Found:
+    """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals."""
+    matches: list[Match] = []
+    refusals: list[str] = []
+    for n in g.nodes:
+        if n.op_type not in ("MatMul", "Gemm") or n.domain not in ("", "ai.onnx"):
+            continue
+        got, why = _chain(g, n.index)
+        matches += got
+        refusals += why
+    return Found(tuple(matches), tuple(refusals))
+
+
+def _tflops(dtype: int) -> float:
+    if dtype == TP.FLOAT16:
+        return FP16_TFLOPS
+    return TF32_TFLOPS if TF32 else FP32_TFLOPS
+
+
+def roofline_us(g: FusionGraph, cost: CostModel, m: Match, epilogue: bool = True) -> float:
+    """The GEMM's roofline in µs (no launch): 2·M·K·N flops at the tensor rate of its dtype
+    against A, B and Y (and with `epilogue` the bias and residual) at cost's bandwidth."""
+    rows = g.tensor_bytes(m.output) // (np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize * m.n)
+    flops = 2.0 * rows * m.k * m.n
+    moved = [m.a, m.b, m.output] + ([m.bias] + ([m.residual] if m.residual else []) if epilogue else [])
+    nbytes = sum(g.tensor_bytes(t) for t in moved)
+    return max(flops / (_tflops(m.dtype) * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))
+
+
+def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
+    """The plan's group for chain `m`: ORT's GEMM as the plan prices it, plus what the epilogue
+    adds to the GEMM's roofline (module docstring)."""
+    extra = roofline_us(g, cost, m) - roofline_us(g, cost, m, epilogue=False)
+    moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
+    return Group(name, m.nodes, m.inputs, (m.output,), None, moved, node_us(g, cost, m.nodes[0]) + max(extra, 0.0),
+                 tuple(g.nodes[i].label for i in m.nodes), tf32=m.spec.tf32, scheme=GEMM, payload=m)
+
+
+def chosen(found: Found, plan: Plan) -> Found:
+    """`found` as the plan left it: the chains it runs through cuBLASLt, and for each product
+    with none taken, why (among the refusals)."""
+    taken = [grp.payload for grp in plan.groups if grp.scheme == GEMM]
+    kept = tuple(m for m in found.matches if any(m is t for t in taken))
+    done = {m.product for m in kept}
+    longest: dict[str, Match] = {}
+    for m in found.matches:
+        if m.product not in done:
+            longest[m.product] = m  # prefixes come shortest first
+    passed = tuple(f"{m.describe()}: the plan found other kernels over these nodes cheaper" for m in longest.values())
+    return Found(kept, found.refusals + passed)
+

@@ -1,0 +1,56 @@
+"""The gemm scheme's launch facts (docs/abi.md, shape rule "gemm"): one cuBLASLt matmul with an
+epilogue, no generated kernel."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from onnx import TensorProto as TP
+
+from .. import GEMM
+from ..source import Spec
+
+ATTRIBUTE_PREFIX = "gemm_"
+# cuBLASLt's epilogues this scheme runs, by the code the node carries (gemm_epilogue). "none" is
+# the plain product (the benchmark's baseline); the matcher proposes the others.
+EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
+DTYPES = (TP.FLOAT, TP.FLOAT16)
+
+
+@dataclass(frozen=True)
+class GemmSpec(Spec):
+    """Y = epilogue(op(A)·op(B) [+ R]) with A [.., M, K] (rank 2 or 3, rows flattened), B a
+    constant [K, N] ([N, K] when `trans_b`), the bias [N] of the epilogue and R (`residual`) of
+    Y's shape added through cuBLASLt's β·C before the activation."""
+
+    scheme: ClassVar[str] = GEMM
+    shape_rule: ClassVar[str] = "gemm"
+    entry_suffixes: ClassVar[tuple[str, ...]] = ()  # a library call: no image, no entry
+    epilogue: str  # one of EPILOGUES; "gelu_bias" is the tanh form, cuBLASLt's only GELU
+    residual: bool
+    dtype: int  # of A, B, the bias, R and Y alike: TensorProto FLOAT or FLOAT16
+    tf32: bool  # float32 products on TF32 tensor cores (ONNX Runtime's CUDA EP default)
+    trans_a: bool = False  # A stored [K, M] (Gemm's transA; rank 2 only)
+    trans_b: bool = False  # B stored [N, K] (Gemm's transB)
+
+    def __post_init__(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"gemm epilogue {self.epilogue!r}: one of {', '.join(EPILOGUES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"gemm dtype {self.dtype}: float32 or float16")
+
+    @property
+    def biased(self) -> bool:
+        return self.epilogue != "none"
+
+    @property
+    def input_count(self) -> int:
+        """A, B, [the bias], [R]: the node's inputs in this order."""
+        return 2 + self.biased + self.residual
+
+    def attributes(self) -> dict[str, int]:
+        """The node attributes the runtime reads (docs/abi.md): gemm_<field>, booleans as 0/1,
+        the epilogue by its index in EPILOGUES; the dtype travels as output_dtypes."""
+        return {ATTRIBUTE_PREFIX + "epilogue": EPILOGUES.index(self.epilogue),
+                ATTRIBUTE_PREFIX + "residual": int(self.residual), ATTRIBUTE_PREFIX + "tf32": int(self.tf32),
+                ATTRIBUTE_PREFIX + "trans_a": int(self.trans_a), ATTRIBUTE_PREFIX + "trans_b": int(self.trans_b)}
