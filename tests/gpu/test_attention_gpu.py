@@ -10,8 +10,9 @@ import pytest
 
 import onnxstitch
 
-from ..attention_models import (CORES, PROJECTED, Projected, core_feeds, core_model, core_reference, projected_feeds,
-                                projected_model, projected_reference, relative_error)
+from ..attention_models import (CORES, PROJECTED, SDPA, Projected, Sdpa, core_feeds, core_model, core_reference,
+                                projected_feeds, projected_model, projected_reference, relative_error, sdpa_feeds,
+                                sdpa_model, sdpa_reference)
 from ..stitching import fresh_seed
 from .test_stitched_gpu import run_gpu
 
@@ -69,3 +70,20 @@ def test_projected_attention_kernel_at_another_sequence_length() -> None:
     want = projected_reference(other, model, feeds)
     (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
     assert relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+
+
+@pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
+def test_sdpa_attention_kernel_matches_float64(s: Sdpa) -> None:
+    # transformers' SDPA forms (issue 22); with the NaN guard and -inf fills, rows that attend
+    # to nothing must come out exactly 0.
+    res = onnxstitch.optimize(sdpa_model(s))
+    assert [grp.scheme for grp in res.report.plan.groups].count("attention") == 1 and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    blank = s.guard and s.core.mask is not None and s.fill == -np.inf
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()), blank_rows=blank)
+    want = sdpa_reference(s, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert np.isfinite(got).all() and relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+    if blank:
+        zeros = (want == 0).all(-1)
+        assert zeros.any() and (got[zeros] == 0).all()
