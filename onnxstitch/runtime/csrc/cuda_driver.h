@@ -20,6 +20,7 @@ namespace cu {
 
 using Result = int;  // CUresult
 using Device = int;  // CUdevice
+using DevicePtr = unsigned long long;  // CUdeviceptr
 typedef struct CUctx_st* Context;
 typedef struct CUmod_st* Module;
 typedef struct CUfunc_st* Function;
@@ -60,6 +61,8 @@ struct Driver {
                          void**) = nullptr;                                 // @4000
   Result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, Function, int, size_t) = nullptr;  // @6050, optional
   Result (*FuncSetAttribute)(Function, int, int) = nullptr;                 // @9000
+  Result (*MemAlloc)(DevicePtr*, size_t) = nullptr;                         // @3020 (_v2): the gemm scheme's workspace
+  Result (*MemFree)(DevicePtr) = nullptr;                                   // @3020 (_v2)
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -117,6 +120,8 @@ struct Driver {
         {"cuModuleGetFunction", 2000, reinterpret_cast<void**>(&ModuleGetFunction), true},
         {"cuLaunchKernel", 4000, reinterpret_cast<void**>(&LaunchKernel), true},
         {"cuFuncSetAttribute", 9000, reinterpret_cast<void**>(&FuncSetAttribute), true},
+        {"cuMemAlloc", 3020, reinterpret_cast<void**>(&MemAlloc), true},
+        {"cuMemFree", 3020, reinterpret_cast<void**>(&MemFree), true},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

@@ -210,7 +210,7 @@ Error Kernel::Init(const OrtKernelInfo* info) {
   scheme_ = MakeScheme(shape_rule_);
   if (scheme_ == nullptr) {
     return Fail(ORT_NOT_IMPLEMENTED,
-                "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\", \"rows\" or \"attention\")");
+                "shape_rule '" + shape_rule_ + "' is not supported (\"broadcast\", \"rows\", \"attention\" or \"gemm\")");
   }
   if (Error e = r.Ints("input_kinds", &input_kinds_, &present)) return e;
   if (!present) return Fail(ORT_INVALID_ARGUMENT, "missing INTS attribute 'input_kinds'");
@@ -319,7 +319,7 @@ Error Kernel::InitImages(KernelAttrs& r) {
   } else {
     image_archs_.clear();
   }
-  if (images_.empty() && !has_ptx_) {
+  if (images_.empty() && !has_ptx_ && scheme_->UsesImage()) {
     return Fail(ORT_INVALID_ARGUMENT,
                 "carries no kernel image: neither 'images' (+ image_archs, image_sizes) nor 'ptx'");
   }
@@ -348,6 +348,7 @@ Error Kernel::LoadModule(Loaded* l) {
     return Fail(ORT_FAIL, "cuDeviceGetAttribute failed: " + CuError(r));
   }
   l->sm_count = std::max(1, sms);
+  if (!scheme_->UsesImage()) return {};  // a library call: the context is all it needs
   const std::string device_arch = "sm_" + std::to_string(major) + std::to_string(minor);
 
   // Cubin: same major as the device, the highest minor not above the device's.

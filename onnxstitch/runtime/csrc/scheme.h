@@ -117,9 +117,12 @@ class Scheme {
   virtual Error Entries(const cu::Driver& d, const std::string& kernel_name, Loaded* l) const = 0;
   // One Compute: the outputs allocated through `call`, the kernel launched on its stream.
   virtual Error Run(Call& call, Bound* b) const = 0;
+  // Whether the node carries a kernel image to load; a library call (the gemm scheme) has none,
+  // and Enter then makes the stream's context current without loading a module.
+  virtual bool UsesImage() const { return true; }
 };
 
-// The scheme of a shape rule ("broadcast", "rows", "attention"); nullptr for another.
+// The scheme of a shape rule ("broadcast", "rows", "attention", "gemm"); nullptr for another.
 std::unique_ptr<Scheme> MakeScheme(const std::string& shape_rule);
 
 // Finds `entry` in l's module; words a failure.

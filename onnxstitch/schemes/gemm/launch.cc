@@ -1,0 +1,383 @@
+// The gemm scheme's runtime side (shape rule "gemm", docs/abi.md): one cuBLASLt matmul with an
+// epilogue, no kernel image. Inputs A [.., M, K] (rank 2 or 3, rows flattened; [K, M] with
+// gemm_trans_a), B [K, N] ([N, K] with gemm_trans_b), the bias [N] unless gemm_epilogue is 0,
+// then R (gemm_residual) of Y's shape; Y = act(A·B + bias + R).
+//
+// ONNX tensors are row-major and cuBLASLt's layouts column-major: a row-major X [r, c] is the
+// column-major Xᵀ [c, r], so Y = A·B is computed as Yᵀ = Bᵀ·Aᵀ — cuBLASLt's "A" is our B and its
+// "B" our A, and the bias (one value per row of column-major D) runs along N as ONNX's does.
+//
+// Precision: float32 runs CUBLAS_COMPUTE_32F_FAST_TF32 where gemm_tf32 says so (the optimizer
+// sets it as ONNX Runtime's CUDA EP runs its own float32 GEMMs: its provider option use_tf32,
+// CUDAExecutionProviderInfo::use_tf32, defaults to true since ORT 1.17 — a session passing
+// use_tf32=0 gets full float32 from ORT but not from this node, which cannot read the EP's
+// options), else CUBLAS_COMPUTE_32F; float16 runs CUBLAS_COMPUTE_32F (float accumulation, as ORT's
+// half GEMMs by default). Scales are float on the host.
+//
+// Per CUDA context a cuBLASLt handle, per (context, stream) one workspace allocated with the
+// driver at the first call — ORT's warm-up runs come before a CUDA graph's capture, so nothing is
+// allocated during one — shared by every gemm node of that stream (they run one after another on
+// it) and freed with the last node using it. Per node and shape the matmul descriptor, the four
+// layouts and the heuristic's algorithm are made once and kept.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cublaslt_api.h"
+#include "scheme.h"
+
+namespace onnxstitch {
+namespace {
+
+constexpr const char* kRule = "gemm";
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+constexpr int64_t kFloat = 1, kFloat16 = 10;           // TensorProto element types
+const uint32_t kEpilogues[] = {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueReluBias, lt::kEpilogueGeluBias};
+const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias"};
+
+// What the process shares: cuBLASLt itself, a handle per context, a workspace per stream.
+struct Library {
+  std::mutex mu;
+  bool tried = false;
+  std::string error;
+  lt::Api api;
+  struct Handle {
+    lt::Handle handle = nullptr;
+    int users = 0;
+  };
+  struct Workspace {
+    cu::Context ctx = nullptr;
+    cu::DevicePtr ptr = 0;
+    int users = 0;
+  };
+  std::map<unsigned long long, Handle> handles;                                  // by context key
+  std::map<std::pair<unsigned long long, cu::Stream>, Workspace> workspaces;     // by (context, stream)
+
+  static Library& Get() {
+    static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
+    return *lib;
+  }
+};
+
+unsigned long long ContextKey(const cu::Driver& d, cu::Context ctx) {
+  unsigned long long id = 0;
+  if (d.CtxGetId != nullptr && d.CtxGetId(ctx, &id) == cu::kSuccess) return id;
+  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
+}
+
+// The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
+// algorithm needing more.
+uint32_t Alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+struct ShapeKey {
+  unsigned long long ctx;
+  int64_t m, k, n;
+  uint32_t align[5];  // A, B, bias, C, D
+  bool operator<(const ShapeKey& o) const {
+    return std::tie(ctx, m, k, n, align[0], align[1], align[2], align[3], align[4]) <
+           std::tie(o.ctx, o.m, o.k, o.n, o.align[0], o.align[1], o.align[2], o.align[3], o.align[4]);
+  }
+};
+
+// One shape's descriptors and algorithm.
+struct Plan {
+  const lt::Api* api = nullptr;
+  lt::MatmulDesc desc = nullptr;
+  lt::Layout a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
+  lt::MatmulAlgo algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (api == nullptr) return;
+    for (lt::Layout l : {a, b, c}) {
+      if (l != nullptr) api->MatrixLayoutDestroy(l);
+    }
+    if (desc != nullptr) api->MatmulDescDestroy(desc);
+  }
+};
+
+class Gemm final : public Scheme {
+ public:
+  ~Gemm() override { Release(); }
+
+  Error Init(Attrs& a, size_t n_in, size_t n_out) override {
+    int64_t epilogue = 0, residual = 0, tf32 = 0, trans_a = 0, trans_b = 0;
+    if (Error e = a.RequiredInt("gemm_epilogue", kRule, &epilogue)) return e;
+    if (Error e = a.RequiredInt("gemm_residual", kRule, &residual)) return e;
+    if (Error e = a.RequiredInt("gemm_tf32", kRule, &tf32)) return e;
+    if (Error e = a.RequiredInt("gemm_trans_a", kRule, &trans_a)) return e;
+    if (Error e = a.RequiredInt("gemm_trans_b", kRule, &trans_b)) return e;
+    if (epilogue < 0 || epilogue > 3) {
+      return Fail(ORT_INVALID_ARGUMENT, "gemm_epilogue must be 0 (none), 1 (bias), 2 (relu_bias) or 3 (gelu_bias), got " +
+                                            std::to_string(epilogue));
+    }
+    for (int64_t flag : {residual, tf32, trans_a, trans_b}) {
+      if (flag != 0 && flag != 1) return Fail(ORT_INVALID_ARGUMENT, "gemm_residual, gemm_tf32, gemm_trans_a and gemm_trans_b are 0 or 1");
+    }
+    std::vector<int64_t> dtypes;
+    bool present = false;
+    if (Error e = a.Ints("output_dtypes", &dtypes, &present)) return e;
+    if (!present || dtypes.size() != 1 || (dtypes[0] != kFloat && dtypes[0] != kFloat16)) {
+      return Fail(ORT_INVALID_ARGUMENT, "a gemm node has one output, float32 or float16 (output_dtypes)");
+    }
+    epilogue_ = static_cast<int>(epilogue);
+    residual_ = residual != 0;
+    tf32_ = tf32 != 0;
+    trans_a_ = trans_a != 0;
+    trans_b_ = trans_b != 0;
+    half_ = dtypes[0] == kFloat16;
+    const size_t want = 2 + (epilogue_ > 0) + residual_;
+    if (n_in != want || n_out != 1) {
+      return Fail(ORT_INVALID_ARGUMENT, "a gemm node with epilogue " + std::string(kEpilogueNames[epilogue_]) +
+                                            (residual_ ? " and a residual" : "") + " takes " + std::to_string(want) +
+                                            " inputs and gives 1 output, not " + std::to_string(n_in) + " and " +
+                                            std::to_string(n_out));
+    }
+    return {};
+  }
+
+  bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
+                    std::vector<std::vector<ShapeDim>>* outs) const override {
+    if (ins.size() < 2 || n_out != 1 || ins[1].size() != 2) return false;
+    const std::vector<ShapeDim>& a = ins[0];
+    if (a.size() < 2 || a.size() > 3 || (trans_a_ && a.size() != 2)) return false;
+    std::vector<ShapeDim> y;
+    if (trans_a_) {
+      y.push_back(a[1]);
+    } else {
+      y.assign(a.begin(), a.end() - 1);
+    }
+    y.push_back(ins[1][trans_b_ ? 0 : 1]);
+    outs->assign(1, y);
+    return true;
+  }
+
+  Error Entries(const cu::Driver&, const std::string&, Loaded*) const override { return {}; }
+  bool UsesImage() const override { return false; }
+
+  Error Run(Call& call, Bound* b) const override {
+    int64_t m = 0, k = 0, n = 0;
+    std::vector<int64_t> y;
+    if (Error e = Shapes(b, &m, &k, &n, &y)) return e;
+    void* out = nullptr;
+    if (Error e = call.Output(0, y.data(), y.size(), &out)) return e;
+    if (m == 0 || n == 0) return {};  // nothing to compute (K is the weight's, never 0 here)
+    cu::Stream stream = nullptr;
+    const Loaded* l = nullptr;
+    if (Error e = call.Enter(&stream, &l)) return e;
+    const cu::Driver& d = call.Driver();
+    const unsigned long long ctx = ContextKey(d, l->ctx);
+    Library& lib = Library::Get();
+    lt::Handle handle = nullptr;
+    cu::DevicePtr workspace = 0;
+    if (Error e = Resources(d, l->ctx, ctx, stream, &handle, &workspace)) return e;
+    const void* bias = epilogue_ > 0 ? b->args.in[2] : nullptr;
+    const void* residual = residual_ ? b->args.in[b->n_in - 1] : out;
+    const ShapeKey key{ctx, m, k, n, {Alignment(b->args.in[0]), Alignment(b->args.in[1]), Alignment(bias),
+                                      Alignment(residual), Alignment(out)}};
+    std::lock_guard<std::mutex> lock(mu_);  // the descriptor's bias pointer is set per call
+    const Plan* plan = nullptr;
+    if (Error e = PlanFor(lib.api, handle, key, &plan)) return e;
+    const lt::Api& api = lib.api;
+    lt::Status s = lt::kSuccess;
+    if (bias != nullptr) s = api.MatmulDescSetAttribute(plan->desc, lt::kDescBiasPointer, &bias, sizeof(bias));
+    if (s != lt::kSuccess) return Failed(api, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", s);
+    const float alpha = 1.0f, beta = residual_ ? 1.0f : 0.0f;
+    s = api.Matmul(handle, plan->desc, &alpha, b->args.in[1], plan->a, b->args.in[0], plan->b, &beta, residual,
+                   plan->c, out, plan->c, &plan->algo, reinterpret_cast<void*>(workspace), plan->workspace, stream);
+    if (s != lt::kSuccess) return Failed(api, "cublasLtMatmul", s, &key);
+    return {};
+  }
+
+ private:
+  // M, K, N and Y's dims from the bound inputs; an error naming what does not fit.
+  Error Shapes(const Bound* b, int64_t* m, int64_t* k, int64_t* n, std::vector<int64_t>* y) const {
+    const int64_t* a = b->shapes[0];
+    const size_t ra = b->ranks[0];
+    const int64_t* w = b->shapes[1];
+    if (ra < 2 || ra > 3 || (trans_a_ && ra != 2) || b->ranks[1] != 2) {
+      return Fail(ORT_INVALID_ARGUMENT, "A " + ShapeText(a, ra) + " and B " + ShapeText(w, b->ranks[1]) +
+                                            ": A of rank 2" + (trans_a_ ? "" : " or 3") + " and B of rank 2 are needed");
+    }
+    *k = trans_a_ ? a[0] : a[ra - 1];
+    *m = trans_a_ ? a[1] : a[0] * (ra == 3 ? a[1] : 1);
+    *n = trans_b_ ? w[0] : w[1];
+    if ((trans_b_ ? w[1] : w[0]) != *k) {
+      return Fail(ORT_INVALID_ARGUMENT, "A " + ShapeText(a, ra) + " and B " + ShapeText(w, 2) + " do not multiply" +
+                                            (trans_a_ || trans_b_ ? " (as transposed)" : ""));
+    }
+    if (trans_a_) {
+      y->assign({*m});
+    } else {
+      y->assign(a, a + ra - 1);
+    }
+    y->push_back(*n);
+    if (epilogue_ > 0 && (b->ranks[2] != 1 || b->shapes[2][0] != *n)) {
+      return Fail(ORT_INVALID_ARGUMENT, "the bias " + ShapeText(b->shapes[2], b->ranks[2]) + " is not [" +
+                                            std::to_string(*n) + "]");
+    }
+    const size_t r = b->n_in - 1;
+    if (residual_ && (b->ranks[r] != y->size() || !std::equal(y->begin(), y->end(), b->shapes[r]))) {
+      return Fail(ORT_INVALID_ARGUMENT, "the residual " + ShapeText(b->shapes[r], b->ranks[r]) +
+                                            " is not of the product's shape " + ShapeText(y->data(), y->size()));
+    }
+    return {};
+  }
+
+  // cuBLASLt, the context's handle and the stream's workspace (made at their first use).
+  Error Resources(const cu::Driver& d, cu::Context cuctx, unsigned long long ctx, cu::Stream stream, lt::Handle* handle,
+                  cu::DevicePtr* workspace) const {
+    Library& lib = Library::Get();
+    std::lock_guard<std::mutex> lock(lib.mu);
+    if (!lib.tried) {
+      lib.tried = true;
+      lib.error = lib.api.Load();
+    }
+    if (!lib.error.empty()) return Fail(ORT_FAIL, lib.error);
+    Library::Handle& h = lib.handles[ctx];
+    if (h.handle == nullptr) {
+      const lt::Status s = lib.api.Create(&h.handle);
+      if (s != lt::kSuccess) {
+        lib.handles.erase(ctx);
+        return Failed(lib.api, "cublasLtCreate", s);
+      }
+    }
+    Library::Workspace& ws = lib.workspaces[{ctx, stream}];
+    if (ws.ptr == 0) {
+      const cu::Result r = d.MemAlloc(&ws.ptr, kWorkspaceBytes);
+      if (r != cu::kSuccess) {
+        lib.workspaces.erase({ctx, stream});
+        return Fail(ORT_FAIL, "cuMemAlloc of cuBLASLt's " + std::to_string(kWorkspaceBytes >> 20) +
+                                  " MiB workspace failed: " + d.ErrorText(r));
+      }
+      ws.ctx = cuctx;
+    }
+    std::lock_guard<std::mutex> mine(mu_);
+    if (used_.emplace(ctx, stream).second) {
+      ++h.users;
+      ++ws.users;
+      driver_ = d;  // a copy (entry points only): Release may run after the node's own is gone
+    }
+    *handle = h.handle;
+    *workspace = ws.ptr;
+    return {};
+  }
+
+  // The descriptors and algorithm of one shape, made at its first call (mu_ held).
+  Error PlanFor(const lt::Api& api, lt::Handle handle, const ShapeKey& key, const Plan** out) const {
+    auto it = plans_.find(key);
+    if (it != plans_.end()) {
+      *out = it->second.get();
+      return {};
+    }
+    auto p = std::make_unique<Plan>();
+    p->api = &api;
+    const int type = half_ ? lt::kR16F : lt::kR32F;
+    const int compute = !half_ && tf32_ ? lt::kComputeF32FastTf32 : lt::kComputeF32;
+    const int32_t op_a = trans_b_ ? lt::kOpT : lt::kOpN, op_b = trans_a_ ? lt::kOpT : lt::kOpN;
+    const uint32_t epilogue = kEpilogues[epilogue_];
+    lt::Status s = api.MatmulDescCreate(&p->desc, compute, lt::kR32F);
+    if (s == lt::kSuccess) s = api.MatmulDescSetAttribute(p->desc, lt::kDescTransA, &op_a, sizeof(op_a));
+    if (s == lt::kSuccess) s = api.MatmulDescSetAttribute(p->desc, lt::kDescTransB, &op_b, sizeof(op_b));
+    if (s == lt::kSuccess) s = api.MatmulDescSetAttribute(p->desc, lt::kDescEpilogue, &epilogue, sizeof(epilogue));
+    if (s != lt::kSuccess) return Failed(api, "making the matmul descriptor", s, &key);
+    // Column-major, as stored: our B is [K, N] row-major = N×K (ld N), or K×N (ld K) transposed
+    // by op T; our A [M, K] = K×M (ld K), or [K, M] = M×K (ld M) under op T; Y = N×M (ld N).
+    const int64_t m = key.m, k = key.k, n = key.n;
+    s = trans_b_ ? api.MatrixLayoutCreate(&p->a, type, k, n, k) : api.MatrixLayoutCreate(&p->a, type, n, k, n);
+    if (s == lt::kSuccess) {
+      s = trans_a_ ? api.MatrixLayoutCreate(&p->b, type, m, k, m) : api.MatrixLayoutCreate(&p->b, type, k, m, k);
+    }
+    if (s == lt::kSuccess) s = api.MatrixLayoutCreate(&p->c, type, n, m, n);
+    if (s != lt::kSuccess) return Failed(api, "cublasLtMatrixLayoutCreate", s, &key);
+    if (Error e = Choose(api, handle, key, p.get())) return e;
+    *out = p.get();
+    plans_.emplace(key, std::move(p));
+    return {};
+  }
+
+  // The heuristic's first algorithm for this shape and these alignments.
+  Error Choose(const lt::Api& api, lt::Handle handle, const ShapeKey& key, Plan* p) const {
+    lt::Preference pref = nullptr;
+    lt::Status s = api.MatmulPreferenceCreate(&pref);
+    const uint64_t max_workspace = kWorkspaceBytes;
+    // cuBLASLt's A is our B and its B our A; the bias has no preference of its own but C's bound.
+    const uint32_t align_a = key.align[1], align_b = key.align[0];
+    const uint32_t align_c = std::min(key.align[3], key.align[2]), align_d = key.align[4];
+    if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &max_workspace, sizeof(max_workspace));
+    if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentA, &align_a, sizeof(align_a));
+    if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentB, &align_b, sizeof(align_b));
+    if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentC, &align_c, sizeof(align_c));
+    if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentD, &align_d, sizeof(align_d));
+    lt::HeuristicResult result;
+    std::memset(&result, 0, sizeof(result));
+    int found = 0;
+    if (s == lt::kSuccess) s = api.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+    if (pref != nullptr) api.MatmulPreferenceDestroy(pref);
+    if (s != lt::kSuccess) return Failed(api, "cublasLtMatmulAlgoGetHeuristic", s, &key);
+    if (found < 1) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
+    p->algo = result.algo;
+    p->workspace = result.workspaceSize;
+    return {};
+  }
+
+  std::string What(const ShapeKey* key) const {
+    std::string s = "M " + std::to_string(key->m) + ", K " + std::to_string(key->k) + ", N " + std::to_string(key->n) +
+                    ", " + (half_ ? "float16" : tf32_ ? "float32 (TF32)" : "float32") + ", epilogue " +
+                    kEpilogueNames[epilogue_] + (residual_ ? " + residual" : "");
+    return s;
+  }
+
+  Error Failed(const lt::Api& api, const char* what, lt::Status s, const ShapeKey* key = nullptr) const {
+    return Fail(ORT_FAIL, std::string(what) + " failed: " + api.StatusText(s) + (key ? " (" + What(key) + ")" : ""));
+  }
+
+  // Gives back this node's share of the handles and workspaces it used.
+  void Release() noexcept {
+    plans_.clear();
+    if (used_.empty()) return;
+    Library& lib = Library::Get();
+    std::lock_guard<std::mutex> lock(lib.mu);
+    for (const auto& use : used_) {
+      auto ws = lib.workspaces.find(use);
+      if (ws != lib.workspaces.end() && --ws->second.users == 0) {
+        // Best effort: at process exit the context may be gone already.
+        if (driver_.CtxPushCurrent(ws->second.ctx) == cu::kSuccess) {
+          driver_.MemFree(ws->second.ptr);
+          cu::Context popped = nullptr;
+          driver_.CtxPopCurrent(&popped);
+        }
+        lib.workspaces.erase(ws);
+      }
+      auto h = lib.handles.find(use.first);
+      if (h != lib.handles.end() && --h->second.users == 0) {
+        lib.api.Destroy(h->second.handle);
+        lib.handles.erase(h);
+      }
+    }
+    used_.clear();
+  }
+
+  int epilogue_ = 0;
+  bool residual_ = false, tf32_ = false, trans_a_ = false, trans_b_ = false, half_ = false;
+  mutable std::mutex mu_;
+  mutable std::map<ShapeKey, std::unique_ptr<Plan>> plans_;
+  mutable std::set<std::pair<unsigned long long, cu::Stream>> used_;  // (context, stream) this node holds
+  mutable cu::Driver driver_;
+};
+
+}  // namespace
+
+std::unique_ptr<Scheme> MakeGemm() { return std::make_unique<Gemm>(); }
+
+}  // namespace onnxstitch

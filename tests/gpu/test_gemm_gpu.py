@@ -1,0 +1,90 @@
+"""GEMM epilogues through cuBLASLt on the GPU (marker `gpu`): each chain of tests/gemm_models.py
+optimized with `epilogues=True` (verified there against stock ORT CUDA), then run through the
+custom op with poisoned outputs against a float64 reference on fresh random inputs: each
+epilogue, float32 (TF32) and float16, row counts that are a multiple of nothing, rank-3 A,
+Gemm's transposed weight, and CUDA graphs (warm-up, capture, replays with new data).
+
+Tolerances (‖got − want‖ / ‖want‖): TF32 rounds A and B to 10 mantissa bits, about 5e-4 relative
+per product at these K, so 2e-3; float16 rounds the inputs, the output and GELU's argument to 11
+bits (about 1e-3 relative), so 5e-3 — far below a wrong bias, activation, transpose or layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+
+import onnxstitch
+
+from ..gemm_models import Chain, chain_model, feeds, reference
+from ..stitching import fresh_seed
+from .test_stitched_gpu import run_gpu
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {TP.FLOAT: 2e-3, TP.FLOAT16: 5e-3}
+
+# (A's dims before K at run time, the chain); A's leading dims planned at other sizes.
+CASES = [
+    ((91,), Chain(lead=("m",), k=40, n=72)),
+    ((7, 13), Chain(lead=("b", "s"), k=40, n=72, activation="relu")),
+    ((7, 13), Chain(lead=("b", "s"), k=64, n=96, activation="gelu_tanh_pow")),
+    ((7, 13), Chain(lead=("b", "s"), k=64, n=96, activation="gelu_op")),
+    ((5, 37), Chain(lead=("b", "s"), k=48, n=48, residual="before")),
+    ((5, 37), Chain(lead=("b", "s"), k=48, n=48, residual="before", activation="gelu_tanh_cube")),
+    ((33,), Chain(lead=("m",), k=33, n=75, activation="relu")),  # odd K and N: unaligned rows
+    ((91,), Chain(lead=("m",), k=40, n=72, gemm=True, activation="gelu_op")),  # Gemm, weight [N, K]
+    ((8, 128), Chain(lead=("b", "s"), k=768, n=3072, activation="gelu_tanh_pow")),  # BERT-base's FFN
+    ((8, 128), Chain(lead=("b", "s"), k=3072, n=768, residual="before")),
+]
+CASES += [(lead, Chain(c.lead, c.k, c.n, TP.FLOAT16, c.activation, c.residual, c.gemm)) for lead, c in CASES
+          if c.k % 8 == 0]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+def stitched(c: Chain):
+    """The chain optimized with epilogues: one gemm group, verified on the GPU."""
+    res = onnxstitch.optimize(chain_model(c), epilogues=True, shapes={"m": [64], "b": [4], "s": [16]})
+    assert [g.scheme for g in res.report.plan.groups] == ["gemm"] and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    return res
+
+
+@pytest.mark.parametrize("lead,c", CASES, ids=[f"{c.id}@{'x'.join(map(str, lead))}" for lead, c in CASES])
+def test_epilogue_matches_float64(lead: tuple[int, ...], c: Chain) -> None:
+    res = stitched(c)
+    given = feeds(c, lead, np.random.default_rng(fresh_seed()))
+    want = reference(c, chain_model(c), given)
+    (got,) = run_gpu(res.model, given, [want.astype(given["a"].dtype)])
+    assert relative_error(got, want) <= TOLERANCE[c.dtype]
+
+
+@pytest.mark.parametrize("c", [Chain(lead=("b", "s"), k=64, n=96, activation="gelu_tanh_pow"),
+                               Chain(lead=("b", "s"), k=64, n=64, dtype=TP.FLOAT16, residual="before")],
+                         ids=lambda c: c.id)
+def test_epilogue_under_cuda_graphs(c: Chain) -> None:
+    import cupy
+
+    res = stitched(c)
+    sess = onnxstitch.session(res.model.SerializeToString(),
+                              providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"])
+    rng = np.random.default_rng(fresh_seed())
+    lead = (3, 29)
+    first = feeds(c, lead, rng)
+    dev = {k: cupy.empty(v.shape, v.dtype) for k, v in first.items()}
+    y = cupy.empty(lead + (c.n,), first["a"].dtype)
+    io = sess.io_binding()
+    for k, v in dev.items():
+        io.bind_input(k, "cuda", 0, v.dtype, list(v.shape), int(v.data.ptr))
+    io.bind_output("y", "cuda", 0, y.dtype, list(y.shape), int(y.data.ptr))
+    for run in range(4):  # warm-up, capture, then replays with new data in the same buffers
+        given = first if run == 0 else feeds(c, lead, rng)
+        for k, v in given.items():
+            dev[k].set(v)
+        y.fill(np.nan)
+        cupy.cuda.Device().synchronize()
+        sess.run_with_iobinding(io)
+        cupy.cuda.Device().synchronize()
+        assert relative_error(y.get(), reference(c, chain_model(c), given)) <= TOLERANCE[c.dtype], f"run {run}"
