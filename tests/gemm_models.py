@@ -37,7 +37,7 @@ def _const(name: str, value: float | np.ndarray, dtype: int) -> onnx.TensorProto
     return numpy_helper.from_array(np.asarray(value, helper.tensor_dtype_to_np_dtype(dtype)), name)
 
 
-def _activation(kind: str, x: str, y: str, dtype: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def activation_nodes(kind: str, x: str, y: str, dtype: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Nodes computing y = kind(x), and their scalar constants."""
     c = {"half": 0.5, "one": 1.0, "three": 3.0, "cubic": 0.044715, "root": math.sqrt(2 / math.pi),
          "sqrt2": math.sqrt(2.0)}
@@ -88,7 +88,7 @@ def chain_model(c: Chain, seed: int = 0) -> onnx.ModelProto:
         nodes.append(mk("Add", [x, "r"], ["res"], name="residual"))
         x = "res"
     if c.activation:
-        act, consts = _activation(c.activation, x, "act", c.dtype)
+        act, consts = activation_nodes(c.activation, x, "act", c.dtype)
         nodes += act
         inits += consts
         x = "act"
