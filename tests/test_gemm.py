@@ -121,9 +121,10 @@ def _read_twice(m: onnx.ModelProto) -> None:
 @pytest.mark.parametrize("c,edit,reason", [
     (Chain(), _weight_as_input, "its weight 'w' is not a constant"),
     (Chain(lead=(6,), gemm=True, activation="relu"), _gemm_attr("alpha", 2.0), "Gemm's alpha is not 1"),
-    (Chain(lead=(6,), gemm=True, activation="relu"), _gemm_attr("beta", 0.5), "not a 1-D constant bias added with beta 1"),
+    (Chain(lead=(6,), gemm=True, activation="relu"), _gemm_attr("beta", 0.5), "Gemm's C 'b' is not a bias [N] added with beta 1"),
     (Chain(), _read_twice, "no bias after it (it is read by 2 nodes)"),
-], ids=["weight-input", "alpha", "beta", "product-read-twice"])
+    (Chain(lead=(6,), gemm=True), lambda m: None, "nothing after its own bias for an epilogue (read by no node)"),
+], ids=["weight-input", "alpha", "beta", "product-read-twice", "gemm-alone"])
 def test_refusals_of_the_product_say_why(c: Chain, edit, reason: str) -> None:
     found = gemm.find(from_model(_edited(c, edit)))
     assert not found.matches and any(reason in r for r in found.refusals), found.refusals

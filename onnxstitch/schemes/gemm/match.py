@@ -13,7 +13,8 @@ Legal chains (`find`): a MatMul (A of rank 2 or 3, rows flattened) or a Gemm (al
 1-D constant bias with beta 1, or absent) whose B is a constant 2-D weight, float32 or float16
 throughout, followed by
 
-- its bias: an Add of a 1-D constant [N] (Gemm's own C counts), required;
+- its bias: an Add of a tensor [N] (Gemm's own C counts), required: a constant as exporters
+  write it (or an initializer also listed as an input: cuBLASLt reads it at every call);
 - optionally a residual: an Add of a tensor of the product's shape (cuBLASLt's C with β = 1);
 - optionally an activation: Relu; Gelu(approximate="tanh"); or GELU's tanh form as exporters
   write it, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in any arrangement of its nodes,
@@ -129,7 +130,11 @@ def _same_shape(g: FusionGraph, x: str, y: str) -> bool:
 
 
 def _is_bias(g: FusionGraph, t: str, n: int, dtype: int) -> bool:
-    return t in g.constants and g.shape(t) == (n,) and g.tensors[t].dtype == dtype
+    """`t` is a bias [n] of the product's type. A constant as exporters write it, or an
+    initializer the model also lists as an input (TorchScript exports of IR < 4): cuBLASLt reads
+    the bias through its pointer at every call, so it need not be fixed."""
+    info = g.tensors.get(t)
+    return info is not None and g.shape(t) == (n,) and info.dtype == dtype
 
 
 def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, int, int] | str:
@@ -160,7 +165,7 @@ def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, 
             nn = sb[0] if trans_b else sb[1]
             if float(n.attrs.get("beta", 1.0)) != 1.0 or not isinstance(nn, int) or \
                     not _is_bias(g, c, nn, g.tensors[out].dtype):
-                return f"Gemm's C '{c}' is not a 1-D constant bias added with beta 1"
+                return f"Gemm's C '{c}' is not a bias [N] added with beta 1"
             bias = c
     if sa is None or not 2 <= len(sa) <= 3 or (trans_a and len(sa) != 2):
         return f"A '{a}' of shape {None if sa is None else list(sa)}: rank 2 or 3 (rows flattened)"
@@ -310,6 +315,9 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         take(kind, out)
         if _residual_after(g, out) is not None:
             why.append(f"{name}: the Add after its activation stays apart (cuBLASLt adds C before the activation)")
+    if not found and not why:  # a Gemm's own bias and nothing after it
+        readers = sorted({g.nodes[c].op_type for c in g.consumers.get(t, ())}) or ["no node"]
+        why.append(f"{name}: nothing after its own bias for an epilogue (read by {', '.join(readers)})")
     return found, why
 
 
