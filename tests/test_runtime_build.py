@@ -265,7 +265,7 @@ def test_compute_reaches_the_driver(cpu_lib: Path):
         cpu_run(cpu_lib, model, np.zeros((1, 3, 5), F32), np.zeros(5, F32))
 
 
-def test_shape_rule_is_checked_at_run_time(cpu_lib: Path):
+def test_shape_rule_without_a_scheme_is_refused(cpu_lib: Path):
     model = probe_model([2], [2], shape_rule="gather")
     with pytest.raises(Exception, match="fused0.*shape_rule 'gather'"):
         cpu_run(cpu_lib, model, np.zeros(2, F32), np.zeros(2, F32))
