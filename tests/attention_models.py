@@ -1,11 +1,13 @@
 """Attention cores as exporters write them (MatMul q·kᵀ → Mul scale → Add mask → Softmax →
 MatMul ·v → Transpose; transformers' SDPA with its scales before the product, Where masks and
-NaN guard), at chosen shapes, and independent float64 references."""
+NaN guard), at chosen shapes and element types (float32, float16, bfloat16), and independent
+float64 references computed from the inputs as the model holds them (rounded to its type)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto as TP
@@ -13,6 +15,24 @@ from onnx import helper, numpy_helper
 
 from onnxstitch import graph as graph_mod, load, shapes
 from onnxstitch.schemes.attention import match as attention
+
+
+def np_dtype(dtype: int) -> np.dtype:
+    """numpy's type for an ONNX element type (ml_dtypes' bfloat16 for BFLOAT16)."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+
+
+def lowest(dtype: int) -> float:
+    """The type's most negative finite value (the exporters' fill and BERT's mask)."""
+    return float(ml_dtypes.finfo(np_dtype(dtype)).min)
+
+
+def cast(x: np.ndarray, dtype: int) -> np.ndarray:
+    """`x` rounded to the ONNX element type (finite values beyond its range clamped to it)."""
+    t = np_dtype(dtype)
+    if dtype == TP.FLOAT16:
+        x = np.where(np.isfinite(x), np.clip(x, lowest(dtype), -lowest(dtype)), x)
+    return np.asarray(x, np.float32).astype(t)
 
 
 @dataclass(frozen=True)
@@ -27,18 +47,21 @@ class Core:
     mask: tuple[int, ...] | None
     transposed: bool = True
     bias: tuple[int, ...] | None = None  # a term added before the mask (T5's position bias)
+    dtype: int = TP.FLOAT  # of every tensor: operands, terms, scale and context
 
     @property
     def id(self) -> str:
         m = "x".join(map(str, self.mask)) if self.mask else "none"
         bias = f"-bias{'x'.join(map(str, self.bias))}" if self.bias else ""
+        kind = "" if self.dtype == TP.FLOAT else f"-{np_dtype(self.dtype).name}"
         return (f"{'x'.join(map(str, self.lead))}-q{self.sq}-k{self.sk}-d{self.d}-mask{m}{bias}"
-                f"{'-T' if self.transposed else ''}")
+                f"{'-T' if self.transposed else ''}{kind}")
 
 
-def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None = None) -> onnx.ModelProto:
-    """The core as a model with inputs q, kt, v (and mask) and output y; `seq` names the
-    sequence dims (self-attention: Sq = Sk) instead of fixing them."""
+def core_model(c: Core, dtype: int | None = None, opset: int = 18, seq: str | None = None) -> onnx.ModelProto:
+    """The core as a model with inputs q, kt, v (and mask) and output y, of `dtype` (default
+    the core's); `seq` names the sequence dims (self-attention: Sq = Sk) instead of fixing them."""
+    dtype = c.dtype if dtype is None else dtype
     vi = helper.make_tensor_value_info
     sq, sk = (seq, seq) if seq else (c.sq, c.sk)
     ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]), vi("v", dtype, [*c.lead, sk, c.d])]
@@ -48,7 +71,7 @@ def core_model(c: Core, dtype: int = TP.FLOAT, opset: int = 18, seq: str | None 
 def _model(c: Core, nodes: list[onnx.NodeProto], ins: list, inits: list, dtype: int, opset: int,
            seq: str | None) -> onnx.ModelProto:
     """`nodes` (making q, kt and v from `ins`) followed by the core, as a model."""
-    scale = numpy_helper.from_array(np.array(1 / np.sqrt(c.d), np.float32), "scale")
+    scale = numpy_helper.from_array(cast(np.array(1 / np.sqrt(c.d)), dtype), "scale")
     nodes = nodes + [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
     last = "ss"
     if c.bias is not None:
@@ -76,8 +99,9 @@ def _model(c: Core, nodes: list[onnx.NodeProto], ins: list, inits: list, dtype: 
 
 
 def core_feeds(c: Core, rng: np.random.Generator, masked: float | None = -3.4e38) -> dict[str, np.ndarray]:
-    """Random operands; the mask holds 0 or `masked` (BERT's float32 minimum), a tenth masked,
-    never a whole row, or with `masked` None normal values (scaled by 2)."""
+    """Random operands of the core's type; the mask holds 0 or `masked` (BERT's float32 minimum,
+    clamped to the type's), a tenth masked, never a whole row, or with `masked` None normal
+    values (scaled by 2)."""
     feeds = {"q": rng.standard_normal((*c.lead, c.sq, c.d)), "kt": rng.standard_normal((*c.lead, c.d, c.sk)),
              "v": rng.standard_normal((*c.lead, c.sk, c.d))}
     if c.bias is not None:
@@ -87,14 +111,15 @@ def core_feeds(c: Core, rng: np.random.Generator, masked: float | None = -3.4e38
     elif c.mask is not None:
         hidden = rng.random(c.mask) < 0.1
         hidden[..., 0] = False
-        feeds["mask"] = np.where(hidden, masked, 0.0)
-    return {k: v.astype(np.float32) for k, v in feeds.items()}
+        feeds["mask"] = np.where(hidden, max(masked, lowest(c.dtype)), 0.0)
+    return {k: cast(v, c.dtype) for k, v in feeds.items()}
 
 
 def core_reference(c: Core, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """softmax(q·kᵀ/√d + mask)·v in float64, transposed as the model does."""
+    """softmax(q·kᵀ·scale + mask)·v in float64 (scale: the model's constant 1/√d in the core's
+    type), transposed as the model does."""
     q, kt, v = (feeds[k].astype(np.float64) for k in ("q", "kt", "v"))
-    s = q @ kt / np.sqrt(c.d)
+    s = q @ kt * float(cast(np.array(1 / np.sqrt(c.d)), c.dtype))
     for name in ("bias", "mask"):
         if name in feeds:
             s = s + feeds[name].astype(np.float64)
@@ -148,28 +173,28 @@ def projected_model(p: Projected, rng: np.random.Generator, seq: str | None = No
     c = p.core
     (b, h), hd = c.lead, c.lead[1] * c.d
     assert c.transposed or c.sq == c.sk
-    vi = helper.make_tensor_value_info
+    vi, dt = helper.make_tensor_value_info, c.dtype
     sq, sk = (seq, seq) if seq else (c.sq, c.sk)
     nodes: list[onnx.NodeProto] = []
     inits = [numpy_helper.from_array(np.array([0, 0, h, c.d], np.int64), "heads")]
     cols: dict[str, str] = {}
     if p.source == "matmul":
         e = 2 * c.d
-        ins = [vi("x", TP.FLOAT, [b, sq, e])]
+        ins = [vi("x", dt, [b, sq, e])]
         for o in "qkv":
-            inits.append(numpy_helper.from_array((rng.standard_normal((e, hd)) / np.sqrt(e)).astype(np.float32), f"w{o}"))
+            inits.append(numpy_helper.from_array(cast(rng.standard_normal((e, hd)) / np.sqrt(e), dt), f"w{o}"))
             nodes.append(helper.make_node("MatMul", ["x", f"w{o}"], [f"{o}_cols"]))
             cols[o] = f"{o}_cols"
     elif p.source == "split":
-        ins = [vi("x", TP.FLOAT, [b, sq, 3 * hd])]
+        ins = [vi("x", dt, [b, sq, 3 * hd])]
         nodes.append(helper.make_node("Split", ["x"], ["q_cols", "k_cols", "v_cols"], axis=2, num_outputs=3))
         cols = {o: f"{o}_cols" for o in "qkv"}
     else:
         if c.sq == c.sk:
-            ins = [vi("x", TP.FLOAT, [b, sq, 3 * hd + p.pad])]
+            ins = [vi("x", dt, [b, sq, 3 * hd + p.pad])]
             at = {"q": ("x", 0), "k": ("x", hd), "v": ("x", 2 * hd)}
         else:
-            ins = [vi("xq", TP.FLOAT, [b, sq, 4 + hd]), vi("xkv", TP.FLOAT, [b, sk, 2 * hd + p.pad])]
+            ins = [vi("xq", dt, [b, sq, 4 + hd]), vi("xkv", dt, [b, sk, 2 * hd + p.pad])]
             at = {"q": ("xq", 4), "k": ("xkv", 0), "v": ("xkv", hd)}
         for o, (x, start) in at.items():
             inits += [numpy_helper.from_array(np.array([start], np.int64), f"{o}_start"),
@@ -180,13 +205,13 @@ def projected_model(p: Projected, rng: np.random.Generator, seq: str | None = No
     for o in "qkv":
         flat = cols[o]
         if p.biased:
-            inits.append(numpy_helper.from_array(rng.standard_normal(hd).astype(np.float32), f"b{o}"))
+            inits.append(numpy_helper.from_array(cast(rng.standard_normal(hd), dt), f"b{o}"))
             nodes.append(helper.make_node("Add", [flat, f"b{o}"], [f"{o}_biased"]))
             flat = f"{o}_biased"
         nodes.append(helper.make_node("Reshape", [flat, "heads"], [f"{o}_heads"]))
         perm = [0, 2, 3, 1] if o == "k" else [0, 2, 1, 3]
         nodes.append(helper.make_node("Transpose", [f"{o}_heads"], ["kt" if o == "k" else o], perm=perm))
-    return _model(c, nodes, ins, inits, TP.FLOAT, 18, seq)
+    return _model(c, nodes, ins, inits, dt, 18, seq)
 
 
 def projected_feeds(p: Projected, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -202,18 +227,25 @@ def projected_feeds(p: Projected, rng: np.random.Generator) -> dict[str, np.ndar
         xs = {"x": rng.standard_normal((b, c.sq, 3 * hd + p.pad))}
     else:
         xs = {"xq": rng.standard_normal((b, c.sq, 4 + hd)), "xkv": rng.standard_normal((b, c.sk, 2 * hd + p.pad))}
-    return {k: v.astype(np.float32) for k, v in xs.items()} | terms
+    return {k: cast(v, c.dtype) for k, v in xs.items()} | terms
+
+
+def projection_product(p: Projected, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A projection's product x·w as ONNX Runtime gives it: accumulated in float32, rounded to
+    the core's type."""
+    return cast(x.astype(np.float32) @ w.astype(np.float32), p.core.dtype)
 
 
 def projected_reference(p: Projected, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The context in float64: q, kᵀ and v computed from the inputs and the model's weights and
-    biases in numpy, then core_reference."""
+    biases in numpy (the projections' products as projection_product), then core_reference."""
     c = p.core
     (b, h), hd = c.lead, c.lead[1] * c.d
     consts = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     f = {k: v.astype(np.float64) for k, v in feeds.items()}
     if p.source == "matmul":
-        cols = {o: f["x"] @ consts[f"w{o}"] for o in "qkv"}
+        raw = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        cols = {o: projection_product(p, feeds["x"], raw[f"w{o}"]).astype(np.float64) for o in "qkv"}
     elif "x" in f:
         cols = {o: f["x"][..., i * hd:(i + 1) * hd] for i, o in enumerate("qkv")}
     else:
@@ -250,7 +282,6 @@ def attention_graph(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, atte
 # build/corpus/distilbert-{dynamo,ts}.onnx: q (and k) scaled before the product, the mask made
 # additive by Where or applied to the scores by Where, and Where(IsNaN(p), 0, p) after the
 # Softmax.
-FLOAT_MIN = float(np.finfo(np.float32).min)  # the dynamo exporter's fill; TorchScript's is -inf
 
 
 @dataclass(frozen=True)
@@ -259,7 +290,7 @@ class Sdpa:
     writes SDPA.
 
     exporter "dynamo": kᵀ = Reshape [b, h, d, s] ← Transpose [0, 2, 1] ← Reshape [b·h, s, d] ←
-    k [b, h, s, d], masks filled with float32's minimum; "ts": kᵀ = Transpose [0, 2, 3, 1] ←
+    k [b, h, s, d], masks filled with the type's minimum; "ts": kᵀ = Transpose [0, 2, 3, 1] ←
     k [b, s, h, d], masks filled with -inf. scale "both": Mul by d^-1/4 on q and on kᵀ; "q": Mul
     by d^-1/2 on q alone; "div": Div by d^1/4 on each. mask "additive": scores + Where(mask, 0,
     fill); "keep": Where(mask, scores, fill); "drop": Where(mask, fill, scores). `guard`:
@@ -278,17 +309,17 @@ class Sdpa:
 
     @property
     def fill(self) -> float:
-        return FLOAT_MIN if self.exporter == "dynamo" else -np.inf
+        return lowest(self.core.dtype) if self.exporter == "dynamo" else -np.inf
 
     @property
     def factors(self) -> tuple[float, float]:
-        """The float32 constants multiplying q and kᵀ (a Div's divisor inverted)."""
-        d = self.core.d
+        """The constants (of the core's type) multiplying q and kᵀ (a Div's divisor inverted)."""
+        d, dt = self.core.d, self.core.dtype
         if self.scale == "q":
-            return float(np.float32(d ** -0.5)), 1.0
+            return float(cast(np.array(d ** -0.5), dt)), 1.0
         if self.scale == "div":
-            return (1 / float(np.float32(d ** 0.25)),) * 2
-        return (float(np.float32(d ** -0.25)),) * 2
+            return (1 / float(cast(np.array(d ** 0.25), dt)),) * 2
+        return (float(cast(np.array(d ** -0.25), dt)),) * 2
 
 
 def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
@@ -296,12 +327,12 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
     boolean mask; output y."""
     c = s.core
     (b, h), d = c.lead, c.d
-    vi, mk = helper.make_tensor_value_info, helper.make_node
-    scalar = lambda name, x: numpy_helper.from_array(np.array(x, np.float32), name)  # noqa: E731
+    vi, mk, dt = helper.make_tensor_value_info, helper.make_node, c.dtype
+    scalar = lambda name, x: numpy_helper.from_array(cast(np.array(x), dt), name)  # noqa: E731
     inits = [scalar("zero", 0.0)] if s.guard or (c.mask is not None and s.mask == "additive") else []
     inits += [scalar("fill", s.fill)] if c.mask is not None else []
     k_shape = [b, h, c.sk, d] if s.exporter == "dynamo" else [b, c.sk, h, d]
-    ins = [vi("q", TP.FLOAT, [b, h, c.sq, d]), vi("k", TP.FLOAT, k_shape), vi("v", TP.FLOAT, [b, h, c.sk, d])]
+    ins = [vi("q", dt, [b, h, c.sq, d]), vi("k", dt, k_shape), vi("v", dt, [b, h, c.sk, d])]
     if s.exporter == "dynamo":
         inits += [numpy_helper.from_array(np.array(x, np.int64), n)
                   for n, x in (("flat", [b * h, c.sk, d]), ("split", [b, h, d, c.sk]))]
@@ -340,7 +371,7 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
         out_shape = [b, c.sq, h, d]
     else:
         nodes[-1].output[0] = "y"
-    g = helper.make_graph(nodes, "sdpa", ins, [vi("y", TP.FLOAT, out_shape)], inits)
+    g = helper.make_graph(nodes, "sdpa", ins, [vi("y", dt, out_shape)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -355,7 +386,7 @@ def sdpa_feeds(s: Sdpa, rng: np.random.Generator, blank_rows: bool = False) -> d
     k_shape = (b, h, c.sk, d) if s.exporter == "dynamo" else (b, c.sk, h, d)
     feeds = {"q": rng.standard_normal((b, h, c.sq, d)), "k": rng.standard_normal(k_shape),
              "v": rng.standard_normal((b, h, c.sk, d))}
-    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    feeds = {k: cast(v, c.dtype) for k, v in feeds.items()}
     if c.mask is not None:
         mask = rng.random(c.mask) >= 0.1
         mask[..., 0] = True
@@ -388,21 +419,26 @@ def sdpa_reference(s: Sdpa, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return y.transpose(0, 2, 1, 3) if c.transposed else y
 
 
-def tensor_values(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
-    """The values of tensors `names` of `model` over `feeds`, as ONNX Runtime on the CPU computes
-    them (a kernel's inputs that the model computes before it)."""
-    import onnxruntime as ort
+def sdpa_inputs(s: Sdpa, feeds: dict[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+    """The values of `names` among an SDPA model's tensors that the attention kernel reads (its
+    inputs, kᵀ, the additive mask) as the model computes them before the chain: kᵀ is k's
+    transpose (the exporter's Transposes and Reshapes move values only), the additive mask
+    Where(mask, 0, fill) in the core's type."""
+    k = feeds["k"]
+    values = feeds | {"kt": k.transpose(0, 1, 3, 2) if s.exporter == "dynamo" else k.transpose(0, 2, 3, 1)}
+    if s.core.mask is not None and s.mask == "additive":
+        values["bias"] = cast(np.where(feeds["mask"], 0.0, s.fill), s.core.dtype)
+    return [np.ascontiguousarray(values[t]) for t in names]
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    inferred = onnx.shape_inference.infer_shapes(m)
-    known = {v.name: v for v in list(inferred.graph.value_info) + list(m.graph.input) + list(m.graph.output)}
-    wanted = [t for t in names if t not in feeds]
-    m.graph.output.extend(known[t] for t in wanted if t not in {o.name for o in m.graph.output})
-    got = dict(zip([o.name for o in m.graph.output],
-                   ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)))
-    consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-    return [feeds[t] if t in feeds else consts[t] if t in consts else got[t] for t in names]
+
+def projected_values(p: Projected, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every tensor a projected core's kernel may read, by name: the inputs, the model's
+    constants and, where the projections are MatMuls, their products (which ONNX Runtime
+    computes: projection_product)."""
+    values = feeds | {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    if p.source == "matmul":
+        values |= {f"{o}_cols": projection_product(p, feeds["x"], values[f"w{o}"]) for o in "qkv"}
+    return values
 
 
 # SDPA cores the tests run: both exporters, each scale placement, additive and boolean masks

@@ -44,8 +44,9 @@ struct Block {
   std::barrier<> sync;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<std::array<unsigned long long, 32>> slots;
-  // Per warp: each lane's operands of an mma.sync (stitch_mma_tf32): a[0..3], b0, b1.
-  std::vector<std::array<std::array<float, 6>, 32>> mma;
+  // Per warp: each lane's operands of an mma.sync (stitch_mma_tf32, _f16, _bf16): a[0..3], b0,
+  // b1, as register bits.
+  std::vector<std::array<std::array<unsigned, 6>, 32>> mma;
   // Shared memory: one allocation per declaration (its id), made by the first thread there,
   // poisoned (all bits set: NaN in floats, -1 in integers) as a kernel must write before it reads.
   std::mutex m;
@@ -76,6 +77,14 @@ inline A& shared(int id) { return *reinterpret_cast<A*>(block->storage(id, sizeo
 
 inline float h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+inline float bf2f(unsigned short h) { unsigned u = (unsigned)h << 16; float f; std::memcpy(&f, &u, 4); return f; }
+// float32 → bfloat16, round to nearest even; NaN stays a (quiet) NaN.
+inline unsigned short f2bf(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 // ex2.approx.ftz: a float32 subnormal result is flushed to (signed) zero.
 inline float ftz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
@@ -95,9 +104,35 @@ inline void __syncwarp(unsigned = 0xffffffffu) { stitch_host::block->warps[threa
 // CUDA's vector types (16- and 8-byte aligned, as on the device) and their constructors.
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 using ::exp2f; using ::fmaf; using ::fmaxf; using ::fminf;
+
+namespace stitch_host {
+// One m16n8kK mma.sync for the whole warp: every lane deposits its registers, `place` puts one
+// lane's (g, t) elements into the 16×K A and K×8 B, then each lane computes its own
+// c = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1), accumulating in float.
+template <int K, typename Place>
+inline void mma_m16n8(float* c, const unsigned* a, unsigned b0, unsigned b1, Place place) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto& ops = block->mma[warp];
+  auto& bar = *block->warps[warp];
+  ops[lane] = {a[0], a[1], a[2], a[3], b0, b1};
+  bar.arrive_and_wait();
+  float A[16][K], B[K][8];
+  for (int l = 0; l < 32; ++l) place(ops[l], A, B, l / 4, l % 4);
+  bar.arrive_and_wait();  // every lane has read the fragments before any writes the next ones
+  const int g = lane / 4, t = lane % 4;
+  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  for (int e = 0; e < 4; ++e) {
+    float sum = 0.f;
+    for (int k = 0; k < K; ++k) sum += A[rows[e]][k] * B[k][cols[e]];
+    c[e] += sum;
+  }
+}
+}  // namespace stitch_host
 
 // TF32 tensor cores (the device forms are inline PTX in codegen_attention.MMA_PRELUDE).
 // cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 explicit mantissa bits; the
@@ -113,27 +148,40 @@ inline unsigned stitch_tf32(float x) {
 // b0 = B(t, g), b1 = B(t+4, g)), then computes its own c = C(g, 2t), C(g, 2t+1), C(g+8, 2t),
 // C(g+8, 2t+1) from the assembled 16×8 A and 8×8 B, accumulating in float.
 inline void stitch_mma_tf32(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  auto& ops = stitch_host::block->mma[warp];
-  auto& bar = *stitch_host::block->warps[warp];
-  const unsigned mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  std::memcpy(ops[lane].data(), mine, sizeof(mine));
-  bar.arrive_and_wait();
-  float A[16][8], B[8][8];
-  for (int l = 0; l < 32; ++l) {
-    const int g = l / 4, t = l % 4;
-    const auto& f = ops[l];
-    A[g][t] = f[0], A[g + 8][t] = f[1], A[g][t + 4] = f[2], A[g + 8][t + 4] = f[3];
-    B[t][g] = f[4], B[t + 4][g] = f[5];
-  }
-  bar.arrive_and_wait();  // every lane has read the fragments before any writes the next ones
-  const int g = lane / 4, t = lane % 4;
-  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-  for (int e = 0; e < 4; ++e) {
-    float sum = 0.f;
-    for (int k = 0; k < 8; ++k) sum += A[rows[e]][k] * B[k][cols[e]];
-    c[e] += sum;
-  }
+  stitch_host::mma_m16n8<8>(c, a, b0, b1, [](const std::array<unsigned, 6>& f, float (*A)[8], float (*B)[8], int g, int t) {
+    A[g][t] = __uint_as_float(f[0]), A[g + 8][t] = __uint_as_float(f[1]);
+    A[g][t + 4] = __uint_as_float(f[2]), A[g + 8][t + 4] = __uint_as_float(f[3]);
+    B[t][g] = __uint_as_float(f[4]), B[t + 4][g] = __uint_as_float(f[5]);
+  });
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, c += a · b: two elements a
+// register, the lower-indexed in the low 16 bits (lane = 4g + t: a[0] = A(g, 2t..2t+1),
+// a[1] = A(g+8, 2t..2t+1), a[2] = A(g, 2t+8..2t+9), a[3] = A(g+8, 2t+8..2t+9); b0 =
+// B(2t..2t+1, g), b1 = B(2t+8..2t+9, g)); c as m16n8k8's. Products of half-precision values
+// are exact in float; the sums accumulate in float.
+template <float (*Cvt)(unsigned short)>
+inline void stitch_mma_k16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  stitch_host::mma_m16n8<16>(c, a, b0, b1, [](const std::array<unsigned, 6>& f, float (*A)[16], float (*B)[8], int g, int t) {
+    const auto lo = [](unsigned r) { return Cvt((unsigned short)(r & 0xffffu)); };
+    const auto hi = [](unsigned r) { return Cvt((unsigned short)(r >> 16)); };
+    A[g][2 * t] = lo(f[0]), A[g][2 * t + 1] = hi(f[0]), A[g + 8][2 * t] = lo(f[1]), A[g + 8][2 * t + 1] = hi(f[1]);
+    A[g][2 * t + 8] = lo(f[2]), A[g][2 * t + 9] = hi(f[2]), A[g + 8][2 * t + 8] = lo(f[3]), A[g + 8][2 * t + 9] = hi(f[3]);
+    B[2 * t][g] = lo(f[4]), B[2 * t + 1][g] = hi(f[4]), B[2 * t + 8][g] = lo(f[5]), B[2 * t + 9][g] = hi(f[5]);
+  });
+}
+inline void stitch_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  stitch_mma_k16<stitch_host::h2f>(c, a, b0, b1);
+}
+inline void stitch_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  stitch_mma_k16<stitch_host::bf2f>(c, a, b0, b1);
+}
+// cvt.rn.{f16,bf16}x2.f32 d, hi, lo: lo's rounding in the low 16 bits.
+inline unsigned stitch_pack_f16(float lo, float hi) {
+  return (unsigned)stitch_host::f2h(lo) | ((unsigned)stitch_host::f2h(hi) << 16);
+}
+inline unsigned stitch_pack_bf16(float lo, float hi) {
+  return (unsigned)stitch_host::f2bf(lo) | ((unsigned)stitch_host::f2bf(hi) << 16);
 }
 
 // Thread-block clusters (the device forms are inline PTX in codegen_rows.CLUSTER_PRELUDE).

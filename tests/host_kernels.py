@@ -242,10 +242,11 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
 def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                       folder: Path) -> None:
     """An attention kernel's launch on the host (attention_args), inputs at 16-byte aligned
-    addresses as device allocations are."""
+    addresses as device allocations are; the context of the spec's type."""
     inputs = [_aligned(x) for x in inputs]
     (y,) = outputs
-    assert y.flags.c_contiguous and y.dtype == np.float32
+    want = onnx.helper.tensor_dtype_to_np_dtype(src.spec.dtype)
+    assert y.flags.c_contiguous and y.dtype == want, f"the context is {np.dtype(want).name}, not {y.dtype}"
     a, grid = attention_args(src, [x.shape for x in inputs], [x.ctypes.data for x in inputs], y.shape, y.ctypes.data)
     if a.n == 0:
         return  # nothing to compute, as the runtime

@@ -15,28 +15,57 @@ transformers' SDPA forms (attention_models.Sdpa, both exporters) run the same wa
 scaled before the product (one folded scale in the kernel), additive masks made by Where,
 boolean masks on the scores (kept where true or where false, filled with -inf or float32's
 minimum), and the NaN guard: rows whose every key is masked with -inf give exactly 0 with the
-guard, NaN without it (as ONNX Runtime's Softmax)."""
+guard, NaN without it (as ONNX Runtime's Softmax).
+
+float16 and bfloat16 (schemes/attention/flavors.py: m16n8k16 products, float32 Softmax,
+probabilities kept in registers as the second product's operand) run the same cases, forms
+and projections with inputs of that type. The reference is computed in float64 from those
+inputs, so what separates the kernel from it is what the kernel rounds: the probabilities
+(each to the type) and the context (to the type), each a relative rounding error uniform
+within ±u (u = 2^-11 for float16, 2^-8 for bfloat16: RMS u/√3), independent from key to key
+and element to element, so the context's relative norm error is about √2·u/√3 ≈ 0.8u:
+4e-4 for float16, 3.2e-3 for bfloat16 (float32 accumulation and ex2.approx add ~1e-6).
+Projected cores also round q, kᵀ and v once more (the bias added in float32, rounded back, as
+ONNX Runtime's Add in that type does): about 1.3u. HALF_TOLERANCE is 2e-3 for float16 (5u,
+4× the worst expected) and 1e-2 for bfloat16 (2.6u); a kernel with its probabilities' pairs
+or V's pairs swapped is tested to fail them."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto as TP
 
 from onnxstitch.schemes.attention import codegen as codegen_attention
 
-from .attention_models import (PROJECTED, SDPA, Core, Sdpa, attention_graph, core_feeds, core_model, core_reference,
-                               projected_feeds, projected_model, projected_reference, relative_error, sdpa_feeds,
-                               sdpa_model, sdpa_reference, tensor_values)
+from .attention_models import (PROJECTED, SDPA, Core, Projected, Sdpa, attention_graph, cast, core_feeds, core_model,
+                               core_reference, lowest, np_dtype, projected_feeds, projected_model, projected_reference,
+                               projected_values, relative_error, sdpa_feeds, sdpa_inputs, sdpa_model, sdpa_reference)
 from .host_kernels import HAVE_GXX, launch
 from .stitching import fresh_seed
 
 pytestmark = pytest.mark.skipif(not HAVE_GXX, reason="needs g++ to build kernels for the host")
 
 TOLERANCE = 2e-3
-BERT_MASKED = np.float32(-3.4e38)
+HALF_TOLERANCE = {TP.FLOAT16: 2e-3, TP.BFLOAT16: 1e-2}
+HALVES = {"float16": TP.FLOAT16, "bfloat16": TP.BFLOAT16}
+BERT_MASKED = -3.4e38  # clamped to the type's lowest (float16: -65504)
+
+
+def tolerance(dtype: int) -> float:
+    return HALF_TOLERANCE.get(dtype, TOLERANCE)
+
+
+def poisoned(shape: tuple[int, ...], dtype: int) -> np.ndarray:
+    """NaN everywhere (every element must be written), of the ONNX element type."""
+    return np.full(shape, np.nan, np_dtype(dtype))
+
+
+def finite(x: np.ndarray) -> bool:
+    return bool(np.isfinite(x.astype(np.float64)).all())
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +108,20 @@ def generated(model: onnx.ModelProto, options: codegen_attention.AttentionOption
 
 def feeds_for(c: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random operands; a padding case's mask as BERT's: each batch keeps its first keys and
-    pads the rest with -3.4e38 (some keys in the middle too), every row keeping a key."""
+    pads the rest with -3.4e38 (the type's lowest; some keys in the middle too), every row
+    keeping a key."""
     feeds = core_feeds(c.core, rng, masked=None)
     if c.padding:
+        masked = max(BERT_MASKED, lowest(c.core.dtype))
         mask = np.zeros(c.core.mask, np.float32)
         for b in range(mask.shape[0]):
-            mask[b, ..., rng.integers(1, c.core.sk) if c.core.sk > 1 else 1:] = BERT_MASKED
-        mask[..., rng.integers(0, c.core.sk, 3)] = BERT_MASKED
+            mask[b, ..., rng.integers(1, c.core.sk) if c.core.sk > 1 else 1:] = masked
+        mask[..., rng.integers(0, c.core.sk, 3)] = masked
         mask[..., 0] = 0
         if c.masked_tile:  # batch 0 keeps only its last key
-            mask[0, ..., :128] = BERT_MASKED
+            mask[0, ..., :128] = masked
             mask[0, ..., -1] = 0
-        feeds["mask"] = mask
+        feeds["mask"] = cast(mask, c.core.dtype)
     return feeds
 
 
@@ -104,30 +135,84 @@ OPTIONS = {"default": codegen_attention.AttentionOptions(),
 @pytest.mark.parametrize("variant", list(OPTIONS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_kernel_matches_float64(name, variant, folder) -> None:
-    c = CASES[name]
+    check_case(name, CASES[name], OPTIONS[variant], folder)
+
+
+def check_case(name: str, c: Case, options: codegen_attention.AttentionOptions, folder, edit=None) -> None:
+    """Case `c`'s kernel (its source passed through `edit` when given) against float64 within
+    the tolerance of its type; with padding, again with the masked keys' values made huge."""
     core = c.core
-    match, src = generated(core_model(core), OPTIONS[variant])
+    match, src = generated(core_model(core), options)
+    if edit is not None:
+        src = dataclasses.replace(src, source=edit(src.source))
     terms = (core.bias is not None) + (core.mask is not None)
     assert (match.head_dim, len(match.masks), match.transposed) == (core.d, terms, core.transposed)
-    assert src.shape_rule == "attention" and src.spec.head_size == core.d
+    assert src.shape_rule == "attention" and src.spec.head_size == core.d and src.spec.dtype == core.dtype
     seed = fresh_seed()
     feeds = feeds_for(c, np.random.default_rng(seed))
     ins = [feeds[t] for t in src.inputs]
     expected = core_reference(core, feeds)
-    got = np.full(expected.shape, np.nan, np.float32)  # poisoned: every element must be written
+    got = poisoned(expected.shape, core.dtype)
     launch(src, ins, [got], folder)
-    assert np.isfinite(got).all(), f"{name} (seed {seed}): elements not written or not finite"
-    err = np.linalg.norm(got - expected) / np.linalg.norm(expected)
-    assert err <= TOLERANCE, f"{name} (seed {seed}): relative error {err:.2e}"
+    assert finite(got), f"{name} (seed {seed}): elements not written or not finite"
+    err = relative_error(got, expected)
+    assert err <= tolerance(core.dtype), f"{name} (seed {seed}): relative error {err:.2e}"
     if c.padding:
-        # Keys under -3.4e38 take no weight: v's rows there can be anything.
+        # Keys under the type's lowest take no weight: v's rows there can be anything.
+        masked = (feeds["mask"].astype(np.float64) == lowest(core.dtype) if core.dtype != TP.FLOAT else
+                  feeds["mask"] == np.float32(BERT_MASKED))[:, 0, 0, :]  # [b, sk]
         noisy = [x.copy() for x in ins]
-        masked = (feeds["mask"] == BERT_MASKED)[:, 0, 0, :]  # [b, sk]
         noisy[2][np.broadcast_to(masked[:, None, :], noisy[2].shape[:-1])] = 1e4
-        again = np.full(expected.shape, np.nan, np.float32)
+        again = poisoned(expected.shape, core.dtype)
         launch(src, noisy, [again], folder)
-        err = np.linalg.norm(again - expected) / np.linalg.norm(expected)
-        assert err <= TOLERANCE, f"{name} (seed {seed}): masked keys weigh in, relative error {err:.2e}"
+        err = relative_error(again, expected)
+        assert err <= tolerance(core.dtype), f"{name} (seed {seed}): masked keys weigh in, relative error {err:.2e}"
+
+
+# Half precision: BERT's padding with a whole masked tile, ragged tiles, cross attention, a T5
+# bias, rank-3 operands, and head sizes 8 and 24 (a 16-wide slice half padded) and 128.
+HALF_CASES = {name: CASES[name] for name in ("bert_64", "ragged_70_rows_mask", "few_queries_long_keys_transposed",
+                                             "cross_70x40_head_mask", "padding_masks_a_whole_tile", "rank3_mask",
+                                             "t5_position_bias_then_padding")} | {
+    "head_8": Case(Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False)),
+    "head_24_padded_slice": Case(Core((1, 3), 40, 70, 24, (1, 1, 1, 70)), padding=True),
+    "head_128": Case(Core((1, 2), 64, 64, 128, None, transposed=False)),
+}
+
+
+def in_type(c: Case, dtype: int) -> Case:
+    return dataclasses.replace(c, core=dataclasses.replace(c.core, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("name", list(HALF_CASES))
+def test_half_attention_kernel_matches_float64(name: str, dtype: str, folder) -> None:
+    check_case(name, in_type(HALF_CASES[name], HALVES[dtype]), OPTIONS["default"], folder)
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("name", ["ragged_70_rows_mask", "padding_masks_a_whole_tile"])
+def test_half_attention_kernel_with_128_keys_a_tile(name: str, dtype: str, folder) -> None:
+    check_case(name, in_type(HALF_CASES[name], HALVES[dtype]), OPTIONS["keys-128"], folder)
+
+
+# Deliberate mistakes in the half kernel's fragment layouts that the tolerances must catch: the
+# two probabilities of a register swapped, and V's two keys of a B register swapped.
+BROKEN = {
+    "probability-pairs-swapped": lambda src: src.replace("PACK(e0, e1)", "PACK(e1, e0)"),
+    "value-pairs-swapped": lambda src: src.replace("stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS)",
+                                                   "stitch_pair(Vs + (k * 16 + 2 * tg + 1) * VS + n * 8 + g, -VS)"),
+}
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("mistake", list(BROKEN))
+def test_a_broken_half_kernel_fails_the_tolerance(mistake: str, dtype: str, folder) -> None:
+    edit = BROKEN[mistake]
+    c = in_type(HALF_CASES["ragged_70_rows_mask"], HALVES[dtype])
+    assert edit(generated(core_model(c.core))[1].source) != generated(core_model(c.core))[1].source
+    with pytest.raises(AssertionError, match="relative error"):
+        check_case(mistake, c, OPTIONS["default"], folder, edit)
 
 
 # Projected operands (attention.Projection): the kernel reads q, kᵀ and v at their heads' columns
@@ -135,38 +220,48 @@ def test_attention_kernel_matches_float64(name, variant, folder) -> None:
 @pytest.mark.parametrize("variant", ["default", "keys-128"])
 @pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
 def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
+    check_projected(p, OPTIONS[variant], folder)
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+def test_half_projected_attention_kernel_matches_float64(p: Projected, dtype: str, folder) -> None:
+    check_projected(dataclasses.replace(p, core=dataclasses.replace(p.core, dtype=HALVES[dtype])), OPTIONS["default"],
+                    folder)
+
+
+def check_projected(p: Projected, options: codegen_attention.AttentionOptions, folder) -> None:
     seed = fresh_seed()
     rng = np.random.default_rng(seed)
     model = projected_model(p, rng)
-    match, src = generated(model, OPTIONS[variant])
+    match, src = generated(model, options)
     assert len(match.projections) == 3 and match.biased == p.biased
     assert src.spec.projected and src.spec.heads == p.core.lead[1]
     assert src.spec.attributes()["attention_column_offsets"] == [x.offset for x in match.projections]
+    assert src.spec.attributes()["attention_dtype"] == p.core.dtype
     feeds = projected_feeds(p, rng)
-    values = feeds | {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    if p.source == "matmul":  # the projections' products, which ONNX Runtime computes
-        values |= {f"{o}_cols": feeds["x"] @ values[f"w{o}"] for o in "qkv"}
+    values = projected_values(p, model, feeds)
     ins = [values[t] for t in src.inputs]
     expected = projected_reference(p, model, feeds)
-    got = np.full(expected.shape, np.nan, np.float32)
+    got = poisoned(expected.shape, p.core.dtype)
     launch(src, ins, [got], folder)
-    assert np.isfinite(got).all(), f"{p.id} (seed {seed}): elements not written or not finite"
+    assert finite(got), f"{p.id} (seed {seed}): elements not written or not finite"
     err = relative_error(got, expected)
-    assert err <= TOLERANCE, f"{p.id} (seed {seed}): relative error {err:.2e}"
+    assert err <= tolerance(p.core.dtype), f"{p.id} (seed {seed}): relative error {err:.2e}"
 
 
 def run_sdpa(s: Sdpa, rng: np.random.Generator, folder, options=codegen_attention.AttentionOptions(),
              blank_rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(the kernel's context, the float64 reference) over fresh random inputs; the kernel's
-    inputs that the model computes before the chain (kᵀ, an additive mask) from ONNX Runtime."""
+    inputs that the model computes before the chain (kᵀ, an additive mask) as sdpa_inputs."""
     model = sdpa_model(s)
     match, src = generated(model, options)
     assert match.guarded == s.guard and src.spec.guarded == s.guard
     assert src.spec.boolean_mask == (s.core.mask is not None and s.mask != "additive")
     feeds = sdpa_feeds(s, rng, blank_rows=blank_rows)
-    ins = tensor_values(model, feeds, src.inputs)
+    ins = sdpa_inputs(s, feeds, src.inputs)
     expected = sdpa_reference(s, feeds)
-    got = np.full(expected.shape, np.nan, np.float32)  # poisoned: every element must be written
+    got = poisoned(expected.shape, s.core.dtype)
     launch(src, ins, [got], folder)
     return got, expected
 
@@ -179,26 +274,40 @@ def _finite_rows_error(got: np.ndarray, expected: np.ndarray) -> float:
 @pytest.mark.parametrize("variant", ["default", "keys-128"])
 @pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
 def test_sdpa_kernel_matches_float64(s: Sdpa, variant: str, folder) -> None:
+    check_sdpa(s, variant, folder)
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
+def test_half_sdpa_kernel_matches_float64(s: Sdpa, dtype: str, folder) -> None:
+    check_sdpa(dataclasses.replace(s, core=dataclasses.replace(s.core, dtype=HALVES[dtype])), "default", folder)
+
+
+def check_sdpa(s: Sdpa, variant: str, folder) -> None:
     seed = fresh_seed()
     # Rows with nothing to attend to where the guard makes them 0 (-inf fills; a finite fill
     # leaves such a row a plain Softmax).
     blank = s.guard and s.core.mask is not None and s.fill == -np.inf
     got, expected = run_sdpa(s, np.random.default_rng(seed), folder, OPTIONS[variant], blank_rows=blank)
-    assert np.isfinite(got).all(), f"{s.id} (seed {seed}): elements not written or not finite"
+    assert finite(got), f"{s.id} (seed {seed}): elements not written or not finite"
     if blank:  # the reference's rows of zeros: exactly zeros
         zeros = (expected == 0).all(-1)
         assert zeros.any() and (got[zeros] == 0).all(), f"{s.id} (seed {seed}): rows with every key masked"
     err = relative_error(got, expected)
-    assert err <= TOLERANCE, f"{s.id} (seed {seed}): relative error {err:.2e}"
+    assert err <= tolerance(s.core.dtype), f"{s.id} (seed {seed}): relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("dtype", ["float32", *HALVES])
 @pytest.mark.parametrize("guard", [True, False])
-def test_rows_with_every_key_masked_give_zeros_only_with_the_guard(guard: bool, folder) -> None:
+def test_rows_with_every_key_masked_give_zeros_only_with_the_guard(guard: bool, dtype: str, folder) -> None:
     # -inf on every key of batch 0's first query row: Softmax gives NaN there, which
     # Where(IsNaN(p), 0, p) makes 0; the other rows are untouched either way.
-    s = Sdpa(Core((2, 2), 70, 70, 32, (2, 1, 70, 70), transposed=False), exporter="ts", mask="keep", guard=guard)
+    dt = HALVES.get(dtype, TP.FLOAT)
+    s = Sdpa(Core((2, 2), 70, 70, 32, (2, 1, 70, 70), transposed=False, dtype=dt), exporter="ts", mask="keep",
+             guard=guard)
     seed = fresh_seed()
     got, expected = run_sdpa(s, np.random.default_rng(seed), folder, blank_rows=True)
+    got = got.astype(np.float64)
     blank = got[0, :, 0]
     if guard:
         assert (blank == 0).all() and np.isfinite(got).all(), f"seed {seed}"
@@ -206,4 +315,4 @@ def test_rows_with_every_key_masked_give_zeros_only_with_the_guard(guard: bool, 
         assert np.isnan(blank).all() and np.isnan(expected[0, :, 0]).all(), f"seed {seed}"
         assert np.isfinite(np.delete(got, 0, axis=2)).all(), f"seed {seed}"
     err = _finite_rows_error(got, expected)
-    assert err <= TOLERANCE, f"seed {seed}: relative error {err:.2e}"
+    assert err <= tolerance(dt), f"seed {seed}: relative error {err:.2e}"

@@ -14,6 +14,10 @@ for the second product. The context is normalised once and stored at [b, h, s, d
 loaded; K's tile is then staged as rows. Sequence lengths are runtime values (tiles
 are guarded); the head size is compiled in. Variants measured on an H100 (fewer warps, staged
 queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-notes.md.
+
+float16 and bfloat16 chains get the same kernel on mma.sync m16n8k16 (float32 accumulation,
+float32 Softmax) with the probabilities kept in registers as the second product's operand
+(flavors.py: what depends on the element type).
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from typing import Callable
 from ...graph import FusionGraph
 from ...shapes import symbolic_value
 from ..source import ARGS_STRUCT, KernelSource
-from . import match as attention
+from . import flavors, match as attention
+from .flavors import Flavor
 from .spec import ENTRY_SUFFIX, AttentionSpec
 
 WARPS = 4  # per block, 16 queries each: the mma tile's rows
@@ -46,7 +51,7 @@ class AttentionOptions:
     staged_tf32: bool | None = None
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
-MMA_PRELUDE = r"""
+TF32_PRELUDE = r"""
 #if defined(__CUDA_ARCH__)
 __device__ __forceinline__ unsigned stitch_tf32(float x) {
   unsigned u;
@@ -62,7 +67,8 @@ __device__ __forceinline__ void stitch_mma_tf32(float* c, const unsigned* a, uns
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
-// 2^x, 2 ulp; subnormal results flush to 0 (far below what a probability can add to a sum
+"""
+EX2_PRELUDE = r"""// 2^x, 2 ulp; subnormal results flush to 0 (far below what a probability can add to a sum
 // of at least 1).
 __device__ __forceinline__ float stitch_ex2(float x) {
   float y;
@@ -70,12 +76,17 @@ __device__ __forceinline__ float stitch_ex2(float x) {
   return y;
 }
 """
+MMA_PRELUDE = TF32_PRELUDE + EX2_PRELUDE
 
 
-def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False) -> int:
+def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False, half: bool = False) -> int:
     """Dynamic shared memory of one block: the K tile (as Kᵀ [D][KT + 8], or as rows [KT][D + 4]
-    when read from a projection), the V tile and each warp's probabilities."""
+    when read from a projection), the V tile and each warp's probabilities. Half precision:
+    2-byte elements, K's rows [KT][D + 8], no probabilities (they stay in registers)."""
     kt = options.keys
+    if half:
+        k_tile = kt * (head_dim + 8) if projected else head_dim * (kt + 8)
+        return 2 * (k_tile + kt * (head_dim + 8))
     k_tile = kt * (head_dim + 4) if projected else head_dim * (kt + 8)
     return 4 * (k_tile + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
 
@@ -90,13 +101,14 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
+    fl = flavors.FLAVORS[m.dtype]
     first_mask = 6 if biased else 3
-    mask_rows = _mask_rows(len(m.mask_inputs), first_mask, boolean=m.select is not None)
-    operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt)
-    stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", v_bias)
+    mask_rows = _mask_rows(len(m.mask_inputs), first_mask, fl, boolean=m.select is not None)
+    operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt, fl)
+    stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", fl, v_bias)
 
     def scaled(elem: str, row: str) -> str:
-        terms = " + ".join(f"mk{row}{i}[key * mc{i}]" for i in range(len(m.masks)))
+        terms = " + ".join(fl.load(f"mk{row}{i}[key * mc{i}]") for i in range(len(m.masks)))
         value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
         if m.select is None:
             return value
@@ -109,23 +121,19 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
         keys = (graph.tensors[m.kt].shape or (None,))[-1]
         planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
         options = dataclasses.replace(options, staged_tf32=projected or planned % 4 == 0)
+    body = _half_body(k_frag, biased) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
-{MMA_PRELUDE}
-#define EXP2 {"stitch_ex2" if options.fast_exp else "exp2f"}
-{"#define STAGE(x) __uint_as_float(stitch_tf32(x))" if options.staged_tf32 else "#define STAGE(x) (x)"}
-{"#define FRAG(x) __float_as_uint(x)" if options.staged_tf32 else "#define FRAG(x) stitch_tf32(x)"}
+{_defines(fl, options)}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, KS = {"D + 4" if projected else "KT + 8"}, VS = D + 8, PS = KT + 4;
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if projected and not fl.half else "D + 8" if projected else "KT + 8"}, VS = D + 8{body.buffer_stride};
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
 {_fill(m)}  extern __shared__ __align__(16) float stitch_smem[];
-  float* Ks = stitch_smem;     // {"[KT][KS]: the tile's rows of K" if projected else "[D][KS]: the tile's columns of Kᵀ"}
-  float* Vs = Ks + {"KT" if projected else "D"} * KS;     // [KT][VS]: the tile's rows of V
-  float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp
+{_tiles(fl, projected)}
   const long long H = a.dims[1];
   const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
   const int tiles = (Sq + QT - 1) / QT;
@@ -134,25 +142,15 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   const int t = threadIdx.x, lane = t & 31, g = lane >> 2, tg = lane & 3, r0 = (t >> 5) * 16;
 {operands}
   const int qa = q0 + r0 + g, qb = qa + 8;  // this thread's two query rows
-  // The warp's queries as A fragments, read once from global memory.
-  unsigned qf[NT][4];
-#pragma unroll
-  for (int k = 0; k < NT; ++k) {{
-    qf[k][0] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
-    qf[k][1] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
-    qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
-    qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
-  }}
+{body.queries}
 {mask_rows}
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
-  float* p0 = Ps + (r0 + g) * PS;
-  float* p1 = p0 + 8 * PS;
-{_key_loop(stage_k, stage_v, k_frag, scaled, m.guarded)}"""
-    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected), len(m.mask_inputs),
-                         bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded)
+{body.buffer}{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl)}"""
+    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected, fl.half), len(m.mask_inputs),
+                         bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype)
     if projected:
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
@@ -161,12 +159,108 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
 
 
-def _mask_rows(masks: int, first_mask: int, boolean: bool = False) -> str:
+def _defines(fl: Flavor, options: AttentionOptions) -> str:
+    """The prelude and the kernel's macros: TF32 rounding where staged (float32) or the half
+    type's conversions and product (flavors.half_prelude)."""
+    exp2 = f'#define EXP2 {"stitch_ex2" if options.fast_exp else "exp2f"}'
+    if fl.half:
+        return f"{flavors.half_prelude(fl.dtype)}{EX2_PRELUDE}{exp2}\n#define STAGE(x) (x)"
+    return f"""{MMA_PRELUDE}
+{exp2}
+{"#define STAGE(x) __uint_as_float(stitch_tf32(x))" if options.staged_tf32 else "#define STAGE(x) (x)"}
+{"#define FRAG(x) __float_as_uint(x)" if options.staged_tf32 else "#define FRAG(x) stitch_tf32(x)"}"""
+
+
+def _tiles(fl: Flavor, projected: bool) -> str:
+    """The block's shared tiles: K, V and (float32) the warps' probabilities."""
+    k = "[KT][KS]: the tile's rows of K" if projected else "[D][KS]: the tile's columns of Kᵀ"
+    rows = "KT" if projected else "D"
+    if fl.half:
+        return f"""  {fl.elem}* Ks = reinterpret_cast<{fl.elem}*>(stitch_smem);  // {k}
+  {fl.elem}* Vs = Ks + {rows} * KS;  // [KT][VS]: the tile's rows of V"""
+    return f"""  float* Ks = stitch_smem;     // {k}
+  float* Vs = Ks + {rows} * KS;     // [KT][VS]: the tile's rows of V
+  float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp"""
+
+
+@dataclass(frozen=True)
+class _Body:
+    """What the element type changes in the kernel's body (besides staging)."""
+
+    constants: str  # more constexpr ints
+    buffer_stride: str  # the probabilities' row stride, float32 only
+    queries: str  # the query fragments
+    buffer: str  # pointers into the probabilities' buffer, float32 only
+    scores: str  # the first product over the tile
+    probabilities: Callable[[str], str]  # from the exponentials' code: P and the second product
+    out_type: str  # the context's element, the type of two, and the conversion making two
+    out_pair: str
+    out_make: str
+
+
+def _scores(slices: str, count: str, mma: str, k_frag: str) -> str:
+    """The first product over the tile: `count` head slices, `mma` each."""
+    return f"""    // Scores: KT/8 blocks of 8 keys, summed over {slices} (independent products per step).
+    float s[KT / 8][4];
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < {count}; ++k) {{
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n)
+        {mma}(s[n], qf[k], {k_frag});
+    }}"""
+
+
+def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
+    """float32: TF32 m16n8k8, the probabilities through each warp's shared rows."""
+    queries = f"""  // The warp's queries as A fragments, read once from global memory.
+  unsigned qf[NT][4];
+#pragma unroll
+  for (int k = 0; k < NT; ++k) {{
+    qf[k][0] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
+    qf[k][1] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg]{q_bias("k * 8 + tg")} : 0.f);
+    qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
+    qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
+  }}"""
+    scores = _scores("D/8 head slices", "NT", "stitch_mma_tf32", k_frag)
+
+    def probabilities(exponentials: str) -> str:
+        return f"""#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) {{
+{exponentials}
+      *reinterpret_cast<float2*>(p0 + n * 8 + 2 * tg) = make_float2(STAGE(e0), STAGE(e1));
+      *reinterpret_cast<float2*>(p1 + n * 8 + 2 * tg) = make_float2(STAGE(e2), STAGE(e3));
+    }}
+    __syncwarp();  // a warp reads back only its own rows
+#pragma unroll
+    for (int k = 0; k < KT / 8; ++k) {{
+      const unsigned pf[4] = {{FRAG(p0[k * 8 + tg]), FRAG(p1[k * 8 + tg]), FRAG(p0[k * 8 + tg + 4]), FRAG(p1[k * 8 + tg + 4])}};
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        stitch_mma_tf32(o[n], pf, FRAG(Vs[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
+    }}
+    __syncwarp();  // the next tile's probabilities overwrite these rows"""
+
+    buffer = """  float* p0 = Ps + (r0 + g) * PS;
+  float* p1 = p0 + 8 * PS;
+"""
+    return _Body("", ", PS = KT + 4", queries, buffer, scores, probabilities, "float", "float2", "make_float2")
+
+
+def _half_body(k_frag: str, biased: bool) -> _Body:
+    """float16/bfloat16: m16n8k16 over 16-wide head slices (NK of them), P in registers."""
+    scores = _scores("NK head slices of 16", "NK", "MMA", k_frag)
+    return _Body("NK = (D + 15) / 16, ", "", flavors.query_fragments(biased), "", scores, flavors.probabilities,
+                 "unsigned short", "unsigned", "PACK")
+
+
+def _mask_rows(masks: int, first_mask: int, fl: Flavor, boolean: bool = False) -> str:
     """Each mask's rows for this thread's two queries (element strides from the runtime, 0
     where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys `mc<i>` apart;
-    the last is ONNX bool (a byte each) when `boolean`."""
+    additive ones of the chain's element type, the last ONNX bool (a byte each) when `boolean`."""
     def kind(i: int) -> str:
-        return "unsigned char" if boolean and i == masks - 1 else "float"
+        return "unsigned char" if boolean and i == masks - 1 else fl.elem
 
     return "\n".join(f"""  const {kind(i)}* mk{i} = static_cast<const {kind(i)}*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
   const {kind(i)}* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];
@@ -196,25 +290,20 @@ def _normalise(guarded: bool) -> str:
 """
 
 
-def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, str], str], guarded: bool) -> str:
+def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, str], str], guarded: bool,
+              fl: Flavor) -> str:
     """The loop over tiles of keys (stage K and V, scores on tensor cores, the online Softmax,
     the context's product) and the context's store."""
+    exponentials = """      const float e0 = EXP2((s[n][0] - base0) * LOG2E), e1 = EXP2((s[n][1] - base0) * LOG2E);
+      const float e2 = EXP2((s[n][2] - base1) * LOG2E), e3 = EXP2((s[n][3] - base1) * LOG2E);
+      l0 += e0 + e1, l1 += e2 + e3;"""
     return f"""  for (int t0 = 0; t0 < Sk; t0 += KT) {{
     __syncthreads();  // every warp is done with the previous tile
-    // Stage the tile (keys t0 on), rounded to TF32 here when staged_tf32.
+    // Stage the tile (keys t0 on){"" if fl.half else ", rounded to TF32 here when staged_tf32"}.
 {stage_k}
 {stage_v}
     __syncthreads();
-    // Scores: KT/8 blocks of 8 keys, summed over D/8 head slices (independent products per step).
-    float s[KT / 8][4];
-#pragma unroll
-    for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int k = 0; k < NT; ++k) {{
-#pragma unroll
-      for (int n = 0; n < KT / 8; ++n)
-        stitch_mma_tf32(s[n], qf[k], {k_frag});
-    }}
+{body.scores}
     float x0 = NEG_INF, x1 = NEG_INF;
     const bool full = t0 + KT <= Sk;
 #pragma unroll
@@ -243,36 +332,20 @@ def _key_loop(stage_k: str, stage_v: str, k_frag: str, scaled: Callable[[str, st
     m0 = n0, m1 = n1, l0 *= c0, l1 *= c1;
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
-#pragma unroll
-    for (int n = 0; n < KT / 8; ++n) {{
-      const float e0 = EXP2((s[n][0] - base0) * LOG2E), e1 = EXP2((s[n][1] - base0) * LOG2E);
-      const float e2 = EXP2((s[n][2] - base1) * LOG2E), e3 = EXP2((s[n][3] - base1) * LOG2E);
-      l0 += e0 + e1, l1 += e2 + e3;
-      *reinterpret_cast<float2*>(p0 + n * 8 + 2 * tg) = make_float2(STAGE(e0), STAGE(e1));
-      *reinterpret_cast<float2*>(p1 + n * 8 + 2 * tg) = make_float2(STAGE(e2), STAGE(e3));
-    }}
-    __syncwarp();  // a warp reads back only its own rows
-#pragma unroll
-    for (int k = 0; k < KT / 8; ++k) {{
-      const unsigned pf[4] = {{FRAG(p0[k * 8 + tg]), FRAG(p1[k * 8 + tg]), FRAG(p0[k * 8 + tg + 4]), FRAG(p1[k * 8 + tg + 4])}};
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        stitch_mma_tf32(o[n], pf, FRAG(Vs[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
-    }}
-    __syncwarp();  // the next tile's probabilities overwrite these rows
+{body.probabilities(exponentials)}
   }}
 #pragma unroll
   for (int k = 1; k < 4; k <<= 1) {{
     l0 += __shfl_xor_sync(0xffffffffu, l0, k);
     l1 += __shfl_xor_sync(0xffffffffu, l1, k);
   }}
-{_normalise(guarded)}  float* out = static_cast<float*>(a.out[0]);
+{_normalise(guarded)}  {body.out_type}* out = static_cast<{body.out_type}*>(a.out[0]);
   const long long rowa = TRANSPOSED ? (b * Sq + qa) * H + h : bh * Sq + qa;
   const long long rowb = TRANSPOSED ? (b * Sq + qb) * H + h : bh * Sq + qb;
 #pragma unroll
   for (int n = 0; n < NT; ++n) {{
-    if (qa < Sq) *reinterpret_cast<float2*>(out + rowa * D + n * 8 + 2 * tg) = make_float2(o[n][0] * i0, o[n][1] * i0);
-    if (qb < Sq) *reinterpret_cast<float2*>(out + rowb * D + n * 8 + 2 * tg) = make_float2(o[n][2] * i1, o[n][3] * i1);
+    if (qa < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowa * D + n * 8 + 2 * tg) = {body.out_make}(o[n][0] * i0, o[n][1] * i0);
+    if (qb < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowb * D + n * 8 + 2 * tg) = {body.out_make}(o[n][2] * i1, o[n][3] * i1);
   }}
 }}
 """
@@ -286,36 +359,36 @@ def _fixed_columns(threads: int, cols: int, rows: int) -> bool:
 
 
 def _stage_rows(dst: str, dst_stride: str, src: str, src_stride: str, rows: int, cols: int, threads: int,
-                limit: str | None, bias: str = "") -> str:
-    """Code staging a tile of `rows` × `cols` floats from `src` (rows `src_stride` apart) into
-    shared `dst` (rows `dst_stride` apart), 16 bytes per load, rounded with STAGE; rows from
+                limit: str | None, fl: Flavor, bias: str = "") -> str:
+    """Code staging a tile of `rows` × `cols` elements from `src` (rows `src_stride` apart) into
+    shared `dst` (rows `dst_stride` apart), 4 elements per load, rounded with STAGE; rows from
     `limit` on are zeros (None: every row is there). With fixed columns (_fixed_columns) each
     thread's rows are a compile-time sequence: the loads of a whole tile are issued unrolled,
     unguarded where the tile is whole."""
-    round_ = "x.x = STAGE(x.x), x.y = STAGE(x.y), x.z = STAGE(x.z), x.w = STAGE(x.w);"
+    round_, vec = fl.round4(), fl.vec4
     if not _fixed_columns(threads, cols, rows):
         guard = f"r < {limit}" if limit else "true"
         return f"""    for (int i = t; i < {rows} * {cols} / 4; i += THREADS) {{
       const int r = i / ({cols} / 4), c = (i % ({cols} / 4)) * 4;
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      {vec} x = {fl.zero4};
       if ({guard}) {{
-        x = *reinterpret_cast<const float4*>({src} + (long long)r * {src_stride} + c);{bias}
+        x = *reinterpret_cast<const {vec}*>({src} + (long long)r * {src_stride} + c);{bias}
       }}
       {round_}
-      *reinterpret_cast<float4*>({dst} + r * {dst_stride} + c) = x;
+      *reinterpret_cast<{vec}*>({dst} + r * {dst_stride} + c) = x;
     }}"""
     step = threads // (cols // 4)
 
     def passes(load: str) -> str:
         return f"""#pragma unroll
       for (int p = 0; p < {rows // step}; ++p) {{
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        {vec} x = {fl.zero4};
         {load}
         {round_}
-        *reinterpret_cast<float4*>(d + p * {step} * {dst_stride}) = x;
+        *reinterpret_cast<{vec}*>(d + p * {step} * {dst_stride}) = x;
       }}"""
 
-    read = f"x = *reinterpret_cast<const float4*>(s + (long long)p * {step} * {src_stride});{bias}"
+    read = f"x = *reinterpret_cast<const {vec}*>(s + (long long)p * {step} * {src_stride});{bias}"
     stage = passes(read)
     if limit is not None:
         stage = f"""if ({rows} <= {limit}) {{
@@ -325,63 +398,67 @@ def _stage_rows(dst: str, dst_stride: str, src: str, src_stride: str, rows: int,
       }}"""
     return f"""    {{
       const int c = (t % {cols // 4}) * 4, row0 = t / {cols // 4};
-      const float* s = {src} + (long long)row0 * {src_stride} + c;
-      float* d = {dst} + row0 * {dst_stride} + c;
+      const {fl.elem}* s = {src} + (long long)row0 * {src_stride} + c;
+      {fl.elem}* d = {dst} + row0 * {dst_stride} + c;
       {stage}
     }}"""
 
 
-def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: int, kt: int):
+def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: int, kt: int, fl: Flavor):
     """Code that differs between operands q [b, h, Sq, D], kᵀ [b, h, D, Sk], v [b, h, Sk, D] and
     operands read from projections [b, S, W] at a head's columns (docs/abi.md): the pointers
-    (rows QW and VW floats apart), the K tile's staging, its fragment reads, and the biases."""
+    (rows QW and VW elements apart), the K tile's staging, its fragment reads, and the biases."""
+    e = fl.elem
     if not projected:
-        operands = """  const float* q = static_cast<const float*>(a.in[0]) + bh * Sq * D;
-  const float* kt = static_cast<const float*>(a.in[1]) + bh * D * Sk;
-  const float* v = static_cast<const float*>(a.in[2]) + bh * Sk * D;
+        operands = f"""  const {e}* q = static_cast<const {e}*>(a.in[0]) + bh * Sq * D;
+  const {e}* kt = static_cast<const {e}*>(a.in[1]) + bh * D * Sk;
+  const {e}* v = static_cast<const {e}*>(a.in[2]) + bh * Sk * D;
   constexpr int QW = D, VW = D;"""
-        whole = _stage_rows("Ks", "KS", "kt + t0", "Sk", m.head_dim, kt, threads, None)
+        whole = _stage_rows("Ks", "KS", "kt + t0", "Sk", m.head_dim, kt, threads, None, fl)
         stage_k = """    if ((Sk & 3) == 0 && t0 + KT <= Sk) {
-""" + whole + """
-    } else {
-      for (int i = t; i < D * KT; i += THREADS) {
+""" + whole + f"""
+    }} else {{
+      for (int i = t; i < D * KT; i += THREADS) {{
         const int dd = i / KT, j = i % KT;
-        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : 0.f;
-      }
-    }"""
-        k_frag = "FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g])"
+        Ks[dd * KS + j] = t0 + j < Sk ? STAGE(kt[(long long)dd * Sk + t0 + j]) : {fl.zero};
+      }}
+    }}"""
+        k_frag = flavors.key_fragments(False) if fl.half else \
+            "FRAG(Ks[(k * 8 + tg) * KS + n * 8 + g]), FRAG(Ks[(k * 8 + tg + 4) * KS + n * 8 + g])"
         return operands, stage_k, k_frag, "", lambda _i: ""
     offq, offk, offv = (p.offset for p in m.projections)
     # Rows of the projections (the runtime passes their widths in strides[0..2][0]); head h's
     # columns start at offset + h·D; the biases are inputs 3..5.
     operands = f"""  const long long QW = a.strides[0][0], KW = a.strides[1][0], VW = a.strides[2][0];
-  const float* q = static_cast<const float*>(a.in[0]) + b * Sq * QW + {offq} + h * D;
-  const float* k = static_cast<const float*>(a.in[1]) + b * Sk * KW + {offk} + h * D;
-  const float* v = static_cast<const float*>(a.in[2]) + b * Sk * VW + {offv} + h * D;"""
+  const {e}* q = static_cast<const {e}*>(a.in[0]) + b * Sq * QW + {offq} + h * D;
+  const {e}* k = static_cast<const {e}*>(a.in[1]) + b * Sk * KW + {offk} + h * D;
+  const {e}* v = static_cast<const {e}*>(a.in[2]) + b * Sk * VW + {offv} + h * D;"""
     # Where each thread's K and V columns are the same from tile to tile (_fixed_columns), its
     # bias values are loaded once per block (H200, BERT: 15.8 against 19.9 µs with a load per
     # staged vector).
     hoisted = _fixed_columns(threads, m.head_dim, kt)
     if biased:
-        operands += """
-  const float* bq = static_cast<const float*>(a.in[3]) + h * D;
-  const float* bk = static_cast<const float*>(a.in[4]) + h * D;
-  const float* bv = static_cast<const float*>(a.in[5]) + h * D;"""
+        operands += f"""
+  const {e}* bq = static_cast<const {e}*>(a.in[3]) + h * D;
+  const {e}* bk = static_cast<const {e}*>(a.in[4]) + h * D;
+  const {e}* bv = static_cast<const {e}*>(a.in[5]) + h * D;"""
         if hoisted:
-            operands += """
-  const float4 ek = *reinterpret_cast<const float4*>(bk + (t % (D / 4)) * 4);
-  const float4 ev = *reinterpret_cast<const float4*>(bv + (t % (D / 4)) * 4);"""
+            operands += f"""
+  const float4 ek = {fl.bias4("bk + (t % (D / 4)) * 4")};
+  const float4 ev = {fl.bias4("bv + (t % (D / 4)) * 4")};"""
 
     def add_bias(bias: str) -> str:
         if not biased:
             return ""
         e = "e" + bias[1]
-        load = "" if hoisted else f" const float4 {e} = *reinterpret_cast<const float4*>({bias} + c);"
-        return f"{load} x.x += {e}.x, x.y += {e}.y, x.z += {e}.z, x.w += {e}.w;"
+        load = "" if hoisted else f" const float4 {e} = {fl.bias4(bias + ' + c')};"
+        return f"{load}{fl.add4(e)}"
 
-    # K as rows [KT][D + 4]: 4 floats along the head at a time (16 lanes read a key's row), and
-    # the fragment reads (key g, head slice tg) hit 32 banks since D + 4 ≡ 4 (mod 8).
-    stage_k = _stage_rows("Ks", "KS", "k + (long long)t0 * KW", "KW", kt, m.head_dim, threads, "Sk - t0",
+    # K as rows [KT][KS]: 4 elements along the head at a time (16 lanes read a key's row), and
+    # the fragment reads (key g, head slice tg) hit 32 banks: KS = D + 4 floats ≡ 4 (mod 8), or
+    # D + 8 halves (D/2 + 4 words).
+    stage_k = _stage_rows("Ks", "KS", "k + (long long)t0 * KW", "KW", kt, m.head_dim, threads, "Sk - t0", fl,
                           add_bias("bk"))
-    k_frag = "FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg]), FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg + 4])"
+    k_frag = flavors.key_fragments(True) if fl.half else \
+        "FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg]), FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg + 4])"
     return operands, stage_k, k_frag, add_bias("bv"), (lambda i: f" + bq[{i}]" if biased else "")

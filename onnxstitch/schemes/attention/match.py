@@ -32,8 +32,11 @@ the kernel reads x itself at the head's columns and adds the bias as it loads: t
 would add the biases and write q, kᵀ and v apart (as much traffic as the attention itself at
 BERT's sizes) is not needed.
 
-Both products run on tensor cores in TF32, as ONNX Runtime's float32 GEMMs do by default
-(`use_tf32`), so the groups are marked `tf32` and verified at TF32's accuracy (verify.py).
+Both products run on tensor cores: float32 chains in TF32, as ONNX Runtime's float32 GEMMs do
+by default (`use_tf32`), so their groups are marked `tf32` and verified at TF32's accuracy
+(verify.py); float16 and bfloat16 chains (every operand, additive mask and the context of one
+of them) on half-precision products with float32 accumulation and a float32 Softmax, verified
+at half precision's tolerance as any half-precision group.
 
 This module decides legality only (which chains can be one kernel, and why not) and prices a
 chain as one kernel (`group_of`); taking it is the plan's choice: each chain is a candidate of
@@ -50,9 +53,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto as TP
+from onnx import helper
 
 from ...cost import CostModel
 from ...graph import FusionGraph, constant_value
+from ...shapes import symbolic_value
 from ...plan import Group, Plan
 from .. import ATTENTION
 
@@ -62,6 +67,12 @@ MIN_HEAD, MAX_HEAD = 8, 128
 # Terms added to the scaled scores (a mask; T5 adds a position bias first): the kernel reads
 # each through its own strides (docs/abi.md).
 MAX_MASKS = 2
+# The element types the kernel is generated for (codegen.py: TF32 m16n8k8 for float32,
+# m16n8k16 for the half types).
+DTYPES = {TP.FLOAT: "float32", TP.FLOAT16: "float16", TP.BFLOAT16: "bfloat16"}
+# Dense tensor-core peaks of H100 SXM (NVIDIA's datasheet; H200 has the same SMs), TFLOP/s:
+# half-precision products run at twice TF32's rate.
+TENSOR_TFLOPS = {TP.FLOAT: 494.7, TP.FLOAT16: 989.4, TP.BFLOAT16: 989.4}
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class Match:
     select: Select | None = None  # a boolean mask, applied after the added terms
     guarded: bool = False  # Where(IsNaN(p), 0, p): rows without a finite score give zeros
     softmax: str = ""  # the Softmax's name, for reports
+    dtype: int = TP.FLOAT  # of q, kᵀ, v, the additive terms and the context (DTYPES)
 
     @property
     def biased(self) -> bool:
@@ -135,7 +147,8 @@ class Match:
         if self.projections:
             cols = ", ".join(f"'{p.x}'[{p.offset}:]" for p in self.projections)
             read = f"; q, kᵀ, v read from {cols}{' with their biases' if self.biased else ''}"
-        return (f"attention at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
+        kind = "" if self.dtype == TP.FLOAT else f" in {DTYPES[self.dtype]}"
+        return (f"attention{kind} at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
                 f"{' (NaN-guarded)' if self.guarded else ''} → · '{self.v}' → '{self.output}'"
                 f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}{read}")
 
@@ -158,7 +171,7 @@ def _only_reader(g: FusionGraph, tensor: str) -> int | None:
 
 def _scalar(g: FusionGraph, tensor: str) -> float | None:
     c = g.constants.get(tensor)
-    if c is None or math.prod(c.dims) != 1 or c.data_type not in (TP.FLOAT, TP.DOUBLE, TP.FLOAT16):
+    if c is None or math.prod(c.dims) != 1 or c.data_type not in (TP.FLOAT, TP.DOUBLE, TP.FLOAT16, TP.BFLOAT16):
         return None
     return float(np.asarray(constant_value(g, tensor)))
 
@@ -365,7 +378,7 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
         return f"{name}: {why}"
     match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
                   int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
-                  softmax=n.name or n.outputs[0])
+                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype)
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, second)
     return _projections(g, match, readers) or match
 
@@ -374,11 +387,12 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
 _HEADS_FIRST, _KEYS_TRANSPOSED = [0, 2, 1, 3], [0, 2, 3, 1]
 
 
-def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[Projection, int] | None:
+def _projection(g: FusionGraph, t: str, perm: list[int], reader: int, dtype: int) -> tuple[Projection, int] | None:
     """(operand `t` as columns of a projection's output, its head count) when `t` is
-    Transpose(perm) ← Reshape([b, s, h·d] → [b, s, h, d]) ← [Add a float32 bias [h·d]] ←
-    [a Slice/Split of the last axis] ← x [b, s, w] with every tensor between read once, and the
-    columns 16-byte aligned (the kernel reads 4 floats at a time); None otherwise."""
+    Transpose(perm) ← Reshape([b, s, h·d] → [b, s, h, d]) ← [Add a bias [h·d]] ← [a Slice/Split
+    of the last axis] ← x [b, s, w], x and the bias of the chain's `dtype`, with every tensor
+    between read once, and the columns 4-element aligned (the kernel reads 4 elements at a
+    time: 16 bytes of float32, 8 of half); None otherwise."""
     at = g.producer.get(t)
     if at is None or _only_reader(g, t) != reader or g.nodes[at].op_type != "Transpose" or \
             list(g.nodes[at].attrs.get("perm", ())) != perm:
@@ -400,7 +414,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
     if ad is not None and _only_reader(g, a) == rs and g.nodes[ad].op_type == "Add":
         x0, x1 = g.nodes[ad].inputs[:2]
         for y, b in ((x0, x1), (x1, x0)):
-            if b in g.constants and g.shape(b) == (h * d,) and g.tensors[b].dtype == TP.FLOAT and \
+            if b in g.constants and g.shape(b) == (h * d,) and g.tensors[b].dtype == dtype and \
                     g.shape(y) == flat:
                 a, bias = y, b
                 nodes.append(ad)
@@ -412,7 +426,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int) -> tuple[P
         nodes.append(g.producer[a])
     xs = g.shape(x)
     info = g.tensors.get(x)
-    if xs is None or len(xs) != 3 or info is None or info.dtype != TP.FLOAT or not _same(xs[0], flat[0]) or \
+    if xs is None or len(xs) != 3 or info is None or info.dtype != dtype or not _same(xs[0], flat[0]) or \
             not _same(xs[1], flat[1]) or not isinstance(xs[2], int) or xs[2] % 4 or offset % 4 or \
             offset + h * d > xs[2]:
         return None
@@ -423,8 +437,9 @@ def _projections(g: FusionGraph, m: Match, readers: tuple[int, int, int]) -> Mat
     """`m` reading q, kᵀ and v from their projections (module docstring), or None when one of
     them is not such a read, their head counts or biases differ, or a Split's other outputs are
     read outside the chain. `readers`: the chain's node reading each of q, kᵀ and v."""
-    got = [_projection(g, m.q, _HEADS_FIRST, readers[0]), _projection(g, m.kt, _KEYS_TRANSPOSED, readers[1]),
-           _projection(g, m.v, _HEADS_FIRST, readers[2])]
+    got = [_projection(g, m.q, _HEADS_FIRST, readers[0], m.dtype),
+           _projection(g, m.kt, _KEYS_TRANSPOSED, readers[1], m.dtype),
+           _projection(g, m.v, _HEADS_FIRST, readers[2], m.dtype)]
     if any(p is None for p in got):
         return None
     projections = tuple(p for p, _ in got)  # type: ignore[misc]
@@ -448,13 +463,18 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
                   soft: int, select: bool) -> str | None:
     """Why these operands do not fit the kernel (None when they do); the last of `masks` is
     the boolean one when `select`."""
-    for t in (q, kt, v, *masks, ctx):
+    info = g.tensors.get(q)
+    dtype = None if info is None else info.dtype
+    if dtype not in DTYPES:
+        have = "unknown" if dtype is None else TP.DataType.Name(dtype).lower()
+        return f"'{q}' is {have}: the kernel is generated for {', '.join(DTYPES.values())}"
+    for t in (kt, v, *masks, ctx):
         info = g.tensors.get(t)
         if info is not None and info.dtype == TP.BOOL and t == masks[-1] and select:
             continue
-        if info is None or info.dtype != TP.FLOAT:
+        if info is None or info.dtype != dtype:
             have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
-            return f"'{t}' is {have}: the kernel is float32 only (float16 keeps its stitched Softmax)"
+            return f"'{t}' is {have} where q is {DTYPES[dtype]}: the kernel takes one element type"
     qs, ks, vs = g.shape(q), g.shape(kt), g.shape(v)
     if qs is None or ks is None or vs is None:
         return "operand shapes are unknown"
@@ -506,12 +526,25 @@ def find(g: FusionGraph) -> Found:
     return Found(tuple(matches), tuple(refusals))
 
 
+def flops(g: FusionGraph, m: Match) -> float:
+    """The two products' arithmetic: 2·Sq·Sk·D each per (batch, head), at the planned sizes."""
+    item = np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize
+    context = g.tensor_bytes(m.output) / item  # B·H·Sq·D
+    keys = (g.shape(m.kt) or (0,))[-1]
+    keys = keys if isinstance(keys, int) else symbolic_value(keys, g.dim_values) if keys else 0
+    return 4.0 * context * (keys or 0)
+
+
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
-    """The plan's group for chain `m`: priced as one launch moving q, kᵀ, v, the mask and the
-    context once each (the products' arithmetic is far below the memory time at these sizes)."""
+    """The plan's group for chain `m`: one launch and the roofline of moving q, kᵀ, v, the masks
+    and the context once each against both products at the tensor rate of the chain's dtype
+    (half precision: half the bytes of float32 and twice the rate). Memory dominates at
+    BERT's sizes; long sequences make the products count."""
     moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
-    return Group(name, m.nodes, m.inputs, (m.output,), None, moved, cost.kernel_us(moved),
-                 tuple(g.nodes[i].label for i in m.nodes), tf32=True, scheme=ATTENTION, payload=m)
+    compute_us = flops(g, m) / (TENSOR_TFLOPS[m.dtype] * 1e6)
+    us = cost.launch_us + max(moved / (cost.bandwidth_gbs * 1e3), compute_us)
+    return Group(name, m.nodes, m.inputs, (m.output,), None, moved, us,
+                 tuple(g.nodes[i].label for i in m.nodes), tf32=m.dtype == TP.FLOAT, scheme=ATTENTION, payload=m)
 
 
 def chosen(found: Found, plan: Plan) -> Found:

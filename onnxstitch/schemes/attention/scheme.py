@@ -10,7 +10,7 @@ from ...graph import FusionGraph
 from ...plan import Group
 from .. import ATTENTION
 from ..source import KernelSource
-from . import codegen
+from . import codegen, match
 
 
 class Attention:
@@ -26,7 +26,7 @@ class Attention:
         spec = src.spec
         out = {"scheme": self.name, "head_size": spec.head_size, "queries_per_block": spec.queries,
                "block": spec.threads, "shared_bytes": spec.shared_bytes, "transposed_output": spec.transposed,
-               "tf32": True}
+               "tf32": not spec.half, "dtype": match.DTYPES[spec.dtype]}
         if spec.projected:  # q, kᵀ, v read from their projections
             out |= {"heads": spec.heads, "column_offsets": list(spec.column_offsets), "biases": spec.biases}
         return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from onnx import TensorProto as TP
+
 from .. import ATTENTION
 from ..source import Spec
 
@@ -35,10 +37,19 @@ class AttentionSpec(Spec):
     # and a row with no finite score gives zeros (the exporters' Where(IsNaN(p), 0, p)).
     boolean_mask: bool = False
     guarded: bool = False
+    # The operands' and context's element type (ONNX TensorProto: FLOAT, FLOAT16, BFLOAT16):
+    # float32 runs on TF32 mma.sync m16n8k8, half types on m16n8k16 with float32 accumulation.
+    # Compiled in; the launch is the same (its shared memory is in shared_bytes).
+    dtype: int = TP.FLOAT
 
     @property
     def projected(self) -> bool:
         return self.heads > 0
+
+    @property
+    def half(self) -> bool:
+        """float16 or bfloat16 operands (m16n8k16 products)."""
+        return self.dtype != TP.FLOAT
 
     def attributes(self) -> dict[str, int | list[int]]:
         """The node attributes the runtime reads (docs/abi.md): `attention_<field>` per field,
