@@ -4,7 +4,9 @@ launched alone from its cubin — time per launch (CUDA events around back-to-ba
 relative error against float64 numpy — then the attention core end to end, stock ONNX Runtime
 against onnxstitch with CUDA graphs, per shape (BERT-base's with both mask shapes exporters
 write, a 512-token sequence, ViT-B/16's 197 tokens without a mask; BERT's core reading q, kᵀ
-and v from its merged Q/K/V product with their biases, as the pipeline plans it).
+and v from its merged Q/K/V product with their biases, as the pipeline plans it), in float32
+and (cases named so) float16 and bfloat16: the half kernels' m16n8k16 products with the
+probabilities in registers (TF32 staging variants do not apply to them and are skipped).
 
     python3 scripts/bench_attention.py [--out bench_attention.json] [--reps 200]
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto as TP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +36,7 @@ from scripts.bench_elementwise import launch_ms  # noqa: E402
 from tests.host_kernels import attention_args  # noqa: E402
 from tests.attention_models import (Core, Projected, attention_graph, core_feeds, core_model,  # noqa: E402
                                     core_reference, projected_feeds, projected_model, projected_reference,
-                                    relative_error)
+                                    projected_values, relative_error)
 
 CASES = {
     "bert-mask-bqk": Core((8, 12), 128, 128, 64, (8, 1, 128, 128)),
@@ -41,6 +44,11 @@ CASES = {
     "seq512": Core((8, 12), 512, 512, 64, (8, 1, 1, 512)),
     "vit": Core((8, 12), 197, 197, 64, None),
     "bert-projected-bqk": Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128))),
+    "bert-mask-bk-float16": Core((8, 12), 128, 128, 64, (8, 1, 1, 128), dtype=TP.FLOAT16),
+    "bert-mask-bk-bfloat16": Core((8, 12), 128, 128, 64, (8, 1, 1, 128), dtype=TP.BFLOAT16),
+    "seq512-float16": Core((8, 12), 512, 512, 64, (8, 1, 1, 512), dtype=TP.FLOAT16),
+    "vit-float16": Core((8, 12), 197, 197, 64, None, dtype=TP.FLOAT16),
+    "bert-projected-bqk-float16": Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128), dtype=TP.FLOAT16)),
 }
 
 VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
@@ -61,10 +69,18 @@ def case_data(case: Core | Projected) -> tuple[onnx.ModelProto, dict, dict, np.n
         return core_model(case), feeds, feeds, core_reference(case, feeds)
     model = projected_model(case, rng)
     feeds = projected_feeds(case, rng)
-    values = feeds | {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    if case.source == "matmul":
-        values |= {f"{o}_cols": feeds["x"] @ values[f"w{o}"] for o in "qkv"}
-    return model, feeds, values, projected_reference(case, model, feeds)
+    return model, feeds, projected_values(case, model, feeds), projected_reference(case, model, feeds)
+
+
+def _device(x: np.ndarray):
+    """`x` on the GPU (cupy has no bfloat16: its bits as uint16)."""
+    import cupy as cp
+
+    return cp.asarray(x.view(np.uint16) if x.dtype.name == "bfloat16" else x)
+
+
+def _dtype(case: Core | Projected) -> int:
+    return (case if isinstance(case, Core) else case.core).dtype
 
 
 def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOptions, reps: int) -> dict:
@@ -81,8 +97,9 @@ def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOpt
     assert cuda.cuModuleGetFunction(ctypes.byref(fn), mod, src.entries[0].encode()) == 0
     shared = src.spec.shared_bytes
     assert cuda.cuFuncSetAttribute(fn, 8, shared) == 0  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    dev = {k: cp.asarray(v) for k, v in values.items()}  # named as the model's tensors, src.inputs
-    out = cp.full(want.shape, np.nan, cp.float32)
+    dev = {k: _device(v) for k, v in values.items()}  # named as the model's tensors, src.inputs
+    typed = onnx.helper.tensor_dtype_to_np_dtype(src.spec.dtype)
+    out = _device(np.full(want.shape, np.nan, typed))  # poisoned
     args, blocks = attention_args(src, [dev[t].shape for t in src.inputs], [dev[t].data.ptr for t in src.inputs],
                                   out.shape, out.data.ptr)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
@@ -93,7 +110,7 @@ def kernel_alone(case: Core | Projected, options: codegen_attention.AttentionOpt
 
     launch()
     cp.cuda.runtime.deviceSynchronize()
-    err = relative_error(out.get(), want)
+    err = relative_error(out.get().view(typed), want)
     for _ in range(20):
         launch()
     return {"kernel_us": launch_ms(launch, reps) * 1e3, "relative_error_vs_float64": err, "shared_bytes": shared,
@@ -136,6 +153,8 @@ def main() -> int:
                 result["probe_tf32_kernel_us"].append(ref)
                 print(f"{case:14} {'probe_attention.py TF32 kernel':40} round {r}: {ref:8.2f} µs", flush=True)
             for label in args.variants.split(";"):
+                if _dtype(core) != TP.FLOAT and not VARIANTS[label].staged_tf32:
+                    continue  # the same half kernel as staged_tf32=1
                 v = kernel_alone(core, VARIANTS[label], args.reps)
                 best = row["variants"].setdefault(label, v)
                 best["rounds_us"] = best.get("rounds_us", []) + [v["kernel_us"]]

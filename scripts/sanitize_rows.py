@@ -5,7 +5,9 @@ path (rows longer than planned), a group norm — and the shared-memory tile of 
 innermost axis (whole and partial tiles, alone and packed with Q and V), and kernels reading boxes
 of their inputs (folded Slice/Split: a box's reads must stay inside it) or windows of a Concat's
 output (reads only inside the window), and attention kernels (K/V tiles shared by the block,
-probabilities per warp; ragged tiles), each run once on small inputs through ONNX Runtime.
+probabilities per warp; ragged tiles; float32, and float16 whose kernels keep the probabilities
+in registers and stage 8-byte vectors — bfloat16's differ from float16's only in the
+conversion and product instructions), each run once on small inputs through ONNX Runtime.
 
     compute-sanitizer --tool racecheck --target-processes all python3 scripts/sanitize_rows.py [NAME-PART]
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import dataclasses
 
 import numpy as np
 from onnx import TensorProto as TP
@@ -58,10 +62,13 @@ def cases():
             yield f"boxes-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
         for name, model, _ in concat_models(cols, TP.FLOAT16):  # windowed reads stay in their windows
             yield f"windows-{name}-c{cols}", model, {"batch": [2], "seq": [40]}, {"batch": 3, "seq": 40}
-    for core in CORES[1:4]:  # ragged query and key tiles, masks broadcast three ways
-        yield f"attention-{core.id}", core_model(core), {}, {}
-    for p in PROJECTED[1:]:  # q, kᵀ, v read from projections: a Split, cross attention, column offsets
-        yield f"attention-projected-{p.id}", projected_model(p, np.random.default_rng(0)), {}, {}
+    for dtype in (TP.FLOAT, TP.FLOAT16):
+        for core in CORES[1:4] + CORES[6:7]:  # ragged tiles, masks broadcast three ways, heads of 8
+            core = dataclasses.replace(core, dtype=dtype)
+            yield f"attention-{core.id}", core_model(core), {}, {}
+        for p in PROJECTED[1:]:  # q, kᵀ, v read from projections: a Split, cross attention, column offsets
+            p = dataclasses.replace(p, core=dataclasses.replace(p.core, dtype=dtype))
+            yield f"attention-projected-{p.id}", projected_model(p, np.random.default_rng(0)), {}, {}
 
 
 def main() -> int:

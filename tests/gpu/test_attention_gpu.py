@@ -2,18 +2,25 @@
 optimized as the pipeline does (verified there against stock ORT CUDA at TF32's accuracy),
 then run through the custom op with poisoned outputs against a float64 reference on fresh
 random inputs. TF32 rounds both products' inputs to 10 mantissa bits: about 5e-4 relative,
-so 2e-3 is four times the expected error and far below a wrong mask, scale or layout."""
+so 2e-3 is four times the expected error and far below a wrong mask, scale or layout.
+
+float16 and bfloat16 cores (m16n8k16, probabilities in registers) run the same way with inputs
+of their type, verified by optimize against stock ORT CUDA at half precision's tolerance, and
+held here to tests/test_attention_host.py's HALF_TOLERANCE against float64 (derived there)."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import onnxstitch
 
-from ..attention_models import (CORES, PROJECTED, SDPA, Projected, Sdpa, core_feeds, core_model, core_reference,
+from ..attention_models import (CORES, PROJECTED, SDPA, Core, Projected, Sdpa, core_feeds, core_model, core_reference,
                                 projected_feeds, projected_model, projected_reference, relative_error, sdpa_feeds,
                                 sdpa_model, sdpa_reference)
 from ..stitching import fresh_seed
+from ..test_attention_host import HALF_TOLERANCE, HALVES
 from .test_stitched_gpu import run_gpu
 
 pytestmark = pytest.mark.gpu
@@ -84,6 +91,65 @@ def test_sdpa_attention_kernel_matches_float64(s: Sdpa) -> None:
     want = sdpa_reference(s, feeds)
     (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
     assert np.isfinite(got).all() and relative_error(got, want) <= TF32_REFERENCE_TOLERANCE
+    if blank:
+        zeros = (want == 0).all(-1)
+        assert zeros.any() and (got[zeros] == 0).all()
+
+
+def _typed(x, dtype: str):
+    """A core, projected core or SDPA form with its core in `dtype`."""
+    core = dataclasses.replace(x.core if not isinstance(x, Core) else x, dtype=HALVES[dtype])
+    return core if isinstance(x, Core) else dataclasses.replace(x, core=core)
+
+
+def _half_on_gpu(model, feeds: dict, want: np.ndarray, dtype: str) -> tuple[dict, np.ndarray]:
+    """(the attention kernel's report entry, the context) of `model` optimized (one half kernel,
+    verified on the GPU) and run on `feeds`; the context within HALF_TOLERANCE of `want`."""
+    res = onnxstitch.optimize(model)
+    groups = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
+    assert len(groups) == 1 and not groups[0].tf32 and not res.report.dropped
+    (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
+    assert kernel["dtype"] == dtype
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    typed = next(iter(feeds.values())).dtype
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32).astype(typed)])
+    assert got.dtype == typed and relative_error(got, want) <= HALF_TOLERANCE[HALVES[dtype]]
+    return kernel, got.astype(np.float64)
+
+
+# BERT's core, ragged tiles with a per-row mask, few queries against long keys, rank 3 with a
+# broadcast mask, head size 128, head size 8 (a padded 16-wide slice), T5's bias.
+HALF_CORES = [CORES[0], CORES[1], CORES[2], CORES[3], CORES[4], CORES[6], CORES[7]]
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("core", HALF_CORES, ids=lambda c: c.id)
+def test_half_attention_kernel_matches_float64(core: Core, dtype: str) -> None:
+    core = _typed(core, dtype)
+    feeds = core_feeds(core, np.random.default_rng(fresh_seed()))
+    _half_on_gpu(core_model(core), feeds, core_reference(core, feeds), dtype)
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+def test_half_projected_attention_kernel_matches_float64(p: Projected, dtype: str) -> None:
+    p = _typed(p, dtype)
+    rng = np.random.default_rng(fresh_seed())
+    model = projected_model(p, rng)
+    feeds = projected_feeds(p, rng)
+    kernel, _ = _half_on_gpu(model, feeds, projected_reference(p, model, feeds), dtype)
+    assert kernel["heads"] == p.core.lead[1] and kernel["biases"] == p.biased
+
+
+@pytest.mark.parametrize("dtype", list(HALVES))
+@pytest.mark.parametrize("s", SDPA, ids=lambda s: s.id)
+def test_half_sdpa_attention_kernel_matches_float64(s: Sdpa, dtype: str) -> None:
+    s = _typed(s, dtype)
+    blank = s.guard and s.core.mask is not None and s.fill == -np.inf
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()), blank_rows=blank)
+    want = sdpa_reference(s, feeds)
+    _, got = _half_on_gpu(sdpa_model(s), feeds, want, dtype)
+    assert np.isfinite(got).all()
     if blank:
         zeros = (want == 0).all(-1)
         assert zeros.any() and (got[zeros] == 0).all()
