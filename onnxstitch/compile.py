@@ -45,9 +45,26 @@ def _nvrtc():
     return nvrtc
 
 
+# NVRTC now and then fails a valid program with BUILTIN_OPERATION_FAILURE while other processes
+# compile at the same time (seen on a loaded 2-core machine: the same call passes when repeated);
+# such a failure is tried again, under a name of its own, before it is reported.
+_TRANSIENT = "NVRTC_ERROR_BUILTIN_OPERATION_FAILURE"
+_TRIES = 3
+
+
 def _compile_one(src: KernelSource, target: str, want_ptx: bool) -> bytes:
+    for attempt in range(_TRIES):
+        try:
+            return _compile_try(src, target, want_ptx, f"{src.name}_{os.getpid()}_{attempt}.cu")
+        except CompileError as e:
+            if _TRANSIENT not in str(e) or attempt == _TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _compile_try(src: KernelSource, target: str, want_ptx: bool, program: str) -> bytes:
     nvrtc = _nvrtc()
-    prog = nvrtc.createProgram(src.source, f"{src.name}.cu", [], [])
+    prog = nvrtc.createProgram(src.source, program, [], [])
     try:
         try:
             nvrtc.compileProgram(prog, [f"--gpu-architecture={target}", *_BASE_OPTIONS])

@@ -4,6 +4,7 @@ body is the original subgraph, so ONNX Runtime without the library still runs it
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 from dataclasses import dataclass
 from typing import Sequence
@@ -23,7 +24,7 @@ OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
-                "input_boxes", "input_windows")
+                "input_boxes", "input_windows", "images_sha256")
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,11 @@ def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     k = group.kernel
     # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob split by
     # image_sizes (docs/abi.md). A library call (the gemm scheme) carries no image.
+    blob = b"".join(k.images)
+    # The runtime checks the images against their digest before loading them (docs/abi.md).
     images = dict(image_archs=[arch_number(a) for a in k.archs], image_sizes=[len(i) for i in k.images],
-                  images=b"".join(k.images), ptx=k.ptx) if k.images or k.ptx else {}
+                  images=blob, ptx=k.ptx, images_sha256=hashlib.sha256(blob + k.ptx).hexdigest()) \
+        if k.images or k.ptx else {}
     node = helper.make_node(
         OP_TYPE, list(k.source.bound_inputs), list(k.source.outputs), name=f"stitch_{group.name}", domain=DOMAIN,
         kernel_name=k.source.name, vec_width=k.source.vec_width, shape_rule=k.source.shape_rule, **images)

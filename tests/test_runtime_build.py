@@ -371,3 +371,68 @@ def test_an_unknown_output_dim_is_a_fresh_symbol_not_minus_one(lib: Path):
                               ir_version=10).SerializeToString()
     err = cpu_session_error(model, lib)
     assert "NOT_IMPLEMENTED" in err and "fused0" in err, err
+
+
+# Kernel images are checked against their digest (images_sha256) before anything loads.
+
+SHA_DRIVER = r"""
+#include "sha256.h"
+extern "C" void sha256_hex(const unsigned char* data, long long size, long long split, char* out) {
+  onnxstitch::Sha256 h;
+  h.Update(data, static_cast<size_t>(split));  // in two pieces, as the runtime feeds images then PTX
+  h.Update(data + split, static_cast<size_t>(size - split));
+  std::string hex = h.HexDigest();
+  std::memcpy(out, hex.c_str(), 65);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def sha_lib(tmp_path_factory) -> ctypes.CDLL:
+    folder = tmp_path_factory.mktemp("sha256")
+    (folder / "driver.cc").write_text(SHA_DRIVER)
+    import subprocess
+    subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", f"-I{rtbuild.CSRC}", "-o", str(folder / "d.so"),
+                    str(folder / "driver.cc")], check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(folder / "d.so"))
+
+
+def test_the_runtimes_sha256_is_hashlibs(sha_lib: ctypes.CDLL) -> None:
+    import hashlib
+
+    rng = np.random.default_rng()
+    # Lengths around the 64-byte block and its 56-byte padding boundary, and a few random ones.
+    for size in [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 128, 1000, *rng.integers(0, 5000, 5)]:
+        data = rng.integers(0, 256, int(size), dtype=np.uint8).tobytes()
+        split = int(rng.integers(0, len(data) + 1))
+        out = ctypes.create_string_buffer(65)
+        sha_lib.sha256_hex(data, len(data), split, out)
+        assert out.value.decode() == hashlib.sha256(data).hexdigest(), size
+
+
+def test_images_that_do_not_match_their_digest_are_refused(cpu_lib: Path) -> None:
+    import hashlib
+
+    ptx = b"// the kernel"
+    good = probe_model([2], [2], ptx=ptx, images_sha256=hashlib.sha256(ptx).hexdigest())
+    bad = probe_model([2], [2], ptx=ptx, images_sha256=hashlib.sha256(ptx + b" ").hexdigest())
+    with pytest.raises(Exception, match="fused0.*do not match their SHA-256.*altered after onnxstitch wrote it"):
+        cpu_run(cpu_lib, bad, np.zeros(2, np.float32), np.zeros(2, np.float32))
+    # The matching digest passes Init: the run goes on to the first driver call (no GPU here).
+    with pytest.raises(Exception) as err:
+        cpu_run(cpu_lib, good, np.zeros(2, np.float32), np.zeros(2, np.float32))
+    assert "SHA-256" not in str(err.value)
+
+
+def test_the_rewrite_writes_the_digest_of_what_it_embeds(tmp_path: Path) -> None:
+    import hashlib
+
+    import onnxstitch
+    from models.elementwise import chain
+
+    res = onnxstitch.optimize(chain(4), verify=False)
+    fused = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    assert fused
+    for n in fused:
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        assert a["images_sha256"].decode() == hashlib.sha256(a["images"] + a["ptx"]).hexdigest()

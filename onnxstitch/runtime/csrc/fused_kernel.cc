@@ -16,7 +16,8 @@
 // ORT's custom-op C API cannot read STRINGS attributes, so cubins travel as one binary-safe STRING):
 //   kernel_name STRING, input_kinds INTS, output_dtypes INTS, shape_rule STRING, input_boxes and
 //   input_windows INTS (optional), image_archs INTS (major*10+minor, e.g. 90), image_sizes INTS,
-//   images STRING (the cubins concatenated in image_archs order), ptx STRING; and the attributes
+//   images STRING (the cubins concatenated in image_archs order), ptx STRING, images_sha256
+//   STRING (optional: the digest of images then ptx, checked before anything loads); and the attributes
 //   of the node's scheme, which its launch.cc reads (scheme.h: the scheme named by shape_rule).
 #include <onnxruntime_c_api.h>
 
@@ -36,6 +37,7 @@
 #include "input_boxes.h"
 #include "output_views.h"
 #include "scheme.h"
+#include "sha256.h"
 #include "stitch_abi.h"
 
 #define STITCH_EXPORT extern "C" __attribute__((visibility("default")))
@@ -294,6 +296,22 @@ Error Kernel::InitImages(KernelAttrs& r) {
   if (Error e = r.String("images", &blob, &has_images)) return e;
   if (Error e = r.String("ptx", &ptx_, &has_ptx_)) return e;
   has_ptx_ = has_ptx_ && !ptx_.empty();
+  // The images are executable code: where the node states their digest, code that does not
+  // match it (a corrupted or edited model) is refused before anything is loaded.
+  std::string digest;
+  bool has_digest = false;
+  if (Error e = r.String("images_sha256", &digest, &has_digest)) return e;
+  if (has_digest) {
+    Sha256 h;
+    h.Update(blob.data(), blob.size());
+    h.Update(ptx_.data(), ptx_.size());
+    const std::string actual = h.HexDigest();
+    if (actual != digest) {
+      return Fail(ORT_INVALID_ARGUMENT, "its kernel images do not match their SHA-256 (images_sha256 " +
+                                            digest.substr(0, 16) + "..., the images hash to " + actual.substr(0, 16) +
+                                            "...): the model was altered after onnxstitch wrote it");
+    }
+  }
   if (has_images && !blob.empty()) {
     if (!has_archs || !has_sizes) {
       return Fail(ORT_INVALID_ARGUMENT,
