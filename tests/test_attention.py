@@ -479,7 +479,10 @@ CORPUS = Path(__file__).resolve().parents[1] / "build" / "corpus"
                                   "distilbert-ts", "bert-ts"])
 def test_exported_sdpa_models_get_one_attention_kernel_per_layer(name: str) -> None:
     # Verified on ONNX Runtime's CPU inside optimize (the fused nodes run their functions there).
-    entry = {m["name"]: m for m in json.loads((CORPUS / "manifest.json").read_text())["models"]}[name]
+    entries = {m["name"]: m for m in json.loads((CORPUS / "manifest.json").read_text())["models"]}
+    if name not in entries:  # CI builds the corpus's CPU slice only (no torch there)
+        pytest.skip(f"{name} is not in build/corpus (scripts/build_corpus.py builds it with torch)")
+    entry = entries[name]
     layers = int(re.search(r"\b(?:num_hidden_layers|n_layers)=(\d+)", entry["origin"]).group(1))
     res = onnxstitch.optimize(str(CORPUS / entry["file"]), shapes=entry["shapes"], strict=True)
     chains = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
