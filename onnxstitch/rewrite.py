@@ -86,14 +86,14 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # An attention chain's nodes read their own shape and slice parameters (its projections'
     # Slices and Reshapes, attention.Projection); a Reshape's runtime shape becomes a constant.
     nodes, made = {i: model.graph.node[i] for i in computes}, {}
-    for i in computes if chain else ():
+    for i in computes if chain and not src.fallback else ():
         nodes[i], extra = _fixed_reshape(graph, nodes[i])
         made |= extra
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
     read = [t for i in computes for n in [nodes[i]]
             for t in (n.input if chain or i in layout else ops.data_inputs(n.op_type, n.domain, n.input))]
     local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
-    for t in sorted(local):
+    for t in sorted(local) if not src.fallback else ():
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits.get(t) or made[t]))
     # Boxed inputs (folded Slice/Split): the function receives their sources and slices them.
     boxes = src.input_boxes or (None,) * len(src.inputs)
@@ -103,6 +103,8 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     for i in computes:
         body.extend(_expand_fallback(model.graph.node[i], src.inputs) if graph.nodes[i].op_type == "Expand"
                     else [nodes[i]])
+    if src.fallback:  # the scheme wrote the body itself, over the kernel's inputs alone
+        body = list(src.fallback)
     # Layout chains as the kernel writes them: their own shape inputs may be runtime tensors
     # the function does not receive.
     for view in () if verbatim else views.group_views(graph, members, src.outputs):

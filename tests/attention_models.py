@@ -453,3 +453,111 @@ SDPA = [
     Sdpa(Core((2, 2), 65, 65, 32, None), exporter="ts", guard=False),
     Sdpa(Core((1, 2), 40, 40, 16, (1, 1, 40, 40)), exporter="ts", mask="keep", guard=False),
 ]
+
+
+# Decoder attention as transformers writes it for LLaMA/Qwen2 (issue 22), node for node as in
+# build/corpus/{qwen2,llama}-{dynamo,ts}.onnx: K and V repeated to the q heads (repeat_kv:
+# Unsqueeze → Expand → Reshape), kᵀ by Transpose (TorchScript) or Reshape → Transpose → Reshape
+# (dynamo), and the mask Where(And(key ≤ query + Sk − Sq, padding), 0, lowest) built from iotas
+# of the operands' shapes, added to the scores.
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A grouped-KV core: q [b, heads, sq, d], K and V [b, heads / group, sk, d]."""
+
+    b: int
+    heads: int
+    group: int
+    sq: int
+    sk: int
+    d: int
+    form: str = "dynamo"  # or "ts"
+    causal: bool = True
+    padding: str = ""  # "": none; "input": a [b, 1, 1, sk] boolean input; "computed": Not of one
+    dtype: int = TP.FLOAT
+
+    @property
+    def id(self) -> str:
+        kind = "" if self.dtype == TP.FLOAT else f"-{np_dtype(self.dtype).name}"
+        return (f"{self.form}-h{self.heads}g{self.group}-q{self.sq}-k{self.sk}-d{self.d}"
+                f"{'-causal' if self.causal else ''}{'-pad-' + self.padding if self.padding else ''}{kind}")
+
+
+def decoder_model(c: Decoder) -> onnx.ModelProto:
+    """The core as a model with inputs q, k, v (and pad) and output y [b, sq, heads, d]."""
+    vi, mk, t = helper.make_tensor_value_info, helper.make_node, c.dtype
+    kv = c.heads // c.group
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [i64("ax2", [2]), i64("ax1", [1]), i64("two", 2), i64("zero", 0), i64("one", 1),
+             i64("exp", [c.b, kv, c.group, c.sk, c.d]), i64("rep", [c.b, c.heads, c.sk, c.d]),
+             i64("m3", [c.b * c.heads, c.sk, c.d]), i64("t4", [c.b, c.heads, c.d, c.sk]),
+             numpy_helper.from_array(cast(np.array(1 / np.sqrt(c.d)), t), "scale"),
+             numpy_helper.from_array(cast(np.array(0.0), t), "zerof"),
+             numpy_helper.from_array(cast(np.array(lowest(t)), t), "fill")]
+    nodes = []
+    for x in ("k", "v"):
+        nodes += [mk("Unsqueeze", [x, "ax2"], [f"{x}u"]), mk("Expand", [f"{x}u", "exp"], [f"{x}e"]),
+                  mk("Reshape", [f"{x}e", "rep"], [f"{x}r"])]
+    if c.form == "ts":
+        nodes.append(mk("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]))
+    else:
+        nodes += [mk("Reshape", ["kr", "m3"], ["k3"]), mk("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+                  mk("Reshape", ["k3t", "t4"], ["kt"])]
+    nodes += [mk("MatMul", ["q", "kt"], ["s"]), mk("Mul", ["s", "scale"], ["ss"])]
+    ins = [vi("q", t, [c.b, c.heads, c.sq, c.d]), vi("k", t, [c.b, kv, c.sk, c.d]), vi("v", t, [c.b, kv, c.sk, c.d])]
+    last = "ss"
+    if c.causal or c.padding:
+        cond = []
+        if c.causal:  # key <= query + Sk - Sq, from the shapes
+            nodes += [mk("Shape", ["q"], ["qsh"]), mk("Gather", ["qsh", "two"], ["sqn"], axis=0),
+                      mk("Shape", ["k"], ["ksh"]), mk("Gather", ["ksh", "two"], ["skn"], axis=0),
+                      mk("Sub", ["skn", "sqn"], ["off"]), mk("Range", ["zero", "sqn", "one"], ["qi"]),
+                      mk("Add", ["qi", "off"], ["qo"]), mk("Unsqueeze", ["qo", "ax1"], ["qc"]),
+                      mk("Range", ["zero", "skn", "one"], ["ki"]), mk("LessOrEqual", ["ki", "qc"], ["causal"])]
+            cond.append("causal")
+        if c.padding:
+            ins.append(vi("pad", TP.BOOL, [c.b, 1, 1, c.sk]))
+            if c.padding == "computed":
+                nodes.append(mk("Not", ["pad"], ["padn"]))
+            cond.append("padn" if c.padding == "computed" else "pad")
+        if len(cond) == 2:
+            nodes.append(mk("And", cond, ["cond"]))
+        nodes += [mk("Where", ["cond" if len(cond) == 2 else cond[0], "zerof", "fill"], ["mask"]),
+                  mk("Add", ["ss", "mask"], ["sm"])]
+        last = "sm"
+    nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "vr"], ["ctx"]),
+              mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3])]
+    graph = helper.make_graph(nodes, "decoder", ins, [vi("y", t, [c.b, c.sq, c.heads, c.d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def decoder_feeds(c: Decoder, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random q, K, V; a padding mask keeping each batch's keys from a random start (so that
+    the first rows of a left-padded batch have every key masked)."""
+    kv = c.heads // c.group
+    feeds = {"q": cast(rng.standard_normal((c.b, c.heads, c.sq, c.d)), c.dtype),
+             "k": cast(rng.standard_normal((c.b, kv, c.sk, c.d)), c.dtype),
+             "v": cast(rng.standard_normal((c.b, kv, c.sk, c.d)), c.dtype)}
+    if c.padding:
+        keep = np.ones((c.b, 1, 1, c.sk), bool)
+        keep[0, ..., :min(c.sk - 1, 3 + c.sk // 3)] = False  # batch 0 left-padded
+        keep[..., rng.integers(0, c.sk, 2)] = False
+        feeds["pad"] = ~keep if c.padding == "computed" else keep
+    return feeds
+
+
+def decoder_reference(c: Decoder, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """softmax(q·kᵀ·scale + mask)·v in float64, K and V repeated (q head h reads KV head
+    h // group), the masked scores at the fill; [b, sq, heads, d]."""
+    q, k, v = (feeds[x].astype(np.float64) for x in ("q", "k", "v"))
+    k, v = np.repeat(k, c.group, axis=1), np.repeat(v, c.group, axis=1)
+    s = q @ np.swapaxes(k, -1, -2) * float(cast(np.array(1 / np.sqrt(c.d)), c.dtype))
+    keep = np.ones(s.shape, bool)
+    if c.causal:
+        keep &= np.arange(c.sk)[None, :] <= np.arange(c.sq)[:, None] + (c.sk - c.sq)
+    if c.padding:
+        keep &= ~feeds["pad"] if c.padding == "computed" else feeds["pad"]
+    s = np.where(keep, s, lowest(c.dtype))  # scores + lowest round to lowest
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.swapaxes((p / p.sum(-1, keepdims=True)) @ v, 1, 2)

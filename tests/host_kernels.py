@@ -213,6 +213,12 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
         scores, r = (qs[0], heads, qs[1], ks[1]), 4
         for i, x in enumerate((qs, ks, vs)):
             a.strides[i][0] = x[2]
+    elif spec.kv_group > 1:
+        # Grouped KV heads: K and V [b, H / g, Sk, D] (K as rows).
+        r, g = 4, spec.kv_group
+        assert len(qs) == len(ks) == len(vs) == 4 and ks == vs and ks[0] == qs[0] and ks[1] * g == qs[1]
+        assert qs[-1] == head and ks[-1] == head
+        scores = (qs[0], qs[1], qs[2], ks[2])
     else:
         r = len(qs)
         assert 3 <= r <= 4 and len(ks) == r and len(vs) == r and (r == 4 or not transposed)

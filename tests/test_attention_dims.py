@@ -23,9 +23,11 @@ extern "C" int attention_dims(const long long* spec, long long spec_size, const 
                               const long long* ranks, long long n_in, long long* dims, long long* strides,
                               long long* widths, char* error, int error_size) {
   // spec: head size, queries, threads, shared bytes, masks, transposed(, heads, 3 offsets, biased)
+  // (, KV group: 7 values)
   onnxstitch::AttentionSpec s;
   s.head = spec[0], s.queries = spec[1], s.threads = spec[2], s.shared = spec[3];
   s.masks = static_cast<int>(spec[4]), s.transposed = spec[5] != 0;
+  if (spec_size == 7) s.kv_group = spec[6];
   if (spec_size == 11) {
     s.projected = true, s.heads = spec[6], s.biased = spec[10] != 0;
     for (int i = 0; i < 3; ++i) s.offsets[i] = spec[7 + i];
@@ -69,7 +71,11 @@ def call(lib: ctypes.CDLL, head: int, shapes: list[tuple[int, ...]], transposed:
     operands read from projections. (ok, dims, mask strides, widths, error)."""
     first = 3 + 3 * (projection[-1] if projection else 0)
     masks = max(len(shapes) - first, 0)
-    values = (head, 64, 128, 0, masks, int(transposed), *projection)
+    return _dims(lib, (head, 64, 128, 0, masks, int(transposed), *projection), shapes, masks)
+
+
+def _dims(lib: ctypes.CDLL, values: tuple[int, ...], shapes: list[tuple[int, ...]], masks: int):
+    """The driver over spec `values` and `shapes`: (ok, dims, mask strides, widths, error)."""
     spec = (ctypes.c_longlong * len(values))(*values)
     flat = (ctypes.c_longlong * (8 * len(shapes)))()
     for i, sh in enumerate(shapes):
@@ -147,4 +153,42 @@ def test_projected_dims_from_the_projections(dims_lib, xq, xk, xv, heads, offset
 ])
 def test_projected_dims_refuse_what_does_not_fit(dims_lib, shapes, projection, message) -> None:
     ok, _, _, _, why = call(dims_lib, 16, shapes, True, projection)
+    assert not ok and message in why, why
+
+
+def call_grouped(lib: ctypes.CDLL, head: int, shapes: list[tuple[int, ...]], group: int):
+    """AttentionDims for a kernel with `group` q heads per KV head: (ok, dims, strides, error)."""
+    masks = len(shapes) - 3
+    ok, dims, strides, _, why = _dims(lib, (head, 64, 128, 0, masks, 1, group), shapes, masks)
+    return ok, dims, strides, why
+
+
+@pytest.mark.parametrize("b,heads,group,sq,sk,masks", [
+    (8, 6, 3, 128, 128, [(8, 1, 128, 128)]),  # Qwen2's 6 q heads on 2 KV heads
+    (2, 8, 2, 1, 1024, [(2, 1, 1, 1024)]),  # a decode step against a long cache
+    (1, 14, 7, 16, 300, []),
+    (3, 4, 1, 5, 9, []),  # a group of 1 reads K as kᵀ (the attribute's default): see below
+])
+def test_grouped_dims_take_kv_with_fewer_heads(dims_lib, b, heads, group, sq, sk, masks) -> None:
+    d = 16
+    k = (b, heads // group, sk, d) if group > 1 else (b, heads, d, sk)
+    v = (b, heads // group, sk, d)
+    ok, dims, strides, why = call_grouped(dims_lib, d, [(b, heads, sq, d), k, v, *masks], group)
+    assert ok, why
+    scores = (b, heads, sq, sk)
+    assert dims == scores
+    for shape, got in zip(masks, strides):
+        want = tuple(s // 4 for s in np.broadcast_to(np.zeros(shape, np.float32), scores).strides)
+        assert all(g == w or e == 1 for g, w, e in zip(got, want, scores))
+
+
+@pytest.mark.parametrize("shapes,group,message", [
+    ([(2, 6, 5, 16), (2, 3, 7, 16), (2, 3, 7, 16)], 3, "q heads per KV head"),  # 6 / 3 is 2, not 3
+    ([(2, 6, 5, 16), (2, 2, 7, 16), (2, 2, 8, 16)], 3, "q heads per KV head"),  # K and V lengths differ
+    ([(2, 6, 5, 16), (2, 2, 16, 7), (2, 2, 7, 16)], 3, "q heads per KV head"),  # K given as kᵀ
+    ([(12, 5, 16), (4, 7, 16), (4, 7, 16)], 3, "rank 4"),  # rank 3
+    ([(2, 6, 5, 16), (2, 2, 7, 16), (2, 2, 7, 16)], 0, "KV group >= 1"),
+])
+def test_grouped_dims_refuse_what_does_not_fit(dims_lib, shapes, group, message) -> None:
+    ok, _, _, why = call_grouped(dims_lib, 16, shapes, group)
     assert not ok and message in why, why

@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
+
+import onnx
 from typing import ClassVar
 
 from onnx import TensorProto as TP
@@ -47,6 +49,9 @@ class KernelSource:
     input_boxes: tuple[slices.Box | None, ...] = ()
     # Per input: the Concat window it is read in (concats.py), None when read unshifted.
     input_windows: tuple[concats.Window | None, ...] = ()
+    # The fused function's body when the scheme writes it itself (an attention chain reading
+    # un-expanded K and V or applying its causal mask); empty: the group's nodes (rewrite.py).
+    fallback: tuple[onnx.NodeProto, ...] = ()
 
     @property
     def scheme(self) -> str:

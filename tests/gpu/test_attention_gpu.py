@@ -13,10 +13,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from onnx import TensorProto as TP
 
 import onnxstitch
 
-from ..attention_models import (CORES, PROJECTED, SDPA, Core, Projected, Sdpa, core_feeds, core_model, core_reference,
+from ..attention_models import (CORES, PROJECTED, SDPA, Core, Decoder, Projected, Sdpa, core_feeds, core_model,
+                                core_reference, decoder_feeds, decoder_model, decoder_reference, np_dtype,
                                 projected_feeds, projected_model, projected_reference, relative_error, sdpa_feeds,
                                 sdpa_model, sdpa_reference)
 from ..stitching import fresh_seed
@@ -153,3 +155,25 @@ def test_half_sdpa_attention_kernel_matches_float64(s: Sdpa, dtype: str) -> None
     if blank:
         zeros = (want == 0).all(-1)
         assert zeros.any() and (got[zeros] == 0).all()
+
+
+# Decoder forms (issue 22): grouped KV heads and causal masks in the kernel, float32 and
+# float16; selected alone by `-k "gqa or causal"`.
+DECODERS = [Decoder(2, 6, 3, 128, 128, 64, "dynamo", padding="input"),  # Qwen2-style prefill, left padding
+            Decoder(2, 8, 2, 1, 1024, 64, "ts"),  # a decode step against a long cache
+            Decoder(1, 14, 7, 16, 300, 64, "dynamo", padding="computed"),  # combined mask read, tiles skipped
+            Decoder(2, 4, 2, 70, 70, 32, "ts", causal=False)]  # grouped heads alone
+DECODERS += [dataclasses.replace(c, dtype=TP.FLOAT16) for c in DECODERS]
+
+
+@pytest.mark.parametrize("c", DECODERS, ids=lambda c: c.id)
+def test_gqa_causal_kernel_matches_float64(c: Decoder) -> None:
+    res = onnxstitch.optimize(decoder_model(c))
+    (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
+    assert (kernel["kv_group"], kernel["causal"]) == (c.group, c.causal) and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    feeds = decoder_feeds(c, np.random.default_rng(fresh_seed()))
+    want = decoder_reference(c, feeds)
+    (got,) = run_gpu(res.model, feeds, [want.astype(np_dtype(c.dtype))])
+    tolerance = HALF_TOLERANCE.get(c.dtype, TF32_REFERENCE_TOLERANCE)
+    assert relative_error(got.astype(np.float64), want) <= tolerance

@@ -27,6 +27,9 @@ struct AttentionSpec {
   bool projected = false, biased = false;
   int64_t heads = 0;
   int64_t offsets[3] = {0, 0, 0};
+  // Grouped KV heads (attention_kv_group, 1 when absent): with g > 1, K and V are [b, H / g, Sk, D]
+  // (K as rows, not kᵀ) and q head h reads KV head h / g.
+  int64_t kv_group = 1;
 
   size_t first_mask() const { return biased ? 6 : 3; }
 };
@@ -36,6 +39,7 @@ struct AttentionSpec {
 inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
   bool ok = s.head >= 8 && s.head <= 128 && s.head % 8 == 0 && s.queries >= 1 && s.threads >= 32 &&
             s.threads <= 1024 && s.threads % 32 == 0 && s.shared >= 0 && s.masks >= 0 && s.masks <= kMaxMasks;
+  ok = ok && s.kv_group >= 1 && !(s.kv_group > 1 && s.projected);
   if (ok && s.projected) {
     ok = s.heads >= 1;
     for (int i = 0; i < 3; ++i) ok = ok && s.offsets[i] >= 0 && s.offsets[i] % 4 == 0;
@@ -43,7 +47,8 @@ inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
   if (!ok) {
     *error = "the attention spec must have a head size (a multiple of 8, 8..128), queries per block >= 1, threads "
              "(whole warps up to 1024), shared bytes >= 0, masks 0.." + std::to_string(kMaxMasks) +
-             " and, for projections, heads >= 1 and q, k and v column offsets (multiples of 4)";
+             ", a KV group >= 1 (1 with projections) and, for projections, heads >= 1 and q, k and v column offsets "
+             "(multiples of 4)";
   }
   return ok;
 }
@@ -112,15 +117,23 @@ inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH
     const int64_t* q = shapes[0];
     const int64_t* k = shapes[1];
     const int64_t* v = shapes[2];
-    bool ok = q[r - 1] == s.head && k[r - 2] == s.head && v[r - 1] == s.head && k[r - 1] == v[r - 2];
-    for (size_t d = 0; d + 2 < r; ++d) ok = ok && q[d] == k[d] && q[d] == v[d];
+    const bool grouped = s.kv_group > 1;  // K [b, H / g, Sk, D] as rows
+    bool ok = q[r - 1] == s.head && v[r - 1] == s.head &&
+              (grouped ? r == 4 && k[3] == s.head && k[2] == v[2] && k[0] == q[0] && v[0] == q[0] &&
+                             k[1] == v[1] && k[1] * s.kv_group == q[1]
+                       : k[r - 2] == s.head && k[r - 1] == v[r - 2]);
+    for (size_t d = 0; !grouped && d + 2 < r; ++d) ok = ok && q[d] == k[d] && q[d] == v[d];
     if (!ok) {
-      *error = "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + " do not fit a kernel for heads of " +
-               std::to_string(s.head) + " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, D], same leading dims)";
+      *error = grouped ? "q " + text(0) + ", K " + text(1) + ", V " + text(2) + " do not fit a kernel for heads of " +
+                             std::to_string(s.head) + " and " + std::to_string(s.kv_group) +
+                             " q heads per KV head (q [b, H, Sq, D], K and V [b, H / " +
+                             std::to_string(s.kv_group) + ", Sk, D])"
+                       : "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + " do not fit a kernel for heads of " +
+                             std::to_string(s.head) + " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, D], same leading dims)";
       return false;
     }
     // Scores [L..., Sq, Sk] as four dims.
-    const long long d[4] = {r == 4 ? q[0] : 1, q[r - 3], q[r - 2], k[r - 1]};
+    const long long d[4] = {r == 4 ? q[0] : 1, q[r - 3], q[r - 2], grouped ? k[2] : k[r - 1]};
     for (int j = 0; j < 4; ++j) dims[j] = d[j];
   }
   const long long* scores = dims;

@@ -29,7 +29,7 @@ from typing import Callable
 from ...graph import FusionGraph
 from ...shapes import symbolic_value
 from ..source import ARGS_STRUCT, KernelSource
-from . import flavors, match as attention
+from . import fallback, flavors, match as attention
 from .flavors import Flavor
 from .spec import ENTRY_SUFFIX, AttentionSpec
 
@@ -101,6 +101,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
+    rows = projected or m.kv_group > 1  # K staged as rows [KT][KS] (read from rows), not as Kᵀ
     fl = flavors.FLAVORS[m.dtype]
     first_mask = 6 if biased else 3
     mask_rows = _mask_rows(len(m.mask_inputs), first_mask, fl, boolean=m.select is not None)
@@ -110,30 +111,32 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(fl.load(f"mk{row}{i}[key * mc{i}]") for i in range(len(m.masks)))
         value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
-        if m.select is None:
-            return value
-        # The boolean mask (Where on the scores): its fill where the score is not kept.
-        kept = f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]"
-        return f"({kept} {'!=' if m.select.keep else '=='} 0 ? {value} : FILL)"
+        if m.select is not None:
+            # The boolean mask (Where on the scores): its fill where the score is not kept.
+            kept = f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]"
+            value = f"({kept} {'!=' if m.select.keep else '=='} 0 ? {value} : FILL)"
+        # Causal: keys after query + Sk − Sq score the mask's fill.
+        return f"(key <= q{row} + OFF ? {value} : CFILL)" if m.causal else value
 
     if options.staged_tf32 is None:
-        # Rows of K read from a projection are staged 4 floats at a time whatever the key count.
+        # Rows of K (from a projection, or un-expanded K) are staged 4 floats at a time whatever
+        # the key count.
         keys = (graph.tensors[m.kt].shape or (None,))[-1]
         planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
-        options = dataclasses.replace(options, staged_tf32=projected or planned % 4 == 0)
+        options = dataclasses.replace(options, staged_tf32=rows or planned % 4 == 0)
     body = _half_body(k_frag, biased) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
 {_defines(fl, options)}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if projected and not fl.half else "D + 8" if projected else "KT + 8"}, VS = D + 8{body.buffer_stride};
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = D + 8{body.buffer_stride};
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
   const float NEG_INF = -__int_as_float(0x7f800000);
 {_fill(m)}  extern __shared__ __align__(16) float stitch_smem[];
-{_tiles(fl, projected)}
+{_tiles(fl, rows)}
   const long long H = a.dims[1];
   const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
   const int tiles = (Sq + QT - 1) / QT;
@@ -148,15 +151,17 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
-{body.buffer}{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl)}"""
-    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, projected, fl.half), len(m.mask_inputs),
-                         bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype)
+{body.buffer}{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl))}"""
+    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, rows, fl.half), len(m.mask_inputs),
+                         bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype,
+                         kv_group=m.kv_group, causal=m.causal)
     if projected:
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
     return KernelSource(
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
-        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec)
+        input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec,
+        fallback=fallback.body(graph, m) if m.kv_group > 1 or m.causal else ())
 
 
 def _defines(fl: Flavor, options: AttentionOptions) -> str:
@@ -271,10 +276,40 @@ def _mask_rows(masks: int, first_mask: int, fl: Flavor, boolean: bool = False) -
 def _fill(m: attention.Match) -> str:
     """The boolean mask's fill as a constant (nothing without one, so the other chains' sources
     stay as they were)."""
-    if m.select is None:
+    out = ""
+    if m.select is not None:
+        fill = "NEG_INF" if m.select.fill == -math.inf else _literal(m.select.fill)
+        out += f"  const float FILL = {fill};  // where the boolean mask drops a score\n"
+    if m.causal:
+        fill = "NEG_INF" if m.causal_fill == -math.inf else _literal(m.causal_fill)
+        out += f"  const float CFILL = {fill};  // where the causal mask drops a score\n"
+    return out
+
+
+def _causal_tail(m: attention.Match, fl: Flavor) -> str:
+    """Causal chains skip the key tiles wholly after the block's last query (from KEND on). With
+    a finite fill, a row whose every score so far is the fill (all its keys masked) has a
+    Softmax uniform over every key, the skipped ones too: they are added here with weight 1
+    (exp(fill − fill)), read straight from global memory (such rows are rare: padding)."""
+    if not m.causal or m.causal_fill == -math.inf:
         return ""
-    fill = "NEG_INF" if m.select.fill == -math.inf else _literal(m.select.fill)
-    return f"  const float FILL = {fill};  // where the boolean mask drops a score\n"
+    bias = (lambda c: f" + {fl.load(f'bv[{c}]')}") if m.biased else (lambda c: "")
+    return f"""  if (KEND < Sk) {{
+    const bool fa = m0 <= CFILL && qa < Sq, fb = m1 <= CFILL && qb < Sq;
+    if (fa || fb) {{
+      for (int key = KEND; key < Sk; ++key) {{
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {{
+          const int c = n * 8 + 2 * tg;
+          const float x0 = {fl.load("v[(long long)key * VW + c]")}{bias("c")}, x1 = {fl.load("v[(long long)key * VW + c + 1]")}{bias("c + 1")};
+          if (fa) o[n][0] += x0, o[n][1] += x1;
+          if (fb) o[n][2] += x0, o[n][3] += x1;
+        }}
+      }}
+      if (tg == 0) l0 += fa ? Sk - KEND : 0, l1 += fb ? Sk - KEND : 0;  // the quad's sum adds the lanes' parts
+    }}
+  }}
+"""
 
 
 def _normalise(guarded: bool) -> str:
@@ -291,13 +326,16 @@ def _normalise(guarded: bool) -> str:
 
 
 def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, str], str], guarded: bool,
-              fl: Flavor) -> str:
+              fl: Flavor, causal: bool, tail: str) -> str:
     """The loop over tiles of keys (stage K and V, scores on tensor cores, the online Softmax,
     the context's product) and the context's store."""
     exponentials = """      const float e0 = EXP2((s[n][0] - base0) * LOG2E), e1 = EXP2((s[n][1] - base0) * LOG2E);
       const float e2 = EXP2((s[n][2] - base1) * LOG2E), e3 = EXP2((s[n][3] - base1) * LOG2E);
       l0 += e0 + e1, l1 += e2 + e3;"""
-    return f"""  for (int t0 = 0; t0 < Sk; t0 += KT) {{
+    # Causal: the block's keys end after its last query's diagonal (Sk − Sq on).
+    head = ("  const int OFF = Sk - Sq, KLAST = q0 + QT + OFF;\n"
+            "  const int KEND = KLAST < 0 ? 0 : KLAST < Sk ? KLAST : Sk;\n") if causal else ""
+    return f"""{head}  for (int t0 = 0; t0 < {"KEND" if causal else "Sk"}; t0 += KT) {{
     __syncthreads();  // every warp is done with the previous tile
     // Stage the tile (keys t0 on){"" if fl.half else ", rounded to TF32 here when staged_tf32"}.
 {stage_k}
@@ -334,7 +372,7 @@ def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, st
     for (int n = 0; n < NT; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
 {body.probabilities(exponentials)}
   }}
-#pragma unroll
+{tail}#pragma unroll
   for (int k = 1; k < 4; k <<= 1) {{
     l0 += __shfl_xor_sync(0xffffffffu, l0, k);
     l1 += __shfl_xor_sync(0xffffffffu, l1, k);
@@ -409,6 +447,8 @@ def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: in
     operands read from projections [b, S, W] at a head's columns (docs/abi.md): the pointers
     (rows QW and VW elements apart), the K tile's staging, its fragment reads, and the biases."""
     e = fl.elem
+    if m.kv_group > 1:
+        return _grouped_operands(m, threads, kt, fl)
     if not projected:
         operands = f"""  const {e}* q = static_cast<const {e}*>(a.in[0]) + bh * Sq * D;
   const {e}* kt = static_cast<const {e}*>(a.in[1]) + bh * D * Sk;
@@ -454,11 +494,29 @@ def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: in
         load = "" if hoisted else f" const float4 {e} = {fl.bias4(bias + ' + c')};"
         return f"{load}{fl.add4(e)}"
 
-    # K as rows [KT][KS]: 4 elements along the head at a time (16 lanes read a key's row), and
-    # the fragment reads (key g, head slice tg) hit 32 banks: KS = D + 4 floats ≡ 4 (mod 8), or
-    # D + 8 halves (D/2 + 4 words).
-    stage_k = _stage_rows("Ks", "KS", "k + (long long)t0 * KW", "KW", kt, m.head_dim, threads, "Sk - t0", fl,
-                          add_bias("bk"))
+    stage_k, k_frag = _key_rows(m, threads, kt, fl, add_bias("bk"))
+    return operands, stage_k, k_frag, add_bias("bv"), (lambda i: f" + bq[{i}]" if biased else "")
+
+
+def _key_rows(m: attention.Match, threads: int, kt: int, fl: Flavor, bias: str) -> tuple[str, str]:
+    """K as rows [KT][KS] (`k`, rows KW apart): its staging and fragment reads. 4 elements along
+    the head at a time (16 lanes read a key's row), and the fragment reads (key g, head slice tg)
+    hit 32 banks: KS = D + 4 floats ≡ 4 (mod 8), or D + 8 halves (D/2 + 4 words)."""
+    stage_k = _stage_rows("Ks", "KS", "k + (long long)t0 * KW", "KW", kt, m.head_dim, threads, "Sk - t0", fl, bias)
     k_frag = flavors.key_fragments(True) if fl.half else \
         "FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg]), FRAG(Ks[(n * 8 + g) * KS + k * 8 + tg + 4])"
-    return operands, stage_k, k_frag, add_bias("bv"), (lambda i: f" + bq[{i}]" if biased else "")
+    return stage_k, k_frag
+
+
+def _grouped_operands(m: attention.Match, threads: int, kt: int, fl: Flavor):
+    """Grouped KV heads: q [b, H, Sq, D], K and V [b, H / G, Sk, D] (K as rows); q head h reads
+    KV head h / G."""
+    e = fl.elem
+    operands = f"""  constexpr int G = {m.kv_group};  // q heads per KV head
+  const long long kvh = b * (H / G) + h / G;
+  const {e}* q = static_cast<const {e}*>(a.in[0]) + bh * Sq * D;
+  const {e}* k = static_cast<const {e}*>(a.in[1]) + kvh * Sk * D;
+  const {e}* v = static_cast<const {e}*>(a.in[2]) + kvh * Sk * D;
+  constexpr int QW = D, KW = D, VW = D;"""
+    stage_k, k_frag = _key_rows(m, threads, kt, fl, "")
+    return operands, stage_k, k_frag, "", lambda _i: ""

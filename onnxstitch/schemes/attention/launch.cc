@@ -29,6 +29,9 @@ class Attention final : public Scheme {
     if (Error e = a.RequiredInt("attention_transposed", rule, &transposed)) return e;
     bool present = false;
     if (Error e = a.Int("attention_heads", &heads, &present)) return e;
+    // Grouped KV heads: optional, 1 (K and V have q's heads) for nodes written before it.
+    if (Error e = a.Int("attention_kv_group", &s.kv_group, &present)) return e;
+    if (!present) s.kv_group = 1;
     s.masks = static_cast<int>(masks);
     s.transposed = transposed != 0;
     s.projected = present && heads > 0;

@@ -119,6 +119,13 @@ class Match:
     guarded: bool = False  # Where(IsNaN(p), 0, p): rows without a finite score give zeros
     softmax: str = ""  # the Softmax's name, for reports
     dtype: int = TP.FLOAT  # of q, kᵀ, v, the additive terms and the context (DTYPES)
+    # Decoder forms (decoder.py): with kv_group g > 1, `kt` and `v` are K and V [b, H / g, Sk, D]
+    # before their repeat_kv (K as rows); with causal, keys above query + Sk − Sq score
+    # causal_fill in the kernel; decoder_note says why a causal mask is still read.
+    kv_group: int = 1
+    causal: bool = False
+    causal_fill: float = -math.inf
+    decoder_note: str = ""
 
     @property
     def biased(self) -> bool:
@@ -147,6 +154,10 @@ class Match:
         if self.projections:
             cols = ", ".join(f"'{p.x}'[{p.offset}:]" for p in self.projections)
             read = f"; q, kᵀ, v read from {cols}{' with their biases' if self.biased else ''}"
+        if self.kv_group > 1:
+            read += f"; K and V read un-expanded, {self.kv_group} q heads per KV head"
+        if self.causal:
+            mask += f", causal (fill {self.causal_fill:g})"
         kind = "" if self.dtype == TP.FLOAT else f" in {DTYPES[self.dtype]}"
         return (f"attention{kind} at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
                 f"{' (NaN-guarded)' if self.guarded else ''} → · '{self.v}' → '{self.output}'"
@@ -380,7 +391,10 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
                   int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
                   softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype)
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, second)
-    return _projections(g, match, readers) or match
+    from . import decoder  # (built on this module)
+    match = _projections(g, match, readers) or decoder.with_groups(g, match, readers)
+    causal = decoder.with_causal(g, match)
+    return causal if isinstance(causal, Match) else dataclasses.replace(match, decoder_note=causal)
 
 
 # Transposes from [b, s, h, d] to the operands: q and v [b, h, s, d], kᵀ [b, h, d, s].
@@ -523,6 +537,8 @@ def find(g: FusionGraph) -> Found:
             continue
         taken |= set(got.nodes)
         matches.append(got)
+        if got.decoder_note:
+            refusals.append(got.decoder_note)
     return Found(tuple(matches), tuple(refusals))
 
 

@@ -26,7 +26,8 @@ class Attention:
         spec = src.spec
         out = {"scheme": self.name, "head_size": spec.head_size, "queries_per_block": spec.queries,
                "block": spec.threads, "shared_bytes": spec.shared_bytes, "transposed_output": spec.transposed,
-               "tf32": not spec.half, "dtype": match.DTYPES[spec.dtype]}
+               "tf32": not spec.half, "dtype": match.DTYPES[spec.dtype], "kv_group": spec.kv_group,
+               "causal": spec.causal}
         if spec.projected:  # q, kᵀ, v read from their projections
             out |= {"heads": spec.heads, "column_offsets": list(spec.column_offsets), "biases": spec.biases}
         return out

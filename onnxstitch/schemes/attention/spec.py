@@ -41,6 +41,12 @@ class AttentionSpec(Spec):
     # float32 runs on TF32 mma.sync m16n8k8, half types on m16n8k16 with float32 accumulation.
     # Compiled in; the launch is the same (its shared memory is in shared_bytes).
     dtype: int = TP.FLOAT
+    # Grouped KV heads (read by the runtime; 1 when absent): with g > 1, K and V come as
+    # [b, H / g, Sk, D] (K as rows, not kᵀ) and q head h reads KV head h // g.
+    kv_group: int = 1
+    # Compiled in: keys after query + Sk − Sq are masked in the kernel (tiles wholly after the
+    # block's queries skipped).
+    causal: bool = False
 
     @property
     def projected(self) -> bool:
