@@ -22,7 +22,9 @@ in the kernel (`causal`) and the kernel skips key tiles wholly above the diagona
 left of the And (the padding operand) becomes the kernel's boolean mask, Where(P, scores, F):
 scores + F rounds to F where a mask drops a key, so it gives the same scores. P must be a
 tensor the plan cannot absorb into another kernel (a graph input, a constant or the output of
-a node onnxstitch does not fuse), since no node of the chain reads it.
+a node onnxstitch does not fuse), since no node of the chain reads it; otherwise (and with
+more than one other operand, Mistral's sliding window) the combined mask stays an additive
+term and the kernel still applies the causal mask, for the tiles it skips.
 """
 from __future__ import annotations
 
