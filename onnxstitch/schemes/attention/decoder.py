@@ -90,23 +90,30 @@ SHAPE_ARITHMETIC = (ops.OpKind.OPAQUE, ops.OpKind.INJECTIVE, ops.OpKind.ELEMENTW
                     ops.OpKind.SLICE, ops.OpKind.CONCAT)
 
 
-def _only(g: FusionGraph, t: str, reader: int, op: str, along: set[int]) -> int | None:
-    """`t`'s producer when it is an `op` and `reader` is the tensor's only reader but for shape
-    readers (added to `along`)."""
+def _only(g: FusionGraph, t: str, reader: int, op: str, along: set[int] | None = None) -> int | None:
+    """`t`'s producer when it is an `op` and `reader` is the tensor's only reader; with `along`,
+    but for shape readers (added to it). The graph records no edge into a shape input, so a
+    Shape's results may size a node outside the chain (TorchScript sizes the context's Reshape
+    from the expanded V): only dynamo's kᵀ form, whose Shape sizes its own two Reshapes, takes
+    them along."""
     at = g.producer.get(t)
-    shapes = None if at is None or g.nodes[at].op_type != op else _shape_readers(g, t, reader)
+    if at is None or g.nodes[at].op_type != op:
+        return None
+    if along is None:
+        return at if attention._only_reader(g, t) == reader else None
+    shapes = _shape_readers(g, t, reader)
     if shapes is None:
         return None
     along.update(shapes)
     return at
 
 
-def _repeated(g: FusionGraph, t: str, reader: int, along: set[int]) -> tuple[str, int, tuple[int, ...]] | None:
+def _repeated(g: FusionGraph, t: str, reader: int, along: set[int] | None = None) -> tuple[str, int, tuple[int, ...]] | None:
     """(X, g, nodes) when `t` [b, H, S, D] is Reshape(Expand(Unsqueeze(X, 2))) of X [b, Hkv, S, D]
     repeated g times per head, each step read once; None otherwise."""
     rs = _only(g, t, reader, "Reshape", along)
-    ex = None if rs is None else _only(g, g.nodes[rs].inputs[0], rs, "Expand", along)
-    un = None if ex is None else _only(g, g.nodes[ex].inputs[0], ex, "Unsqueeze", along)
+    ex = None if rs is None else _only(g, g.nodes[rs].inputs[0], rs, "Expand")
+    un = None if ex is None else _only(g, g.nodes[ex].inputs[0], ex, "Unsqueeze")
     if un is None:
         return None
     x = g.nodes[un].inputs[0]
@@ -127,11 +134,11 @@ def _transposed(g: FusionGraph, t: str, reader: int, along: set[int]) -> tuple[s
     Transpose(0, 1, 3, 2) or dynamo's Reshape [b·H, S, D] → Transpose(0, 2, 1) → Reshape; None
     otherwise."""
     at = g.producer.get(t)
-    if at is not None and _only(g, t, reader, "Transpose", along) == at and \
+    if at is not None and _only(g, t, reader, "Transpose") == at and \
             list(g.nodes[at].attrs.get("perm", ())) == [0, 1, 3, 2]:
         return g.nodes[at].inputs[0], (at,)
-    split = _only(g, t, reader, "Reshape", along)
-    tr = None if split is None else _only(g, g.nodes[split].inputs[0], split, "Transpose", along)
+    split = _only(g, t, reader, "Reshape")
+    tr = None if split is None else _only(g, g.nodes[split].inputs[0], split, "Transpose")
     if tr is None or list(g.nodes[tr].attrs.get("perm", ())) != [0, 2, 1]:
         return None
     merge = _only(g, g.nodes[tr].inputs[0], tr, "Reshape", along)
@@ -156,8 +163,9 @@ def grouped(g: FusionGraph, m: attention.Match, k_reader: int, v_reader: int) ->
     kt = _transposed(g, m.kt, k_reader, along)
     if kt is None:
         return None
-    k = _repeated(g, kt[0], kt[1][0], along)
-    v = _repeated(g, m.v, v_reader, along)
+    # (dynamo's kᵀ form sizes its Reshapes from the Shape of the repeat's output)
+    k = _repeated(g, kt[0], kt[1][0], along if len(kt[1]) == 3 else None)
+    v = _repeated(g, m.v, v_reader)
     if k is None or v is None or k[1] != v[1]:
         return None
     return Grouped(k[0], v[0], k[1], tuple(sorted(set(kt[1] + k[2] + v[2]) | along)))
