@@ -529,7 +529,9 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
     nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "vr"], ["ctx"]),
               mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3])]
     graph = helper.make_graph(nodes, "decoder", ins, [vi("y", t, [c.b, c.sq, c.heads, c.d])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8  # onnx's default (IR 14 with onnx 1.23) is newer than ORT 1.31 reads
+    return m
 
 
 def decoder_feeds(c: Decoder, rng: np.random.Generator) -> dict[str, np.ndarray]:
