@@ -5,7 +5,6 @@ runtime's "attention" shape rule up to the first driver call (the CPU-EP test bu
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from onnxstitch.runtime import build as rtbuild
 from .attention_models import (CORES, PROJECTED, SDPA, Core, Projected, Sdpa, attention_graph, core_feeds, core_model,
                                core_reference, projected_feeds, projected_model, projected_reference, relative_error,
                                sdpa_feeds, sdpa_model, sdpa_reference)
+from .corpus import CORPUS, corpus_entry
 from .stitching import fresh_seed
 
 SMALL = Core((2, 3), 10, 10, 16, (2, 1, 1, 10))
@@ -471,18 +471,11 @@ def test_stitched_sdpa_core_runs_anywhere_through_its_function(s: Sdpa) -> None:
     assert relative_error(got[keep], want[keep]) <= 1e-5
 
 
-CORPUS = Path(__file__).resolve().parents[1] / "build" / "corpus"
-
-
-@pytest.mark.skipif(not (CORPUS / "manifest.json").exists(), reason="needs build/corpus (scripts/build_corpus.py)")
 @pytest.mark.parametrize("name", ["distilbert-dynamo", "roberta-dynamo", "clip-text-dynamo", "qwen2-dynamo",
                                   "distilbert-ts", "bert-ts"])
 def test_exported_sdpa_models_get_one_attention_kernel_per_layer(name: str) -> None:
     # Verified on ONNX Runtime's CPU inside optimize (the fused nodes run their functions there).
-    entries = {m["name"]: m for m in json.loads((CORPUS / "manifest.json").read_text())["models"]}
-    if name not in entries:  # CI builds the corpus's CPU slice only (no torch there)
-        pytest.skip(f"{name} is not in build/corpus (scripts/build_corpus.py builds it with torch)")
-    entry = entries[name]
+    entry = corpus_entry(name)
     layers = int(re.search(r"\b(?:num_hidden_layers|n_layers)=(\d+)", entry["origin"]).group(1))
     res = onnxstitch.optimize(str(CORPUS / entry["file"]), shapes=entry["shapes"], strict=True)
     chains = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]

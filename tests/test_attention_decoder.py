@@ -12,7 +12,6 @@ and the corpus decoders optimized and verified on ONNX Runtime's CPU."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from onnxstitch.schemes.attention import fallback
 from .attention_models import (Decoder, attention_graph, decoder_feeds, decoder_model, decoder_reference, np_dtype,
                                relative_error)
 from .host_kernels import HAVE_GXX, launch
+from .corpus import CORPUS, corpus_entry
 from .stitching import fresh_seed
 
 TOLERANCE = {TP.FLOAT: 2e-3, TP.FLOAT16: 2e-3}
@@ -148,14 +148,10 @@ def test_function_body_matches_float64(c: Decoder) -> None:
     assert relative_error(got.astype(np.float64), decoder_reference(c, feeds)) <= TOLERANCE[c.dtype]
 
 
-CORPUS = Path(__file__).resolve().parents[1] / "build" / "corpus"
-
-
-@pytest.mark.skipif(not (CORPUS / "manifest.json").exists(), reason="needs build/corpus (scripts/build_corpus.py)")
 @pytest.mark.parametrize("name", ["qwen2-dynamo", "llama-dynamo"])
 def test_corpus_decoders_get_grouped_causal_kernels(name: str) -> None:
     # Verified on ONNX Runtime's CPU inside optimize (the fused nodes run their functions there).
-    entry = {m["name"]: m for m in json.loads((CORPUS / "manifest.json").read_text())["models"]}[name]
+    entry = corpus_entry(name)
     layers = int(re.search(r"\bnum_hidden_layers=(\d+)", entry["origin"]).group(1)) if "num_hidden" in \
         entry["origin"] else 2
     res = onnxstitch.optimize(str(CORPUS / entry["file"]), shapes=entry["shapes"], strict=True)
