@@ -22,8 +22,9 @@ from cli.main import main
 from onnxstitch import explain, optimize
 from onnxstitch.explain.outline import scope_of
 
+from .corpus import CORPUS
+
 SVG = "{http://www.w3.org/2000/svg}"
-CORPUS = Path(__file__).resolve().parents[1] / "build" / "corpus"
 HIDDEN = 32
 
 
