@@ -6,16 +6,18 @@
 #   here:  for f in build/corpus/*.onnx; do python3 scripts/carry_weights.py strip $f build/corpusc; done
 #          cp build/corpus/manifest.json build/corpusc/
 #   there: bash scripts/gpu_corpus.sh [MODELS]          (carry build/corpusc and .carry)
+# CORPUS=DIR picks another carried folder of the same form (scripts/build_llama_layer.py's).
 # MODELS: comma-separated names (default: every model of the manifest), so that a corpus larger
 # than one call's ten minutes can run in several calls.
 set -uo pipefail
 source scripts/gpu_env.sh
 gpu_setup "$OUT/setup.log" >/dev/null
 models=${1:-}
-corpus=/tmp/corpus
+carried=${CORPUS:-build/corpusc}
+corpus=/tmp/$(basename "$carried")
 mkdir -p "$corpus"
-cp build/corpusc/manifest.json "$corpus/"
-for f in build/corpusc/*.onnx; do
+cp "$carried/manifest.json" "$corpus/"
+for f in "$carried"/*.onnx; do
   name=$(basename "$f" .onnx)
   if [ -z "$models" ] || [[ ",$models," == *",$name,"* ]]; then
     [ -f "$corpus/$name.onnx" ] || python3 scripts/carry_weights.py fill "$f" "$corpus" >/dev/null
