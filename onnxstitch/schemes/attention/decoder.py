@@ -224,9 +224,19 @@ def _node_at(g: FusionGraph, i: int, dims: dict[str, int], name: str) -> list | 
     return [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), **dict(n.attrs)), None]
 
 
+# The IR version of the models evaluated here: ONNX Runtime refuses IR versions newer than it
+# knows (1.31 refused onnx 1.23's default, which made every causal mask look like none on the GPU
+# machine's ORT), and 10 has every op these masks use.
+EVAL_IR_VERSION = 10
+
+
+class Unevaluable(Exception):
+    """ONNX Runtime could not compute a mask's subgraph: why, for the report."""
+
+
 def _evaluate(g: FusionGraph, nodes: list[int], t: str, dims: dict[str, int]) -> np.ndarray | None:
     """`t` computed by `nodes` with every symbolic dim at `dims` (ONNX Runtime on the CPU); None
-    when it cannot be."""
+    when its nodes cannot be written at these dims; Unevaluable when ONNX Runtime fails."""
     import onnxruntime as ort
 
     made = [_node_at(g, i, dims, f"{t}~shape{i}") for i in nodes]
@@ -245,12 +255,12 @@ def _evaluate(g: FusionGraph, nodes: list[int], t: str, dims: dict[str, int]) ->
         feeds[u] = np.zeros(shape, helper.tensor_dtype_to_np_dtype(info.dtype))
     model = helper.make_model(helper.make_graph([n for n, _ in made], "mask", ins,
                                                 [helper.make_tensor_value_info(t, TP.BOOL, None)], inits),
-                              opset_imports=[helper.make_opsetid("", g.opset)])
+                              opset_imports=[helper.make_opsetid("", g.opset)], ir_version=EVAL_IR_VERSION)
     try:
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return np.asarray(sess.run(None, feeds)[0])
-    except Exception:  # an op or form ORT does not take here: not a mask this recognises
-        return None
+    except Exception as e:  # an op or form ORT does not take here: said in the report
+        raise Unevaluable(str(e).splitlines()[0][:200]) from e
 
 
 def is_causal(g: FusionGraph, t: str, sq: object, sk: object) -> bool:
@@ -321,7 +331,10 @@ def with_causal(g: FusionGraph, m: attention.Match) -> attention.Match | str:
         return ""
     sq, sk = (g.shape(m.q) or (None, None))[-2], (g.shape(m.v) or (None, None))[-2]
     operands = [t for t in _and_operands(g, cond) if not _all_true(g, t)]
-    causal = [t for t in operands if is_causal(g, t, sq, sk)]
+    try:
+        causal = [t for t in operands if is_causal(g, t, sq, sk)]
+    except Unevaluable as e:
+        return f"its mask's operands could not be computed on ONNX Runtime's CPU to prove one causal ({e}): read as it is"
     if not causal:
         return ""
     rest = [t for t in operands if t not in causal]
