@@ -54,14 +54,21 @@ def host_source(src: KernelSource) -> str:
     # Shared memory per block (host_cuda.h): the blocks of a cluster run at the same time.
     body = _SHARED.sub(lambda m: f"auto& {m[2]} = stitch_host::shared<{m[1]}{m[3]}>({next(ids)});", body)
     if src.shape_rule == "attention":
+        # The tiled kernel's dynamic shared memory, then the decode kernel's (decode.py).
+        sizes = iter((src.spec.shared_bytes, src.spec.decode_shared_bytes))
         body = _DYNAMIC.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(stitch_host::block->storage("
-                            f"{next(ids)}, {src.spec.shared_bytes}));", body)
+                            f"{next(ids)}, {next(sizes)}));", body)
     assert "asm(" not in body and "__shared__" not in body, "a device construct without a host form"
     if src.shape_rule == "attention":
+        # `wide` picks the entry: 0 the tiled kernel, 1 the decode kernel, 2 its merge.
         (entry,) = src.entries
+        run = f"stitch_host_launch({entry}, *a, grid, threads);"
+        if src.spec.decode_rows:
+            run = (f"if (wide == 1) stitch_host_launch({entry}_decode, *a, grid, threads);\n"
+                   f"  else if (wide == 2) stitch_host_launch({entry}_merge, *a, grid, threads);\n  else {run}")
         return (f'#include "host_cuda.h"\n{body}\n'
                 f'extern "C" void stitch_host_run(const StitchArgs* a, int grid, int threads, int wide, int clusters) {{\n'
-                f'  (void)wide; (void)clusters;\n  stitch_host_launch({entry}, *a, grid, threads);\n}}\n')
+                f'  (void)wide; (void)clusters;\n  {run}\n}}\n')
     fast, wide = src.entries
     plain = f"if (wide) stitch_host_launch({wide}, *a, grid, threads); else stitch_host_launch({fast}, *a, grid, threads);"
     if src.shape_rule == "rows" and src.spec.row_split > 1:
@@ -128,13 +135,14 @@ def lifted(src: KernelSource, inputs: Sequence[np.ndarray]) -> list[tuple[int, .
 
 
 def launch(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], folder: Path, *,
-           grid_cap: int = 3, wide: bool | None = None, clusters: bool = True) -> None:
+           grid_cap: int = 3, wide: bool | None = None, clusters: bool = True, sm_count: int = 132) -> None:
     """Run `src` on the host over `inputs`, writing `outputs` (preallocated, contiguous), as
     the runtime launches it; `wide` forces the 64-bit entry (default: the runtime's choice);
-    `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row."""
+    `clusters`: a split kernel's cluster entries (as on sm_90), else one block per row;
+    `sm_count`: the GPU's multiprocessors an attention decode launch splits its keys for."""
     inputs = boxed(src, [np.ascontiguousarray(x) if x.ndim else x.reshape(()) for x in inputs])
     if src.shape_rule == "attention":
-        _launch_attention(src, inputs, outputs, folder)
+        _launch_attention(src, inputs, outputs, folder, sm_count)
         return
     counted = lifted(src, inputs)
     shape = np.broadcast_shapes(*counted) if inputs else ()
@@ -245,10 +253,27 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
     return a, scores[0] * scores[1] * math.ceil(scores[2] / queries)
 
 
+# The decode launch's constants (the attention scheme's launch.cc).
+DECODE_THREADS, DECODE_BLOCKS_PER_SM = 128, 4
+
+
+def decode_splits(spec, dims: Sequence[int], sm_count: int) -> tuple[int, int]:
+    """(keys a split, splits) of a decode launch over dims [B, H, Sq, Sk], as launch.cc sets
+    them for a GPU of `sm_count` multiprocessors."""
+    b, h, _, sk = dims
+    kt, base = spec.decode_keys, b * (h // spec.kv_group)
+    tiles = -(-sk // kt)
+    splits = max(1, min(-(-(DECODE_BLOCKS_PER_SM * sm_count) // base), tiles))
+    chunk = max(kt, -(-tiles // splits) * kt)
+    return chunk, (-(-sk // chunk) if sk > 0 else 1)
+
+
 def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
-                      folder: Path) -> None:
+                      folder: Path, sm_count: int = 132) -> None:
     """An attention kernel's launch on the host (attention_args), inputs at 16-byte aligned
-    addresses as device allocations are; the context of the spec's type."""
+    addresses as device allocations are; the context of the spec's type. A node with decode
+    entries takes them where the runtime does (kv_group · Sq ≤ decode_rows): the splits for a
+    GPU of `sm_count` multiprocessors, their partials in a scratch array, then the merge."""
     inputs = [_aligned(x) for x in inputs]
     (y,) = outputs
     want = onnx.helper.tensor_dtype_to_np_dtype(src.spec.dtype)
@@ -256,7 +281,20 @@ def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: 
     a, grid = attention_args(src, [x.shape for x in inputs], [x.ctypes.data for x in inputs], y.shape, y.ctypes.data)
     if a.n == 0:
         return  # nothing to compute, as the runtime
-    _library(src, folder).stitch_host_run(ctypes.byref(a), grid, src.spec.threads, 0, 0)
+    lib = _library(src, folder)
+    spec = src.spec
+    if not (spec.decode_rows and spec.kv_group * a.dims[2] <= spec.decode_rows):
+        lib.stitch_host_run(ctypes.byref(a), grid, spec.threads, 0, 0)
+        return
+    dims = [a.dims[d] for d in range(4)]
+    chunk, splits = decode_splits(spec, dims, sm_count)
+    a.dims[4], a.dims[5] = chunk, splits
+    rows = dims[0] * dims[1] * dims[2]
+    scratch = np.full(rows * splits * (spec.head_size + 2), np.nan, np.float32) if splits > 1 else None
+    a.out[1] = scratch.ctypes.data if scratch is not None else None
+    lib.stitch_host_run(ctypes.byref(a), dims[0] * (dims[1] // spec.kv_group) * splits, DECODE_THREADS, 1, 0)
+    if splits > 1:
+        lib.stitch_host_run(ctypes.byref(a), rows, DECODE_THREADS, 2, 0)
 
 
 def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Sequence[str],

@@ -159,3 +159,66 @@ def test_corpus_decoders_get_grouped_causal_kernels(name: str) -> None:
     assert len(kernels) == layers and not res.report.attention_refusals
     assert all(k["kv_group"] > 1 and k["causal"] for k in kernels)
     assert res.report.verification is not None and res.report.verification.tensors_checked
+
+
+# Decode shapes (schemes/attention/decode.py): g · Sq ≤ 16 rows per (batch, KV head), keys split
+# over blocks (a GPU of `sms` multiprocessors: 4 makes several splits of these few keys, 1000
+# one split per tile) and their partials merged.
+DECODE = [
+    Decoder(2, 6, 3, 1, 150, 16, "dynamo"),  # one query, three q heads a KV head, causal mask
+    Decoder(1, 8, 8, 2, 300, 64, "ts", causal=False),  # 16 rows, ragged last tile
+    Decoder(1, 4, 2, 7, 130, 32, "dynamo", padding="input"),  # causal + boolean padding mask
+    Decoder(2, 4, 2, 3, 100, 16, "ts", padding="input"),  # left-padded rows: every key masked
+    Decoder(1, 4, 1, 1, 90, 32, "ts"),  # no grouping: kᵀ read as the chain has it
+]
+# bfloat16 only without a computed mask (ONNX Runtime's CPU has no bfloat16 Expand to compute it).
+DECODE_HALF = [dataclasses.replace(c, dtype=TP.FLOAT16) for c in DECODE[:3]] + [
+    dataclasses.replace(DECODE[1], dtype=TP.BFLOAT16)]
+
+
+def _run_decode(c: Decoder, folder: Path, sms: int, edit=None) -> float:
+    g, m = _match(c)
+    src = codegen_attention.generate(g, "stitch_h0", dataclasses.replace(m, decode=True))
+    assert src.spec.decode_rows >= c.group * c.sq
+    if edit is not None:
+        src = dataclasses.replace(src, source=edit(src.source))
+    feeds = decoder_feeds(c, np.random.default_rng(fresh_seed()))
+    y = np.full((c.b, c.sq, c.heads, c.d), np.nan, np_dtype(c.dtype))
+    launch(src, _inputs(c, decoder_model(c), src.inputs, feeds), [y], folder, sm_count=sms)
+    return relative_error(y.astype(np.float64), decoder_reference(c, feeds))
+
+
+@pytest.mark.skipif(not HAVE_GXX, reason="needs g++ to build kernels for the host")
+@pytest.mark.parametrize("sms", [4, 1000])
+@pytest.mark.parametrize("c", DECODE + DECODE_HALF, ids=lambda c: c.id)
+def test_decode_kernel_matches_float64(c: Decoder, sms: int, folder: Path) -> None:
+    # float32 products here are exact float32 (CUDA cores): the float16 tolerance serves bfloat16's
+    # inputs too, since the reference is computed from the rounded inputs.
+    assert _run_decode(c, folder, sms) <= TOLERANCE.get(c.dtype, 2e-3)
+
+
+# (edit, multiprocessors): the merge needs splits; the rescaling, several tiles in one split.
+DECODE_BROKEN = {
+    "merge-weights": (lambda s: s.replace("p[i * (D + 2) + c] * EXP2((mi - top) * LOG2E)", "p[i * (D + 2) + c]"), 4),
+    "diagonal-off-by-one": (lambda s: s.replace("key <= r % Sq + Sk - Sq", "key < r % Sq + Sk - Sq"), 4),
+    "rescale": (lambda s: s.replace("float acc = o[i] * cs[r];", "float acc = o[i];"), 1),
+}
+
+
+@pytest.mark.skipif(not HAVE_GXX, reason="needs g++ to build kernels for the host")
+@pytest.mark.parametrize("broken", list(DECODE_BROKEN))
+def test_broken_decode_kernels_fail_the_reference(broken: str, folder: Path) -> None:
+    edit, sms = DECODE_BROKEN[broken]
+    assert _run_decode(DECODE[0], folder, sms, edit) > 10 * TOLERANCE[TP.FLOAT]
+
+
+def test_the_plan_takes_the_decode_kernel_only_for_decode_shapes() -> None:
+    from onnxstitch.cost import CostModel
+    from onnxstitch.schemes.attention import decode, match
+
+    for c, want in ((Decoder(4, 32, 8, 1, 4096, 64, "dynamo"), True), (Decoder(4, 32, 8, 512, 512, 64, "dynamo"), False),
+                    (Decoder(1, 4, 1, 17, 64, 16, "ts"), False)):
+        g, m = _match(c)
+        cheaper, tiled, dec = decode.better(g, CostModel(), m)
+        assert cheaper == want, (c.id, tiled, dec)
+        assert match.group_of(g, CostModel(), "a0", m).payload.decode == want

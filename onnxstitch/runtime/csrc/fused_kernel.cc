@@ -478,6 +478,12 @@ Error Kernel::Enter(OrtKernelContext* ctx, CtxGuard* guard, cu::Stream* stream, 
 class NodeCall final : public Call {
  public:
   NodeCall(Kernel* k, OrtKernelContext* ctx) : k_(k), ctx_(ctx) {}
+  NodeCall(const NodeCall&) = delete;
+  NodeCall& operator=(const NodeCall&) = delete;
+  ~NodeCall() override {
+    for (void* p : scratch_) allocator_->Free(allocator_, p);
+    if (allocator_ != nullptr) k_->api_->ReleaseAllocator(allocator_);
+  }
 
   Error Output(size_t o, const int64_t* dims, size_t rank, void** data) override {
     const OrtApi* api_ = k_->api_;
@@ -485,6 +491,23 @@ class NodeCall final : public Call {
     STITCH_TRY(api_->KernelContext_GetOutput(ctx_, o, dims, rank, &v), "KernelContext_GetOutput");
     if (v == nullptr) return Fail(ORT_FAIL, "ORT returned no buffer for output " + std::to_string(o));
     STITCH_TRY(api_->GetTensorMutableData(v, data), "GetTensorMutableData");
+    if (output_ == nullptr) output_ = v;
+    return {};
+  }
+
+  Error Scratch(size_t bytes, void** data) override {
+    const OrtApi* api_ = k_->api_;
+    *data = nullptr;
+    if (output_ == nullptr) return Fail(ORT_FAIL, "scratch memory asked for before an output (its device)");
+    if (allocator_ == nullptr) {
+      const OrtMemoryInfo* info = nullptr;
+      STITCH_TRY(api_->GetTensorMemoryInfo(output_, &info), "GetTensorMemoryInfo");
+      STITCH_TRY(api_->KernelContext_GetAllocator(ctx_, info, &allocator_), "KernelContext_GetAllocator");
+    }
+    void* p = allocator_->Alloc(allocator_, bytes);
+    if (p == nullptr) return Fail(ORT_FAIL, "ORT's allocator gave no " + std::to_string(bytes) + " bytes of scratch memory");
+    scratch_.push_back(p);
+    *data = p;
     return {};
   }
 
@@ -495,6 +518,9 @@ class NodeCall final : public Call {
  private:
   Kernel* k_;
   OrtKernelContext* ctx_;
+  OrtValue* output_ = nullptr;  // the first output, whose device the scratch memory is on
+  OrtAllocator* allocator_ = nullptr;
+  std::vector<void*> scratch_;
   CtxGuard guard_;  // pops the context Enter pushed when the Compute returns
 };
 

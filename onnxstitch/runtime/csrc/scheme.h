@@ -75,6 +75,7 @@ struct Loaded {
   cu::Module module = nullptr;
   cu::Function entry[kEntries] = {nullptr, nullptr};
   cu::Function cluster[kEntries] = {nullptr, nullptr};  // rows split over clusters, where the GPU has them
+  cu::Function more[kEntries] = {nullptr, nullptr};     // a scheme's other entries (attention: decode, merge)
   int sm_count = 1;
   int blocks_per_sm = 0;          // resident blocks of entry[0] per multiprocessor (0: unknown)
   int cluster_blocks_per_sm = 0;  // the same for the cluster entries
@@ -91,6 +92,11 @@ class Call {
   virtual Error Enter(cu::Stream* stream, const Loaded** l) = 0;
   virtual const cu::Driver& Driver() const = 0;
   virtual const std::string& KernelName() const = 0;
+  // `bytes` of device memory for this Compute's launches, from ORT's allocator of the outputs'
+  // device (call after Output): freed when the Compute returns, its launches queued on the
+  // stream, as ORT's own kernels free their scratch buffers (stream-ordered reuse; CUDA graphs
+  // replay the captured addresses).
+  virtual Error Scratch(size_t bytes, void** data) = 0;
 
   // Launches fn (a 1-D grid) and words a failure with the entry's name.
   Error Launch(cu::Function fn, const char* suffix, long long grid, long long block, long long shared,

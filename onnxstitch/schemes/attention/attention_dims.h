@@ -30,6 +30,9 @@ struct AttentionSpec {
   // Grouped KV heads (attention_kv_group, 1 when absent): with g > 1, K and V are [b, H / g, Sk, D]
   // (K as rows, not kᵀ) and q head h reads KV head h / g.
   int64_t kv_group = 1;
+  // Decode entries (attention_decode_rows, 0 when absent): launches whose g · Sq query rows per
+  // (batch, KV head) are at most this many run the split-KV decode kernel and its merge.
+  int64_t decode_rows = 0, decode_shared = 0, decode_keys = 0;
 
   size_t first_mask() const { return biased ? 6 : 3; }
 };
@@ -40,6 +43,7 @@ inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
   bool ok = s.head >= 8 && s.head <= 128 && s.head % 8 == 0 && s.queries >= 1 && s.threads >= 32 &&
             s.threads <= 1024 && s.threads % 32 == 0 && s.shared >= 0 && s.masks >= 0 && s.masks <= kMaxMasks;
   ok = ok && s.kv_group >= 1 && !(s.kv_group > 1 && s.projected);
+  ok = ok && s.decode_rows >= 0 && s.decode_shared >= 0 && (s.decode_rows == 0 || (!s.projected && s.decode_keys > 0));
   if (ok && s.projected) {
     ok = s.heads >= 1;
     for (int i = 0; i < 3; ++i) ok = ok && s.offsets[i] >= 0 && s.offsets[i] % 4 == 0;
@@ -47,7 +51,7 @@ inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
   if (!ok) {
     *error = "the attention spec must have a head size (a multiple of 8, 8..128), queries per block >= 1, threads "
              "(whole warps up to 1024), shared bytes >= 0, masks 0.." + std::to_string(kMaxMasks) +
-             ", a KV group >= 1 (1 with projections) and, for projections, heads >= 1 and q, k and v column offsets "
+             ", a KV group >= 1 (1 with projections), decode rows >= 0 (0 with projections; then keys a tile > 0) and, for projections, heads >= 1 and q, k and v column offsets "
              "(multiples of 4)";
   }
   return ok;

@@ -29,7 +29,7 @@ from typing import Callable
 from ...graph import FusionGraph
 from ...shapes import symbolic_value
 from ..source import ARGS_STRUCT, KernelSource
-from . import fallback, flavors, match as attention
+from . import decode, fallback, flavors, match as attention
 from .flavors import Flavor
 from .spec import ENTRY_SUFFIX, AttentionSpec
 
@@ -158,6 +158,10 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
     if projected:
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
+    elif m.decode:
+        dk = decode.generate(m, name, _fill(m), _literal(m.scale))
+        source += dk.source
+        spec = dataclasses.replace(spec, decode_rows=dk.rows, decode_keys=dk.keys, decode_shared_bytes=dk.shared_bytes)
     return KernelSource(
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec,

@@ -1,6 +1,7 @@
 // The attention scheme's runtime side (shape rule "attention", docs/abi.md): dims [B, H, Sq, Sk],
 // mask k's strides in strides[first mask + k], projections' row widths in strides[0..2][0]; one
 // block of `threads` per (batch, head) and `queries` queries, a 1-D grid.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,8 +12,12 @@
 namespace onnxstitch {
 namespace {
 
-constexpr const char* kSuffix = "_attn";  // one entry
+constexpr const char* kSuffix = "_attn";  // the tiled kernel
+constexpr const char* kDecode = "_attn_decode";  // decode shapes: split-KV partials (or the context)
+constexpr const char* kMerge = "_attn_merge";    // and their merge
 constexpr int kDefaultSharedLimit = 48 * 1024;
+constexpr int kDecodeThreads = 128, kMergeThreads = 128;
+constexpr long long kDecodeBlocksPerSm = 4;  // blocks the splits aim for, per multiprocessor
 
 class Attention final : public Scheme {
  public:
@@ -32,6 +37,13 @@ class Attention final : public Scheme {
     // Grouped KV heads: optional, 1 (K and V have q's heads) for nodes written before it.
     if (Error e = a.Int("attention_kv_group", &s.kv_group, &present)) return e;
     if (!present) s.kv_group = 1;
+    if (Error e = a.Int("attention_decode_rows", &s.decode_rows, &present)) return e;
+    if (present && s.decode_rows > 0) {
+      if (Error e = a.RequiredInt("attention_decode_shared_bytes", rule, &s.decode_shared)) return e;
+      if (Error e = a.RequiredInt("attention_decode_keys", rule, &s.decode_keys)) return e;
+    } else {
+      s.decode_rows = 0;
+    }
     s.masks = static_cast<int>(masks);
     s.transposed = transposed != 0;
     s.projected = present && heads > 0;
@@ -67,9 +79,21 @@ class Attention final : public Scheme {
     if (r == cu::kSuccess && spec_.shared > kDefaultSharedLimit) {
       r = d.FuncSetAttribute(l->entry[0], cu::kFuncMaxDynamicSharedBytes, static_cast<int>(spec_.shared));
     }
-    if (r == cu::kSuccess) return {};
-    return Fail(ORT_FAIL, "the kernel image's entry '" + entry + "' cannot be used with " +
-                              std::to_string(spec_.shared) + " bytes of shared memory: " + d.ErrorText(r));
+    if (r != cu::kSuccess) {
+      return Fail(ORT_FAIL, "the kernel image's entry '" + entry + "' cannot be used with " +
+                                std::to_string(spec_.shared) + " bytes of shared memory: " + d.ErrorText(r));
+    }
+    if (spec_.decode_rows == 0) return {};
+    const char* suffixes[2] = {kDecode, kMerge};
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = kernel_name + suffixes[k];
+      r = d.ModuleGetFunction(&l->more[k], l->module, name.c_str());
+      if (r == cu::kSuccess && k == 0 && spec_.decode_shared > kDefaultSharedLimit) {
+        r = d.FuncSetAttribute(l->more[0], cu::kFuncMaxDynamicSharedBytes, static_cast<int>(spec_.decode_shared));
+      }
+      if (r != cu::kSuccess) return Fail(ORT_FAIL, "the kernel image's entry '" + name + "': " + d.ErrorText(r));
+    }
+    return {};
   }
 
   Error Run(Call& call, Bound* b) const override {
@@ -104,10 +128,40 @@ class Attention final : public Scheme {
     const Loaded* l = nullptr;
     if (Error e = call.Enter(&stream, &l)) return e;
     void* params[1] = {&args};
+    if (spec_.decode_rows > 0 && spec_.kv_group * dims[2] <= spec_.decode_rows) return Decode(call, l, stream, &args);
     return call.Launch(l->entry[0], kSuffix, blocks, spec_.threads, spec_.shared, stream, params);
   }
 
  private:
+  // Decode shapes (codegen's decode.py): a block per (batch, KV head, split of the keys) for all
+  // g · Sq rows; as many splits as fill the GPU (whole tiles of keys each). One split writes the
+  // context; more write float32 partials (max, sum, unnormalised context per row and split) to
+  // scratch memory, which the merge kernel combines, one block per row.
+  Error Decode(Call& call, const Loaded* l, cu::Stream stream, StitchArgs* args) const {
+    const long long B = args->dims[0], H = args->dims[1], Sq = args->dims[2], Sk = args->dims[3];
+    const long long kt = spec_.decode_keys, base = B * (H / spec_.kv_group);
+    const long long tiles = (Sk + kt - 1) / kt;
+    const long long want = (kDecodeBlocksPerSm * l->sm_count + base - 1) / base;
+    long long splits = std::max(1LL, std::min(want, tiles));
+    const long long chunk = std::max(kt, (tiles + splits - 1) / splits * kt);
+    splits = Sk > 0 ? (Sk + chunk - 1) / chunk : 1;
+    args->dims[4] = chunk;
+    args->dims[5] = splits;
+    args->out[1] = nullptr;
+    const long long rows = B * H * Sq;
+    if (splits > 1) {
+      const size_t bytes = static_cast<size_t>(rows * splits * (spec_.head + 2)) * sizeof(float);
+      if (Error e = call.Scratch(bytes, &args->out[1])) return e;
+    }
+    if (base * splits > 0x7fffffffLL || rows > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many decode blocks");
+    void* params[1] = {args};
+    if (Error e = call.Launch(l->more[0], kDecode, base * splits, kDecodeThreads, spec_.decode_shared, stream, params)) {
+      return e;
+    }
+    if (splits == 1) return {};
+    return call.Launch(l->more[1], kMerge, rows, kMergeThreads, 0, stream, params);
+  }
+
   AttentionSpec spec_;
 };
 

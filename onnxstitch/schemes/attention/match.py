@@ -126,6 +126,9 @@ class Match:
     causal: bool = False
     causal_fill: float = -math.inf
     decoder_note: str = ""
+    # The plan found the decode kernel (decode.py) cheaper at the planning shapes: the node
+    # carries its entries besides the tiled one.
+    decode: bool = False
 
     @property
     def biased(self) -> bool:
@@ -159,6 +162,8 @@ class Match:
         if self.causal:
             mask += f", causal (fill {self.causal_fill:g})"
         kind = "" if self.dtype == TP.FLOAT else f" in {DTYPES[self.dtype]}"
+        if self.decode:
+            read += "; decode kernel (split keys) for up to 16 rows per KV head"
         return (f"attention{kind} at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
                 f"{' (NaN-guarded)' if self.guarded else ''} → · '{self.v}' → '{self.output}'"
                 f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}{read}")
@@ -555,10 +560,17 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
     """The plan's group for chain `m`: one launch and the roofline of moving q, kᵀ, v, the masks
     and the context once each against both products at the tensor rate of the chain's dtype
     (half precision: half the bytes of float32 and twice the rate). Memory dominates at
-    BERT's sizes; long sequences make the products count."""
+    BERT's sizes; long sequences make the products count. Where the decode kernel is cheaper at
+    the planning shapes (decode.better: few queries, grouped heads), its cost, and the chain
+    carries its entries."""
+    from . import decode  # (built on this module)
+
     moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
     compute_us = flops(g, m) / (TENSOR_TFLOPS[m.dtype] * 1e6)
     us = cost.launch_us + max(moved / (cost.bandwidth_gbs * 1e3), compute_us)
+    cheaper, tiled_us, decode_us = decode.better(g, cost, m)
+    if cheaper:
+        m, us = dataclasses.replace(m, decode=True), us - tiled_us + decode_us
     return Group(name, m.nodes, m.inputs, (m.output,), None, moved, us,
                  tuple(g.nodes[i].label for i in m.nodes), tf32=m.dtype == TP.FLOAT, scheme=ATTENTION, payload=m)
 
@@ -566,7 +578,7 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
 def chosen(found: Found, plan: Plan) -> Found:
     """`found` as the plan left it: the chains it runs as attention kernels, and those it found
     cheaper to run otherwise among the refusals, with why."""
-    taken = [grp.payload for grp in plan.groups if grp.scheme == ATTENTION]
+    taken = {grp.payload.nodes: grp.payload for grp in plan.groups if grp.scheme == ATTENTION}
     passed = [f"{m.describe()}: the plan found other kernels over these nodes cheaper"
-              for m in found.matches if not any(m is t for t in taken)]
-    return Found(tuple(m for m in found.matches if any(m is t for t in taken)), found.refusals + tuple(passed))
+              for m in found.matches if m.nodes not in taken]
+    return Found(tuple(taken[m.nodes] for m in found.matches if m.nodes in taken), found.refusals + tuple(passed))

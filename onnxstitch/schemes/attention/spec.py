@@ -47,6 +47,12 @@ class AttentionSpec(Spec):
     # Compiled in: keys after query + Sk − Sq are masked in the kernel (tiles wholly after the
     # block's queries skipped).
     causal: bool = False
+    # Decode entries (decode.py; 0: none): launches with kv_group · Sq ≤ decode_rows run
+    # `_attn_decode` (tiles of decode_keys keys, decode_shared_bytes of shared memory) and, with
+    # more than one split, `_attn_merge`.
+    decode_rows: int = 0
+    decode_keys: int = 0
+    decode_shared_bytes: int = 0
 
     @property
     def projected(self) -> bool:

@@ -1,0 +1,330 @@
+"""Decode-shaped attention (issue 22): a few query rows per KV head against a long cache.
+
+The tiled kernel (codegen.py) gives a block 64 queries of one head. A generation step has 1 to
+16 new queries: three of a block's four warps idle, and the g q heads of a KV group each read
+the same K and V again. Here a block owns every row of one (batch, KV head) — its g q heads ×
+Sq queries, at most ROWS, which are consecutive rows of q [b, H, Sq, D] — and one range of keys
+(a *split*): B · Hkv · splits blocks, the split count set at launch (launch.cc) so that the GPU
+is filled whatever the batch and cache length. Each split stages its K and V tiles through
+shared memory once for all its rows and keeps an online Softmax per row on CUDA cores (the
+products are tiny against the bytes; the scores are float32 products of the elements as they
+are, no TF32 rounding). With one split it writes the context; with more, each writes its rows'
+partial (maximum, sum, unnormalised context; float32, in scratch memory ORT allocates) and the
+`_merge` kernel combines them, one block per row.
+
+A chain gets these entries besides the tiled one when the plan's cost (`better`) finds them
+cheaper at the planning shapes; the runtime then takes them for every launch whose g · Sq rows
+fit a block (prefill launches of the same node stay tiled).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from onnx import TensorProto as TP
+
+from ...cost import CostModel
+from ...graph import FusionGraph
+from ...shapes import symbolic_value
+from . import match as attention
+from .flavors import FLAVORS
+
+ROWS = 16  # query rows a decode block holds (g · Sq at most)
+THREADS = 128
+SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory: no opt-in needed
+# CUDA-core float32 rate the decode kernel's products run at (H100 SXM: 67 TFLOP/s), and the
+# fraction of it its shared-memory-fed loops reach.
+CUDA_CORE_TFLOPS = 67.0 * 0.25
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    """The decode and merge entries' source and launch facts."""
+
+    source: str
+    rows: int  # the runtime takes them for launches with g · Sq ≤ rows
+    keys: int  # keys a tile (and the granularity of splits)
+    shared_bytes: int
+
+
+def shared_bytes(head_dim: int, elem_bytes: int, keys: int) -> int:
+    """Rows of q, the tile's scores, three per-row floats (rescale, max, sum), K's rows padded
+    against bank conflicts and V's rows."""
+    pad = 1 if elem_bytes == 4 else 2
+    return 4 * (ROWS * head_dim + ROWS * keys + 3 * ROWS) + elem_bytes * keys * (2 * head_dim + pad)
+
+
+def _keys(head_dim: int, elem_bytes: int) -> int:
+    return 64 if shared_bytes(head_dim, elem_bytes, 64) <= SHARED_LIMIT else 32
+
+
+def _planned(g: FusionGraph, t: str, axis: int) -> int:
+    dims = g.shape(t) or ()
+    if not dims:
+        return 0
+    d = dims[axis]
+    return d if isinstance(d, int) else (symbolic_value(d, g.dim_values) or 0)
+
+
+def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, float, float]:
+    """(whether the decode entries pay, tiled µs, decode µs) at the planning shapes. The tiled
+    kernel reads K and V once per q head and computes 64-query tiles whatever Sq is; the decode
+    kernel reads them once per KV head, its products on CUDA cores, plus a merge launch."""
+    if m.projections:
+        return False, 0.0, 0.0
+    sq = _planned(g, m.q, -2)
+    keys = _planned(g, m.kt, -2 if m.kv_group > 1 else -1)
+    item = 4 if m.dtype == TP.FLOAT else 2
+    context = g.tensor_bytes(m.output) / item  # B·H·Sq·D elements
+    if sq <= 0 or m.kv_group * sq > ROWS or context <= 0:
+        return False, 0.0, 0.0
+    kv = g.tensor_bytes(m.kt) + g.tensor_bytes(m.v)
+    rest = g.tensor_bytes(m.q) + g.tensor_bytes(m.output) + sum(g.tensor_bytes(t) for t in m.mask_inputs)
+    bw = cost.bandwidth_gbs * 1e3  # bytes per µs
+    padded = context / sq * 64 * math.ceil(sq / 64)
+    tiled = cost.launch_us + max((rest + kv * m.kv_group) / bw,
+                                 4.0 * padded * keys / (attention.TENSOR_TFLOPS[m.dtype] * 1e6))
+    decode = 2 * cost.launch_us + max((rest + kv) / bw, 4.0 * context * keys / (CUDA_CORE_TFLOPS * 1e6))
+    return decode < tiled, tiled, decode
+
+
+def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKernel:
+    """The `name`_attn_decode and `name`_attn_merge entries for chain `m` (not projected), to
+    follow the tiled kernel's source in one module (its prelude defines EXP2 and, for half
+    types, CVT); `fill` declares the masks' fills, `scale` is the scores' multiplier literal."""
+    fl = FLAVORS[m.dtype]
+    half = fl.half
+    elem_bytes = 2 if half else 4
+    d, g = m.head_dim, m.kv_group
+    kt = _keys(d, elem_bytes)
+    smem = shared_bytes(d, elem_bytes, kt)
+    load = (lambda x: f"CVT({x})") if half else (lambda x: x)
+    store = {TP.FLOAT: "(x)", TP.FLOAT16: "stitch_f2h(x)", TP.BFLOAT16: "stitch_f2bf(x)"}[m.dtype]
+    masks = len(m.mask_inputs)
+    boolean = m.select is not None
+    rstep = THREADS // kt
+    rpt = ROWS // rstep
+
+    def kind(i: int) -> str:
+        return "unsigned char" if boolean and i == masks - 1 else fl.elem
+
+    mask_ptrs = "\n".join(
+        f"  const {kind(i)}* mk{i} = static_cast<const {kind(i)}*>(a.in[{3 + i}]) + b * a.strides[{3 + i}][0];\n"
+        f"  const long long mc{i} = a.strides[{3 + i}][3];\n"
+        f"  long long mr{i}[RPT];\n"
+        f"#pragma unroll\n  for (int i = 0; i < RPT; ++i) {{\n"
+        f"    const int r = r0 + i * RSTEP;\n"
+        f"    mr{i}[i] = (kvh * G + r / Sq) * a.strides[{3 + i}][1] + (long long)(r % Sq) * a.strides[{3 + i}][2];\n"
+        f"  }}" for i in range(masks))
+
+    def scaled(i: int) -> str:
+        """Row r0 + i·RSTEP's score of `key` as the tiled kernel makes it: scale, added terms,
+        the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
+        terms = " + ".join(load(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
+        value = f"fmaf(acc[{i}], SCALE, {terms})" if terms else f"acc[{i}] * SCALE"
+        if boolean:
+            k = len(m.masks)
+            kept = f"mk{k}[mr{k}[{i}] + key * mc{k}]"
+            value = f"({kept} {'!=' if m.select.keep else '=='} 0 ? {value} : FILL)"
+        if m.causal:
+            value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
+        return value
+
+    if g > 1:
+        k_stage = """    for (int i = t; i < KT * D / 4; i += THREADS) {
+      const int j = (i * 4) / D, c = (i * 4) % D, key = t0 + j;
+      VEC4 x = ZERO4, y = ZERO4;
+      if (key < k1) {
+        x = *reinterpret_cast<const VEC4*>(k + (long long)key * D + c);
+        y = *reinterpret_cast<const VEC4*>(v + (long long)key * D + c);
+      }
+      const ELEM* xe = reinterpret_cast<const ELEM*>(&x);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ks[j * KP + c + e] = xe[e];  // K's rows are padded: element by element
+      *reinterpret_cast<VEC4*>(vs + j * D + c) = y;
+    }"""
+        k_ptr = f"  const ELEM* k = static_cast<const ELEM*>(a.in[1]) + bkv * Sk * D;  // K [b, H / {g}, Sk, D] as rows"
+    else:
+        k_stage = """    for (int i = t; i < KT * D; i += THREADS) {
+      const int c = i / KT, j = i % KT, key = t0 + j;  // kᵀ's row c: keys along it
+      ks[j * KP + c] = key < k1 ? k[(long long)c * Sk + key] : ZERO;
+    }
+    for (int i = t; i < KT * D / 4; i += THREADS) {
+      const int j = (i * 4) / D, c = (i * 4) % D, key = t0 + j;
+      VEC4 y = ZERO4;
+      if (key < k1) y = *reinterpret_cast<const VEC4*>(v + (long long)key * D + c);
+      *reinterpret_cast<VEC4*>(vs + j * D + c) = y;
+    }"""
+        k_ptr = "  const ELEM* k = static_cast<const ELEM*>(a.in[1]) + bkv * D * Sk;  // kᵀ [.., D, Sk]"
+    if half:
+        dot = """      const ELEM* kr = ks + j * KP;
+#pragma unroll 4
+      for (int c = 0; c < D; c += 2) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(kr + c);  // two keys' elements, one load
+        const float k0v = CVT((ELEM)(w & 0xffffu)), k1v = CVT((ELEM)(w >> 16));
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+          acc[i] = fmaf(qs[(r0 + i * RSTEP) * D + c + 1], k1v, fmaf(qs[(r0 + i * RSTEP) * D + c], k0v, acc[i]));
+      }"""
+    else:
+        dot = """      const ELEM* kr = ks + j * KP;
+#pragma unroll 4
+      for (int c = 0; c < D; ++c) {
+        const float kv = kr[c];
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) acc[i] = fmaf(qs[(r0 + i * RSTEP) * D + c], kv, acc[i]);
+      }"""
+    normalise = "l > 0.f ? 1.f / l : 0.f" if m.guarded else "Sk > 0 ? 1.f / l : 0.f"
+    score_lines = "\n".join(f"""      {{
+        const int r = r0 + {i} * RSTEP;
+        ps[r * KT + j] = key < k1 && r < rows ? {scaled(i)} : NEG_INF;
+      }}""" for i in range(rpt))
+    source = f"""
+// Decode form (decode.py) of the chain above: a block per (batch, KV head, split of the keys).
+#define ELEM {fl.elem}
+#define VEC4 {fl.vec4}
+#define ZERO {fl.zero}
+#define ZERO4 {fl.zero4}
+#define STORE_ELEM(x) {store}
+extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const StitchArgs a) {{
+  constexpr int D = {d}, G = {g}, R = {ROWS}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
+  constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = R * D / THREADS, RW = R / (THREADS / 32);
+  constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
+  constexpr float LOG2E = 1.4426950408889634f, SCALE = {scale};
+  const float NEG_INF = -__int_as_float(0x7f800000);
+{fill}  extern __shared__ __align__(16) float stitch_smem[];
+  float* qs = stitch_smem;     // [R][D]: the rows' queries
+  float* ps = qs + R * D;      // [R][KT]: the tile's scores, then probabilities
+  float* cs = ps + R * KT;     // [R]: each row's rescaling of this tile
+  float* ms = cs + R;          // [R]: maxima and
+  float* ls = ms + R;          // [R]: sums at the end
+  ELEM* ks = reinterpret_cast<ELEM*>(ls + R);  // [KT][KP]: the tile's keys as rows
+  ELEM* vs = ks + KT * KP;                      // [KT][D]
+  const long long H = a.dims[1], HKV = H / G;
+  const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
+  const int chunk = (int)a.dims[4], splits = (int)a.dims[5];
+  const int split = (int)(blockIdx.x % splits);
+  const long long bkv = blockIdx.x / splits, b = bkv / HKV, kvh = bkv % HKV;
+  const int rows = G * Sq;  // ≤ R (the runtime's choice)
+  const int k0 = split * chunk, k1 = Sk < k0 + chunk ? Sk : k0 + chunk;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, r0 = t / KT, j = t % KT;
+  // The group's q heads are consecutive: its rows are (kvh·G + r / Sq, r % Sq), r < G·Sq.
+  const ELEM* q = static_cast<const ELEM*>(a.in[0]) + (b * H + kvh * G) * (long long)Sq * D;
+{k_ptr}
+  const ELEM* v = static_cast<const ELEM*>(a.in[2]) + bkv * Sk * (long long)D;
+{mask_ptrs}
+  for (int i = t; i < R * D; i += THREADS) qs[i] = i / D < rows ? {load("q[i]")} : 0.f;
+  float o[OUTS], mw[RW], lw[RW];
+#pragma unroll
+  for (int i = 0; i < OUTS; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < RW; ++i) mw[i] = NEG_INF, lw[i] = 0.f;
+  for (int t0 = k0; t0 < k1; t0 += KT) {{
+    __syncthreads();  // the previous tile is done with
+{k_stage}
+    __syncthreads();
+    {{
+      const int key = t0 + j;
+      float acc[RPT];
+#pragma unroll
+      for (int i = 0; i < RPT; ++i) acc[i] = 0.f;
+{dot}
+{score_lines}
+    }}
+    __syncthreads();
+    // Online Softmax: warp w folds rows w, w + 4, ... into their running maxima and sums.
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {{
+      const int r = warp + i * (THREADS / 32);
+      if (r >= rows) break;
+      float x = NEG_INF;
+      for (int c = lane; c < KT; c += 32) x = fmaxf(x, ps[r * KT + c]);
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, s));
+      const float n = fmaxf(mw[i], x), base = n == NEG_INF ? 0.f : n;
+      const float c0 = EXP2((mw[i] - base) * LOG2E);
+      float sum = 0.f;
+      for (int c = lane; c < KT; c += 32) {{
+        const float e = EXP2((ps[r * KT + c] - base) * LOG2E);
+        ps[r * KT + c] = e;
+        sum += e;
+      }}
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+      mw[i] = n, lw[i] = lw[i] * c0 + sum;
+      if (lane == 0) cs[r] = c0;
+    }}
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < OUTS; ++i) {{
+      const int x = t + i * THREADS, r = x / D, c = x % D;
+      if (r < rows) {{
+        float acc = o[i] * cs[r];
+        const float* pr = ps + r * KT;
+#pragma unroll 8
+        for (int jj = 0; jj < KT; ++jj) acc = fmaf(pr[jj], {load("vs[jj * D + c]")}, acc);
+        o[i] = acc;
+      }}
+    }}
+  }}
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {{
+    const int r = warp + i * (THREADS / 32);
+    if (r < rows && lane == 0) ms[r] = mw[i], ls[r] = lw[i];
+  }}
+  __syncthreads();
+  ELEM* out = static_cast<ELEM*>(a.out[0]);
+  float* part = static_cast<float*>(a.out[1]);
+#pragma unroll
+  for (int i = 0; i < OUTS; ++i) {{
+    const int x = t + i * THREADS, r = x / D, c = x % D;
+    if (r >= rows) continue;
+    const long long h = kvh * G + r / Sq, s = r % Sq;
+    if (splits == 1) {{
+      const float l = ls[r];
+      const float y = o[i] * ({normalise});
+      out[(TRANSPOSED ? (b * Sq + s) * H + h : (b * H + h) * Sq + s) * D + c] = STORE_ELEM(y);
+    }} else {{
+      float* p = part + (((b * H + h) * Sq + s) * splits + split) * (D + 2);
+      p[c] = o[i];
+      if (c == 0) p[D] = ms[r], p[D + 1] = ls[r];
+    }}
+  }}
+}}
+
+// The splits' partials of one row [b, h, s] (blockIdx.x = (b·H + h)·Sq + s) merged: weights
+// exp(m_i − max m), a split whose every score was -inf weighing 0.
+extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_merge(const StitchArgs a) {{
+  constexpr int D = {d};
+  constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
+  constexpr float LOG2E = 1.4426950408889634f;
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  const long long H = a.dims[1];
+  const int Sq = (int)a.dims[2], Sk = (int)a.dims[3], splits = (int)a.dims[5];
+  const long long row = blockIdx.x, s = row % Sq, h = (row / Sq) % H, b = row / Sq / H;
+  const float* p = static_cast<const float*>(a.out[1]) + row * splits * (D + 2);
+  float top = NEG_INF;
+  for (int i = 0; i < splits; ++i) top = fmaxf(top, p[i * (D + 2) + D]);
+  float l = 0.f;
+  for (int i = 0; i < splits; ++i) {{
+    const float mi = p[i * (D + 2) + D];
+    l += mi == NEG_INF ? 0.f : p[i * (D + 2) + D + 1] * EXP2((mi - top) * LOG2E);
+  }}
+  const float inv = {normalise};
+  ELEM* out = static_cast<ELEM*>(a.out[0]);
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {{
+    float acc = 0.f;
+    for (int i = 0; i < splits; ++i) {{
+      const float mi = p[i * (D + 2) + D];
+      if (mi != NEG_INF) acc += p[i * (D + 2) + c] * EXP2((mi - top) * LOG2E);
+    }}
+    out[(TRANSPOSED ? (b * Sq + s) * H + h : (b * H + h) * Sq + s) * D + c] = STORE_ELEM(acc * inv);
+  }}
+}}
+#undef ELEM
+#undef VEC4
+#undef ZERO
+#undef ZERO4
+#undef STORE_ELEM
+"""
+    return DecodeKernel(source, ROWS, kt, smem)
