@@ -75,7 +75,13 @@ def _summary(report, out: Path) -> Table:
     if report.merged:
         t.add_row("merged GEMMs", "", f"{len(report.merged)} (from sibling MatMuls)")
     if report.attention:
-        t.add_row("attention kernels", "", f"{len(report.attention)} (TF32 tensor cores)")
+        kinds: dict[str, int] = {}
+        for k in report.kernels:
+            if k.get("scheme") == "attention":
+                kind = f"{k['dtype']}{' + decode form' if k.get('decode_rows') else ''}"
+                kinds[kind] = kinds.get(kind, 0) + 1
+        detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        t.add_row("attention kernels", "", f"{len(report.attention)} ({detail or 'tensor cores'})")
     if report.epilogues:
         t.add_row("GEMM epilogues", "", f"{len(report.epilogues)} (cuBLASLt)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
@@ -109,7 +115,8 @@ def _summary(report, out: Path) -> Table:
 @click.option("--merge-matmuls/--no-merge-matmuls", "merge", default=True, show_default=True,
               help="Run MatMuls of one activation by constant weights (Q/K/V, gate/up) as one GEMM.")
 @click.option("--attention/--no-attention", default=True, show_default=True,
-              help="Run each float32 attention core (MatMul, scale, mask, Softmax, MatMul) as one TF32 kernel.")
+              help="Run each attention core (MatMul, scale, masks, Softmax, MatMul) as one kernel on tensor cores "
+                   "(TF32 for float32), with a split-KV form for decode shapes.")
 @click.option("--epilogues/--no-epilogues", default=False, show_default=True,
               help="Run MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one cuBLASLt call with an epilogue, "
                    "where the plan finds it cheaper (experimental until measured on the GPU).")

@@ -135,8 +135,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
     their neighbours. `pack` (on by default) runs independent elementwise groups over one
     iteration space in one kernel (pack.py). `attention` (on by default, with `reductions`) runs
-    each float32 attention core — MatMul → scale → mask → Softmax → MatMul [→ Transpose] — as
-    one kernel on TF32 tensor cores (schemes/attention). `epilogues` (off by default: experimental
+    each attention core — MatMul → scale → masks → Softmax → MatMul [→ Transpose] — as one
+    kernel on tensor cores (TF32 for float32; half types on m16n8k16), with a split-KV decode
+    form where the plan finds it cheaper (schemes/attention). `epilogues` (off by default: experimental
     until measured on the GPU) proposes each MatMul/Gemm by a constant weight with its bias,
     ReLU or tanh GELU and residual as one cuBLASLt call with an epilogue (schemes/gemm)."""
     opts = Options(tuple(archs), cost or CostModel(), time_limit_s, verify, seed, reductions, strict, pack, merge,

@@ -301,11 +301,14 @@ class Sdpa:
     scale: str = "both"
     mask: str = "additive"
     guard: bool = True
+    # Half q, k, v with the product cast to float32 before the (float32) mask and V cast to
+    # float32 for the second product: TorchScript's SDPA in a half model.
+    upcast: bool = False
 
     @property
     def id(self) -> str:
         return f"{self.exporter}-{self.scale}-{self.mask if self.core.mask else 'nomask'}" \
-               f"{'-guard' if self.guard else ''}-{self.core.id}"
+               f"{'-guard' if self.guard else ''}{'-upcast' if self.upcast else ''}-{self.core.id}"
 
     @property
     def fill(self) -> float:
@@ -328,9 +331,10 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
     c = s.core
     (b, h), d = c.lead, c.d
     vi, mk, dt = helper.make_tensor_value_info, helper.make_node, c.dtype
-    scalar = lambda name, x: numpy_helper.from_array(cast(np.array(x), dt), name)  # noqa: E731
-    inits = [scalar("zero", 0.0)] if s.guard or (c.mask is not None and s.mask == "additive") else []
-    inits += [scalar("fill", s.fill)] if c.mask is not None else []
+    tt = TP.FLOAT if s.upcast else dt  # the scores' and terms' type
+    scalar = lambda name, x, t=dt: numpy_helper.from_array(cast(np.array(x), t), name)  # noqa: E731
+    inits = [scalar("zero", 0.0, tt)] if s.guard or (c.mask is not None and s.mask == "additive") else []
+    inits += [scalar("fill", s.fill, tt)] if c.mask is not None else []
     k_shape = [b, h, c.sk, d] if s.exporter == "dynamo" else [b, c.sk, h, d]
     ins = [vi("q", dt, [b, h, c.sq, d]), vi("k", dt, k_shape), vi("v", dt, [b, h, c.sk, d])]
     if s.exporter == "dynamo":
@@ -351,12 +355,15 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
         kt = "kt_scaled"
     nodes.append(mk("MatMul", [q, kt], ["scores"]))
     last = "scores"
+    if s.upcast:
+        nodes.append(mk("Cast", ["scores"], ["scores32"], to=TP.FLOAT))
+        last = "scores32"
     if c.mask is not None:
         ins.append(vi("mask", TP.BOOL, list(c.mask)))
         if s.mask == "additive":
-            nodes += [mk("Where", ["mask", "zero", "fill"], ["bias"]), mk("Add", ["scores", "bias"], ["masked"])]
+            nodes += [mk("Where", ["mask", "zero", "fill"], ["bias"]), mk("Add", [last, "bias"], ["masked"])]
         else:
-            kept = ["scores", "fill"] if s.mask == "keep" else ["fill", "scores"]
+            kept = [last, "fill"] if s.mask == "keep" else ["fill", last]
             nodes.append(mk("Where", ["mask", *kept], ["masked"]))
         last = "masked"
     nodes.append(mk("Softmax", [last], ["p"], axis=-1))
@@ -364,14 +371,16 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
     if s.guard:
         nodes += [mk("IsNaN", ["p"], ["p_nan"]), mk("Where", ["p_nan", "zero", "p"], ["p_guarded"])]
         probs = "p_guarded"
-    nodes.append(mk("MatMul", [probs, "v"], ["ctx"]))
+    if s.upcast:
+        nodes.append(mk("Cast", ["v"], ["v32"], to=TP.FLOAT))
+    nodes.append(mk("MatMul", [probs, "v32" if s.upcast else "v"], ["ctx"]))
     out_shape = [b, h, c.sq, d]
     if c.transposed:
         nodes.append(mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3]))
         out_shape = [b, c.sq, h, d]
     else:
         nodes[-1].output[0] = "y"
-    g = helper.make_graph(nodes, "sdpa", ins, [vi("y", dt, out_shape)], inits)
+    g = helper.make_graph(nodes, "sdpa", ins, [vi("y", tt, out_shape)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -423,11 +432,11 @@ def sdpa_inputs(s: Sdpa, feeds: dict[str, np.ndarray], names: Sequence[str]) -> 
     """The values of `names` among an SDPA model's tensors that the attention kernel reads (its
     inputs, kᵀ, the additive mask) as the model computes them before the chain: kᵀ is k's
     transpose (the exporter's Transposes and Reshapes move values only), the additive mask
-    Where(mask, 0, fill) in the core's type."""
+    Where(mask, 0, fill) in the core's type (float32 where upcast)."""
     k = feeds["k"]
     values = feeds | {"kt": k.transpose(0, 1, 3, 2) if s.exporter == "dynamo" else k.transpose(0, 2, 3, 1)}
     if s.core.mask is not None and s.mask == "additive":
-        values["bias"] = cast(np.where(feeds["mask"], 0.0, s.fill), s.core.dtype)
+        values["bias"] = cast(np.where(feeds["mask"], 0.0, s.fill), TP.FLOAT if s.upcast else s.core.dtype)
     return [np.ascontiguousarray(values[t]) for t in names]
 
 

@@ -276,7 +276,7 @@ def _launch_attention(src: KernelSource, inputs: Sequence[np.ndarray], outputs: 
     GPU of `sm_count` multiprocessors, their partials in a scratch array, then the merge."""
     inputs = [_aligned(x) for x in inputs]
     (y,) = outputs
-    want = onnx.helper.tensor_dtype_to_np_dtype(src.spec.dtype)
+    want = onnx.helper.tensor_dtype_to_np_dtype(src.output_dtypes[0])
     assert y.flags.c_contiguous and y.dtype == want, f"the context is {np.dtype(want).name}, not {y.dtype}"
     a, grid = attention_args(src, [x.shape for x in inputs], [x.ctypes.data for x in inputs], y.shape, y.ctypes.data)
     if a.n == 0:

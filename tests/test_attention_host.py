@@ -261,7 +261,7 @@ def run_sdpa(s: Sdpa, rng: np.random.Generator, folder, options=codegen_attentio
     feeds = sdpa_feeds(s, rng, blank_rows=blank_rows)
     ins = sdpa_inputs(s, feeds, src.inputs)
     expected = sdpa_reference(s, feeds)
-    got = poisoned(expected.shape, s.core.dtype)
+    got = poisoned(expected.shape, TP.FLOAT if s.upcast else s.core.dtype)
     launch(src, ins, [got], folder)
     return got, expected
 
@@ -316,3 +316,38 @@ def test_rows_with_every_key_masked_give_zeros_only_with_the_guard(guard: bool, 
         assert np.isfinite(np.delete(got, 0, axis=2)).all(), f"seed {seed}"
     err = _finite_rows_error(got, expected)
     assert err <= tolerance(dt), f"seed {seed}: relative error {err:.2e}"
+
+
+# TorchScript's SDPA in a half model: the product cast to float32, a float32 mask, V cast to
+# float32 and a float32 context; the kernel reads q, k, v as they were and writes float32.
+UPCAST = [dataclasses.replace(s, exporter="ts", upcast=True, core=dataclasses.replace(s.core, dtype=HALVES[dt]))
+          for s in SDPA[:4] for dt in HALVES]
+
+
+@pytest.mark.parametrize("s", UPCAST, ids=lambda s: s.id)
+def test_upcast_sdpa_kernel_matches_float64(s: Sdpa, folder) -> None:
+    match, src = generated(sdpa_model(s))
+    assert match.upcast and src.output_dtypes == (TP.FLOAT,)
+    check_sdpa(s, "default", folder)
+
+
+@pytest.mark.parametrize("sms", [4, 1000])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_decode_kernel_of_an_sdpa_core_matches_float64(upcast: bool, dtype: int, sms: int, folder) -> None:
+    # One query per head against 150 keys: the decode kernel (split keys, merged) instead of
+    # the tiled one, K read as kᵀ (no grouped heads), masks per key, the guard's zero rows.
+    if upcast and dtype == TP.FLOAT:
+        pytest.skip("upcast chains are half")
+    s = Sdpa(Core((2, 3), 1, 150, 64, (2, 1, 1, 150), dtype=dtype), exporter="ts", upcast=upcast)
+    g, found = attention_graph(sdpa_model(s))
+    (m,) = found.matches
+    src = codegen_attention.generate(g, "stitch_h0", dataclasses.replace(m, decode=True))
+    assert src.spec.decode_rows >= 1
+    seed = fresh_seed()
+    feeds = sdpa_feeds(s, np.random.default_rng(seed), blank_rows=True)
+    expected = sdpa_reference(s, feeds)
+    got = poisoned(expected.shape, TP.FLOAT if upcast else dtype)
+    launch(src, sdpa_inputs(s, feeds, src.inputs), [got], folder, sm_count=sms)
+    assert finite(got) and (got[(expected == 0).all(-1)] == 0).all(), f"seed {seed}"
+    assert relative_error(got, expected) <= tolerance(dtype), f"seed {seed}"

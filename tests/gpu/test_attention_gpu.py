@@ -162,7 +162,9 @@ def test_half_sdpa_attention_kernel_matches_float64(s: Sdpa, dtype: str) -> None
 DECODERS = [Decoder(2, 6, 3, 128, 128, 64, "dynamo", padding="input"),  # Qwen2-style prefill, left padding
             Decoder(2, 8, 2, 1, 1024, 64, "ts"),  # a decode step against a long cache
             Decoder(1, 14, 7, 16, 300, 64, "dynamo", padding="computed"),  # combined mask read, tiles skipped
-            Decoder(2, 4, 2, 70, 70, 32, "ts", causal=False)]  # grouped heads alone
+            Decoder(2, 4, 2, 70, 70, 32, "ts", causal=False),  # grouped heads alone
+            Decoder(4, 32, 8, 1, 4096, 128, "dynamo"),  # decode form: one token against a 4k cache
+            Decoder(2, 8, 8, 2, 1000, 64, "ts", padding="input")]  # decode form, 16 rows, padding
 DECODERS += [dataclasses.replace(c, dtype=TP.FLOAT16) for c in DECODERS]
 
 
@@ -171,9 +173,26 @@ def test_gqa_causal_kernel_matches_float64(c: Decoder) -> None:
     res = onnxstitch.optimize(decoder_model(c))
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert (kernel["kv_group"], kernel["causal"]) == (c.group, c.causal) and not res.report.dropped
+    # The split-KV decode form where a step's rows fit it (chosen by cost: so at these sizes).
+    assert bool(kernel["decode_rows"]) == (c.group * c.sq <= 16)
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     feeds = decoder_feeds(c, np.random.default_rng(fresh_seed()))
     want = decoder_reference(c, feeds)
     (got,) = run_gpu(res.model, feeds, [want.astype(np_dtype(c.dtype))])
     tolerance = HALF_TOLERANCE.get(c.dtype, TF32_REFERENCE_TOLERANCE)
     assert relative_error(got.astype(np.float64), want) <= tolerance
+
+
+@pytest.mark.parametrize("sq", [1, 70])
+@pytest.mark.parametrize("dtype", list(HALVES))
+def test_upcast_sdpa_kernel_matches_float64(dtype: str, sq: int) -> None:
+    # TorchScript's SDPA in a half model (float32 terms and context): tiled and decode forms.
+    s = Sdpa(Core((2, 3), sq, 300, 64, (2, 1, 1, 300), dtype=HALVES[dtype]), exporter="ts", upcast=True)
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()), blank_rows=True)
+    want = sdpa_reference(s, feeds)
+    res = onnxstitch.optimize(sdpa_model(s))
+    (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
+    assert kernel["upcast"] and bool(kernel["decode_rows"]) == (sq == 1) and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    (got,) = run_gpu(res.model, feeds, [want.astype(np.float32)])
+    assert got.dtype == np.float32 and relative_error(got, want) <= HALF_TOLERANCE[HALVES[dtype]]

@@ -104,12 +104,14 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     rows = projected or m.kv_group > 1  # K staged as rows [KT][KS] (read from rows), not as Kᵀ
     fl = flavors.FLAVORS[m.dtype]
     first_mask = 6 if biased else 3
-    mask_rows = _mask_rows(len(m.mask_inputs), first_mask, fl, boolean=m.select is not None)
+    mask_rows = _mask_rows(len(m.mask_inputs), first_mask, "float" if m.upcast else fl.elem,
+                           boolean=m.select is not None)
+    term = (lambda x: x) if m.upcast else fl.load  # the added terms: float32 where upcast
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt, fl)
     stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", fl, v_bias)
 
     def scaled(elem: str, row: str) -> str:
-        terms = " + ".join(fl.load(f"mk{row}{i}[key * mc{i}]") for i in range(len(m.masks)))
+        terms = " + ".join(term(f"mk{row}{i}[key * mc{i}]") for i in range(len(m.masks)))
         value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
         if m.select is not None:
             # The boolean mask (Where on the scores): its fill where the score is not kept.
@@ -124,7 +126,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
         keys = (graph.tensors[m.kt].shape or (None,))[-1]
         planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
         options = dataclasses.replace(options, staged_tf32=rows or planned % 4 == 0)
-    body = _half_body(k_frag, biased) if fl.half else _float_body(k_frag, q_bias)
+    body = _half_body(k_frag, biased, m.upcast) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
 {_defines(fl, options)}
@@ -257,19 +259,20 @@ def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
     return _Body("", ", PS = KT + 4", queries, buffer, scores, probabilities, "float", "float2", "make_float2")
 
 
-def _half_body(k_frag: str, biased: bool) -> _Body:
-    """float16/bfloat16: m16n8k16 over 16-wide head slices (NK of them), P in registers."""
+def _half_body(k_frag: str, biased: bool, float_out: bool = False) -> _Body:
+    """float16/bfloat16: m16n8k16 over 16-wide head slices (NK of them), P in registers; the
+    context stored as float32 where `float_out` (upcast chains)."""
     scores = _scores("NK head slices of 16", "NK", "MMA", k_frag)
-    return _Body("NK = (D + 15) / 16, ", "", flavors.query_fragments(biased), "", scores, flavors.probabilities,
-                 "unsigned short", "unsigned", "PACK")
+    out = ("float", "float2", "make_float2") if float_out else ("unsigned short", "unsigned", "PACK")
+    return _Body("NK = (D + 15) / 16, ", "", flavors.query_fragments(biased), "", scores, flavors.probabilities, *out)
 
 
-def _mask_rows(masks: int, first_mask: int, fl: Flavor, boolean: bool = False) -> str:
+def _mask_rows(masks: int, first_mask: int, elem: str, boolean: bool = False) -> str:
     """Each mask's rows for this thread's two queries (element strides from the runtime, 0
     where it broadcasts; input first_mask + i, strides[first_mask + i]), its keys `mc<i>` apart;
-    additive ones of the chain's element type, the last ONNX bool (a byte each) when `boolean`."""
+    additive ones of C type `elem`, the last ONNX bool (a byte each) when `boolean`."""
     def kind(i: int) -> str:
-        return "unsigned char" if boolean and i == masks - 1 else fl.elem
+        return "unsigned char" if boolean and i == masks - 1 else elem
 
     return "\n".join(f"""  const {kind(i)}* mk{i} = static_cast<const {kind(i)}*>(a.in[{first_mask + i}]) + b * a.strides[{first_mask + i}][0] + h * a.strides[{first_mask + i}][1];
   const {kind(i)}* mka{i} = mk{i} + (long long)(qa < Sq ? qa : 0) * a.strides[{first_mask + i}][2];

@@ -35,6 +35,10 @@ SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory: no opt-in needed
 # CUDA-core float32 rate the decode kernel's products run at (H100 SXM: 67 TFLOP/s), and the
 # fraction of it its shared-memory-fed loops reach.
 CUDA_CORE_TFLOPS = 67.0 * 0.25
+# Blocks of four warps an H100 (132 multiprocessors) needs in flight to stream memory at copy
+# bandwidth: a kernel with fewer reaches that fraction of it (the tiled kernel at decode shapes
+# has one block per (batch, head); the decode kernel's splits fill the GPU).
+FULL_BLOCKS = 4 * 132
 
 
 @dataclass(frozen=True)
@@ -68,13 +72,14 @@ def _planned(g: FusionGraph, t: str, axis: int) -> int:
 
 def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, float, float]:
     """(whether the decode entries pay, tiled µs, decode µs) at the planning shapes. The tiled
-    kernel reads K and V once per q head and computes 64-query tiles whatever Sq is; the decode
-    kernel reads them once per KV head, its products on CUDA cores, plus a merge launch."""
+    kernel reads K and V once per q head, computes 64-query tiles whatever Sq is and has one
+    block per (batch, head, tile) to stream them with (FULL_BLOCKS); the decode kernel reads them
+    once per KV head with the GPU filled, its products on CUDA cores, plus a merge launch."""
     if m.projections:
         return False, 0.0, 0.0
     sq = _planned(g, m.q, -2)
     keys = _planned(g, m.kt, -2 if m.kv_group > 1 else -1)
-    item = 4 if m.dtype == TP.FLOAT else 2
+    item = 4 if m.term_dtype == TP.FLOAT else 2
     context = g.tensor_bytes(m.output) / item  # B·H·Sq·D elements
     if sq <= 0 or m.kv_group * sq > ROWS or context <= 0:
         return False, 0.0, 0.0
@@ -82,7 +87,8 @@ def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, f
     rest = g.tensor_bytes(m.q) + g.tensor_bytes(m.output) + sum(g.tensor_bytes(t) for t in m.mask_inputs)
     bw = cost.bandwidth_gbs * 1e3  # bytes per µs
     padded = context / sq * 64 * math.ceil(sq / 64)
-    tiled = cost.launch_us + max((rest + kv * m.kv_group) / bw,
+    blocks = context / (sq * m.head_dim) * math.ceil(sq / 64)
+    tiled = cost.launch_us + max((rest + kv * m.kv_group) / (bw * min(1.0, blocks / FULL_BLOCKS)),
                                  4.0 * padded * keys / (attention.TENSOR_TFLOPS[m.dtype] * 1e6))
     decode = 2 * cost.launch_us + max((rest + kv) / bw, 4.0 * context * keys / (CUDA_CORE_TFLOPS * 1e6))
     return decode < tiled, tiled, decode
@@ -99,14 +105,16 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
     kt = _keys(d, elem_bytes)
     smem = shared_bytes(d, elem_bytes, kt)
     load = (lambda x: f"CVT({x})") if half else (lambda x: x)
-    store = {TP.FLOAT: "(x)", TP.FLOAT16: "stitch_f2h(x)", TP.BFLOAT16: "stitch_f2bf(x)"}[m.dtype]
+    store = {TP.FLOAT: "(x)", TP.FLOAT16: "stitch_f2h(x)", TP.BFLOAT16: "stitch_f2bf(x)"}[m.term_dtype]
+    out_elem = "float" if m.upcast else fl.elem
+    term = (lambda x: x) if m.upcast else load  # the added terms: float32 where upcast
     masks = len(m.mask_inputs)
     boolean = m.select is not None
     rstep = THREADS // kt
     rpt = ROWS // rstep
 
     def kind(i: int) -> str:
-        return "unsigned char" if boolean and i == masks - 1 else fl.elem
+        return "unsigned char" if boolean and i == masks - 1 else "float" if m.upcast else fl.elem
 
     mask_ptrs = "\n".join(
         f"  const {kind(i)}* mk{i} = static_cast<const {kind(i)}*>(a.in[{3 + i}]) + b * a.strides[{3 + i}][0];\n"
@@ -120,7 +128,7 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
     def scaled(i: int) -> str:
         """Row r0 + i·RSTEP's score of `key` as the tiled kernel makes it: scale, added terms,
         the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
-        terms = " + ".join(load(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
+        terms = " + ".join(term(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
         value = f"fmaf(acc[{i}], SCALE, {terms})" if terms else f"acc[{i}] * SCALE"
         if boolean:
             k = len(m.masks)
@@ -273,7 +281,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const
     if (r < rows && lane == 0) ms[r] = mw[i], ls[r] = lw[i];
   }}
   __syncthreads();
-  ELEM* out = static_cast<ELEM*>(a.out[0]);
+  {out_elem}* out = static_cast<{out_elem}*>(a.out[0]);
   float* part = static_cast<float*>(a.out[1]);
 #pragma unroll
   for (int i = 0; i < OUTS; ++i) {{
@@ -311,7 +319,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_merge(const 
     l += mi == NEG_INF ? 0.f : p[i * (D + 2) + D + 1] * EXP2((mi - top) * LOG2E);
   }}
   const float inv = {normalise};
-  ELEM* out = static_cast<ELEM*>(a.out[0]);
+  {out_elem}* out = static_cast<{out_elem}*>(a.out[0]);
   for (int c = threadIdx.x; c < D; c += blockDim.x) {{
     float acc = 0.f;
     for (int i = 0; i < splits; ++i) {{

@@ -129,6 +129,14 @@ class Match:
     # The plan found the decode kernel (decode.py) cheaper at the planning shapes: the node
     # carries its entries besides the tiled one.
     decode: bool = False
+    # Half q, k and v with the scores, the added terms and the context in float32 (TorchScript's
+    # SDPA in a half model with a float32 mask: the product and V cast to float32).
+    upcast: bool = False
+
+    @property
+    def term_dtype(self) -> int:
+        """The element type of the added terms and the context."""
+        return TP.FLOAT if self.upcast else self.dtype
 
     @property
     def biased(self) -> bool:
@@ -162,6 +170,8 @@ class Match:
         if self.causal:
             mask += f", causal (fill {self.causal_fill:g})"
         kind = "" if self.dtype == TP.FLOAT else f" in {DTYPES[self.dtype]}"
+        if self.upcast:
+            kind += " (terms and context float32)"
         if self.decode:
             read += "; decode kernel (split keys) for up to 16 rows per KV head"
         return (f"attention{kind} at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
@@ -228,9 +238,27 @@ def _scaled(g: FusionGraph, t: str) -> tuple[str, float, int | None] | None:
     return None
 
 
+def _upcast(g: FusionGraph, t: str) -> tuple[str, int] | None:
+    """(the half tensor, the Cast) when `t` is Cast(to float32) of a float16/bfloat16 tensor:
+    TorchScript's SDPA in a half model adds a float32 mask to the product cast to float32, and
+    casts V to float32 for the second product."""
+    at = g.producer.get(t)
+    if at is None or g.nodes[at].op_type != "Cast" or g.nodes[at].attrs.get("to") != TP.FLOAT:
+        return None
+    src = g.nodes[at].inputs[0]
+    info = g.tensors.get(src)
+    return (src, at) if info is not None and info.dtype in (TP.FLOAT16, TP.BFLOAT16) else None
+
+
+def _upcast_scores(g: FusionGraph, t: str) -> tuple[str, int] | None:
+    """(the half scores, the Cast) when `t` is the (scaled) half product cast to float32."""
+    got = _upcast(g, t)
+    return got if got is not None and _scaled(g, got[0]) is not None else None
+
+
 def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
     """Whether `t` is the (scaled) product, or reaches it through at most `adds` more Adds."""
-    if _scaled(g, t) is not None:
+    if _scaled(g, t) is not None or _upcast_scores(g, t) is not None:
         return True
     at = g.producer.get(t)
     return adds > 0 and at is not None and g.nodes[at].op_type == "Add" and \
@@ -264,7 +292,8 @@ class _Scores:
     scale: float  # the scale after the product
     masks: tuple[str, ...]
     select: Select | None
-    nodes: tuple[int, ...]  # the Mul/Div, the Adds and the Where
+    nodes: tuple[int, ...]  # the Mul/Div, the Adds and the Where (and the Cast when upcast)
+    upcast: bool = False  # the half product cast to float32 before the terms (_upcast)
 
 
 def _select(g: FusionGraph, t: str) -> tuple[str, Select] | None:
@@ -298,7 +327,7 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
     room = MAX_MASKS - (select is not None)
     # Additive terms, outermost first: at each Add, the operand that leads back to the product
     # is the chain, the other a term.
-    while _scaled(g, x) is None and _op(g, x) == "Add" and len(masks) < room:
+    while _scaled(g, x) is None and _upcast_scores(g, x) is None and _op(g, x) == "Add" and len(masks) < room:
         at = g.producer[x]
         a, b = g.nodes[at].inputs[:2]
         # (Through more Adds than the kernel takes, so that too many terms are named as such.)
@@ -311,6 +340,10 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
         masks.insert(0, term)
         nodes.append(at)
         x = inner
+    upcast = _upcast_scores(g, x)
+    if upcast is not None:
+        nodes.append(upcast[1])
+        x = upcast[0]
     scaled = _scaled(g, x)
     if scaled is None:
         at = g.producer.get(x)
@@ -323,7 +356,8 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
         return (f"{n.op_type} '{n.name or n.outputs[0]}' between the scores' product and the Softmax ({what}: a "
                 f"scale, up to {MAX_MASKS} added terms or boolean masks (one Where, outermost))")
     product, scale, scaler = scaled
-    return _Scores(product, scale, tuple(masks), select, tuple(nodes) + ((scaler,) if scaler is not None else ()))
+    return _Scores(product, scale, tuple(masks), select, tuple(nodes) + ((scaler,) if scaler is not None else ()),
+                   upcast=upcast is not None)
 
 
 def _guarded_probabilities(g: FusionGraph, soft: int) -> tuple[str, tuple[int, ...]]:
@@ -377,6 +411,12 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
     v = g.nodes[second].inputs[1]
     ctx = g.nodes[second].outputs[0]
     nodes = set(q_node + k_node + scores.nodes + guard) | {first, soft, second}
+    if scores.upcast:  # V comes cast to float32 as well: the kernel reads it as it was
+        v_cast = _upcast(g, v)
+        if v_cast is None or g.tensors[v_cast[0]].dtype != g.tensors[q].dtype:
+            return f"{name}: the scores are cast to float32 but '{v}' is not the half V cast alike"
+        v = v_cast[0]
+        nodes.add(v_cast[1])
     # Convex: what the chain computes before its context is read only inside it.
     for i in sorted(nodes - {second}):
         for t in g.nodes[i].outputs:
@@ -389,13 +429,16 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
         nodes.add(after)
         ctx, transposed = g.nodes[after].outputs[0], True
     select = scores.select
-    why = _shape_reason(g, q, kt, v, scores.masks + ((select.mask,) if select else ()), ctx, soft, bool(select))
+    why = _shape_reason(g, q, kt, v, scores.masks + ((select.mask,) if select else ()), ctx, soft, bool(select),
+                        scores.upcast)
     if why:
         return f"{name}: {why}"
     match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
                   int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
-                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype)
+                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype, upcast=scores.upcast)
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, second)
+    if match.upcast:  # (the decoder forms' function bodies and projections are for one element type)
+        return match
     from . import decoder  # (built on this module)
     match = _projections(g, match, readers) or decoder.with_groups(g, match, readers)
     causal = decoder.with_causal(g, match)
@@ -479,9 +522,9 @@ def _projections(g: FusionGraph, m: Match, readers: tuple[int, int, int]) -> Mat
 
 
 def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...], ctx: str,
-                  soft: int, select: bool) -> str | None:
+                  soft: int, select: bool, upcast: bool = False) -> str | None:
     """Why these operands do not fit the kernel (None when they do); the last of `masks` is
-    the boolean one when `select`."""
+    the boolean one when `select`; `upcast`: the added terms and the context are float32."""
     info = g.tensors.get(q)
     dtype = None if info is None else info.dtype
     if dtype not in DTYPES:
@@ -491,9 +534,10 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
         info = g.tensors.get(t)
         if info is not None and info.dtype == TP.BOOL and t == masks[-1] and select:
             continue
-        if info is None or info.dtype != dtype:
+        want = TP.FLOAT if upcast and t not in (kt, v) else dtype
+        if info is None or info.dtype != want:
             have = "unknown" if info is None else TP.DataType.Name(info.dtype).lower()
-            return f"'{t}' is {have} where q is {DTYPES[dtype]}: the kernel takes one element type"
+            return f"'{t}' is {have} where {DTYPES[want]} is needed: the kernel takes these element types"
     qs, ks, vs = g.shape(q), g.shape(kt), g.shape(v)
     if qs is None or ks is None or vs is None:
         return "operand shapes are unknown"
@@ -549,7 +593,7 @@ def find(g: FusionGraph) -> Found:
 
 def flops(g: FusionGraph, m: Match) -> float:
     """The two products' arithmetic: 2·Sq·Sk·D each per (batch, head), at the planned sizes."""
-    item = np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize
+    item = np.dtype(helper.tensor_dtype_to_np_dtype(m.term_dtype)).itemsize
     context = g.tensor_bytes(m.output) / item  # B·H·Sq·D
     keys = (g.shape(m.kt) or (0,))[-1]
     keys = keys if isinstance(keys, int) else symbolic_value(keys, g.dim_values) if keys else 0

@@ -27,7 +27,7 @@ class Attention:
         out = {"scheme": self.name, "head_size": spec.head_size, "queries_per_block": spec.queries,
                "block": spec.threads, "shared_bytes": spec.shared_bytes, "transposed_output": spec.transposed,
                "tf32": not spec.half, "dtype": match.DTYPES[spec.dtype], "kv_group": spec.kv_group,
-               "causal": spec.causal}
+               "causal": spec.causal, "decode_rows": spec.decode_rows, "upcast": src.output_dtypes[0] != spec.dtype}
         if spec.projected:  # q, kᵀ, v read from their projections
             out |= {"heads": spec.heads, "column_offsets": list(spec.column_offsets), "biases": spec.biases}
         return out
