@@ -41,7 +41,10 @@ class AttentionOptions:
     """Code-generation choices (scripts/bench_attention.py compares them; the defaults are what
     optimize uses)."""
 
-    keys: int = 64  # keys per tile: 64 or 128 (H100, BERT: 12.7 against 13.0 µs)
+    # Keys per tile, 64 or 128. None: by shape, 128 for float16/bfloat16 heads of up to 64 with
+    # at least 128 planned keys (H100, BERT's core in float16: 12.1 against 13.4 µs), else 64
+    # (float32 at 128 keys: 13.0 against 12.7 µs).
+    keys: int | None = None
     fast_exp: bool = True  # ex2.approx.ftz (2 ulp) rather than exp2f
     # Round K, V and P to TF32 once as they are staged, rather than as each fragment is read (4
     # warps read each element): H100, BERT's 128 keys 12.7–13.3 against 14.0–15.3 µs. None: by
@@ -98,11 +101,14 @@ def _literal(x: float) -> str:
 def generate(graph: FusionGraph, name: str, m: attention.Match,
              options: AttentionOptions = AttentionOptions()) -> KernelSource:
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
+    fl = flavors.FLAVORS[m.dtype]
+    if options.keys is None:
+        options = dataclasses.replace(options, keys=128 if fl.half and m.head_dim <= 64 and
+                                      _planned_keys(graph, m) >= 128 else 64)
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
     rows = projected or m.kv_group > 1  # K staged as rows [KT][KS] (read from rows), not as Kᵀ
-    fl = flavors.FLAVORS[m.dtype]
     first_mask = 6 if biased else 3
     mask_rows = _mask_rows(len(m.mask_inputs), first_mask, "float" if m.upcast else fl.elem,
                            boolean=m.select is not None)
@@ -123,9 +129,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     if options.staged_tf32 is None:
         # Rows of K (from a projection, or un-expanded K) are staged 4 floats at a time whatever
         # the key count.
-        keys = (graph.tensors[m.kt].shape or (None,))[-1]
-        planned = keys if isinstance(keys, int) else symbolic_value(keys, graph.dim_values) if keys else 0
-        options = dataclasses.replace(options, staged_tf32=rows or planned % 4 == 0)
+        options = dataclasses.replace(options, staged_tf32=rows or _planned_keys(graph, m) % 4 == 0)
     body = _half_body(k_frag, biased, m.upcast) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
@@ -168,6 +172,14 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec,
         fallback=fallback.body(graph, m) if m.kv_group > 1 or m.causal else ())
+
+
+def _planned_keys(graph: FusionGraph, m: attention.Match) -> int:
+    """The key count at the planning shapes (0 where unknown): kᵀ's last dim (K's rows' count
+    when grouped)."""
+    shape = graph.tensors[m.kt].shape or (None, None)
+    keys = shape[-2] if m.kv_group > 1 else shape[-1]
+    return keys if isinstance(keys, int) else (symbolic_value(keys, graph.dim_values) or 0) if keys else 0
 
 
 def _defines(fl: Flavor, options: AttentionOptions) -> str:
