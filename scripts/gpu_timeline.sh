@@ -2,14 +2,17 @@
 # Timelines of corpus models on the GPU machine, in one call (scripts/gpu_timeline.py): stock ORT
 # against the stitched model, plain and with CUDA graphs. Carry build/corpusc and .carry.
 #   there: bash scripts/gpu_timeline.sh NAME...        (results in $OUT/timeline/)
+# CORPUS=DIR picks another carried folder of the same form (scripts/build_llama_layer.py's).
 set -uo pipefail
 source scripts/gpu_env.sh
 gpu_setup "$OUT/setup.log" >/dev/null
-corpus=/tmp/corpus
+carried=${CORPUS:-build/corpusc}
+corpus=/tmp/$(basename "$carried")
 mkdir -p "$corpus"
-cp build/corpusc/manifest.json "$corpus/"
+cp "$carried/manifest.json" "$corpus/"
 for name in "$@"; do
-  [ -f "$corpus/$name.onnx" ] || python3 scripts/carry_weights.py fill "build/corpusc/$name.onnx" "$corpus" >/dev/null
+  file=$(python3 -c "import json, sys; print(next(e['file'] for e in json.load(open(sys.argv[1]))['models'] if e['name'] == sys.argv[2]))" "$carried/manifest.json" "$name")
+  [ -f "$corpus/$file" ] || python3 scripts/carry_weights.py fill "$carried/$file" "$corpus" >/dev/null
 done
 python3 scripts/gpu_timeline.py --corpus "$corpus" --out "$OUT/timeline" "$@" 2>&1 | tee "$OUT/timeline.log" \
   | grep -v "^\s*$" | head -400
