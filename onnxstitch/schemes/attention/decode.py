@@ -138,31 +138,55 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
             value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
         return value
 
-    if g > 1:
-        k_stage = """    for (int i = t; i < KT * D / 4; i += THREADS) {
-      const int j = (i * 4) / D, c = (i * 4) % D, key = t0 + j;
-      VEC4 x = ZERO4, y = ZERO4;
-      if (key < k1) {
-        x = *reinterpret_cast<const VEC4*>(k + (long long)key * D + c);
-        y = *reinterpret_cast<const VEC4*>(v + (long long)key * D + c);
-      }
-      const ELEM* xe = reinterpret_cast<const ELEM*>(&x);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ks[j * KP + c + e] = xe[e];  // K's rows are padded: element by element
-      *reinterpret_cast<VEC4*>(vs + j * D + c) = y;
+    # Staging: the next tile's loads are issued into registers before this tile is computed
+    # (`fetch`, keys from `t1`), and stored to shared memory at the top of the next iteration
+    # (`stash`): the block's memory traffic overlaps its arithmetic, and no loop waits out the
+    # memory latency once per load.
+    load_v = """#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int i = t + n * THREADS, key = t1 + (i * 4) / D;
+        ys[n] = ZERO4;
+        if (i < KT * D / 4 && key < k1) ys[n] = *reinterpret_cast<const VEC4*>(v + (long long)key * D + (i * 4) % D);
+      }"""
+    store_v = """#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      const int i = t + n * THREADS;
+      if (i < KT * D / 4) *reinterpret_cast<VEC4*>(vs + i * 4) = ys[n];
     }"""
+    if g > 1:
+        regs = "  VEC4 xs[NV], ys[NV];  // the next tile's K and V"
+        fetch = """#pragma unroll
+      for (int n = 0; n < NV; ++n) {
+        const int i = t + n * THREADS, key = t1 + (i * 4) / D;
+        xs[n] = ZERO4;
+        if (i < KT * D / 4 && key < k1) xs[n] = *reinterpret_cast<const VEC4*>(k + (long long)key * D + (i * 4) % D);
+      }
+""" + load_v
+        stash = """#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      const int i = t + n * THREADS, j = (i * 4) / D, c = (i * 4) % D;
+      const ELEM* xe = reinterpret_cast<const ELEM*>(&xs[n]);
+      if (i < KT * D / 4) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ks[j * KP + c + e] = xe[e];  // K's rows are padded: element by element
+      }
+    }
+""" + store_v
         k_ptr = f"  const ELEM* k = static_cast<const ELEM*>(a.in[1]) + bkv * Sk * D;  // K [b, H / {g}, Sk, D] as rows"
     else:
-        k_stage = """    for (int i = t; i < KT * D; i += THREADS) {
-      const int c = i / KT, j = i % KT, key = t0 + j;  // kᵀ's row c: keys along it
-      ks[j * KP + c] = key < k1 ? k[(long long)c * Sk + key] : ZERO;
+        regs = "  ELEM xs[NK];  // the next tile's kᵀ\n  VEC4 ys[NV];  // and V"
+        fetch = """#pragma unroll
+      for (int n = 0; n < NK; ++n) {
+        const int i = t + n * THREADS, key = t1 + i % KT;  // kᵀ's row i / KT: keys along it
+        xs[n] = i < KT * D && key < k1 ? k[(long long)(i / KT) * Sk + key] : ZERO;
+      }
+""" + load_v
+        stash = """#pragma unroll
+    for (int n = 0; n < NK; ++n) {
+      const int i = t + n * THREADS;
+      if (i < KT * D) ks[(i % KT) * KP + i / KT] = xs[n];
     }
-    for (int i = t; i < KT * D / 4; i += THREADS) {
-      const int j = (i * 4) / D, c = (i * 4) % D, key = t0 + j;
-      VEC4 y = ZERO4;
-      if (key < k1) y = *reinterpret_cast<const VEC4*>(v + (long long)key * D + c);
-      *reinterpret_cast<VEC4*>(vs + j * D + c) = y;
-    }"""
+""" + store_v
         k_ptr = "  const ELEM* k = static_cast<const ELEM*>(a.in[1]) + bkv * D * Sk;  // kᵀ [.., D, Sk]"
     if half:
         dot = """      const ELEM* kr = ks + j * KP;
@@ -197,6 +221,7 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const StitchArgs a) {{
   constexpr int D = {d}, G = {g}, R = {ROWS}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
   constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = R * D / THREADS, RW = R / (THREADS / 32);
+  constexpr int NV = (KT * D / 4 + THREADS - 1) / THREADS, NK = (KT * D + THREADS - 1) / THREADS;  // loads a tile
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {scale};
   const float NEG_INF = -__int_as_float(0x7f800000);
@@ -227,10 +252,19 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const
   for (int i = 0; i < OUTS; ++i) o[i] = 0.f;
 #pragma unroll
   for (int i = 0; i < RW; ++i) mw[i] = NEG_INF, lw[i] = 0.f;
+{regs}
+  if (k0 < k1) {{
+    const int t1 = k0;
+{fetch}
+  }}
   for (int t0 = k0; t0 < k1; t0 += KT) {{
     __syncthreads();  // the previous tile is done with
-{k_stage}
+{stash}
     __syncthreads();
+    if (t0 + KT < k1) {{  // the next tile's loads, in flight while this one is computed
+      const int t1 = t0 + KT;
+{fetch}
+    }}
     {{
       const int key = t0 + j;
       float acc[RPT];
