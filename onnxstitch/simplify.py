@@ -17,6 +17,12 @@ rewrites keep the values and drop the work:
   operands cover the dropped dims (checked forward through elementwise readers; never a graph
   output).
 
+- **The shape of a repeated K or V.** TorchScript sizes its attention output's Reshape from
+  Shape(repeat_kv(V)) [b, h, s, d] (repeat_kv: Reshape(Expand(Unsqueeze(V, 2)))), which keeps the
+  repeated V alive for the Shape alone. Where every reader of that Shape gathers one dim other
+  than the heads and shape inference gives the repeated tensor V's dims there, the Shape reads
+  V itself: the attention chain may then read V un-expanded (schemes/attention/decoder.py).
+
 Nodes left without readers are removed. Anything else is left as it was.
 """
 from __future__ import annotations
@@ -187,6 +193,37 @@ def _keeps_shapes(g: _Graph, t: str, shape: Shape, depth: int = 0) -> bool:
     return True
 
 
+def _repeat_source(g: _Graph, t: str) -> str | None:
+    """x when `t` is Reshape(Expand(Unsqueeze(x, [2]), ·), ·) of a rank-4 x (repeat_kv)."""
+    r = g.op(t)
+    e = g.op(r.input[0]) if r is not None and r.op_type == "Reshape" else None
+    u = g.op(e.input[0]) if e is not None and e.op_type == "Expand" else None
+    if u is None or u.op_type != "Unsqueeze":
+        return None
+    axes = g.ints(u.input[1]) if len(u.input) > 1 else list(node_attrs(u).get("axes", []))
+    x = u.input[0]
+    return x if axes == [2] and len(g.shape(x) or ()) == 4 else None
+
+
+def _shape_of_repeat(g: _Graph, n: onnx.NodeProto) -> str | None:
+    """The un-repeated tensor a Shape node may read instead (module docstring), or None."""
+    if n.attribute or n.output[0] in g.outputs:  # (start/end would move the gathered indices)
+        return None
+    x = _repeat_source(g, n.input[0])
+    xs, rs = (g.shape(x), g.shape(n.input[0])) if x is not None else (None, None)
+    if xs is None or rs is None or len(rs) != 4:
+        return None
+    readers = g.index.readers_of(n.output[0])
+    for r in readers:
+        index = g.ints(r.input[1]) if r.op_type == "Gather" and len(r.input) > 1 else None
+        if index is None or len(index) != 1 or node_attrs(r).get("axis", 0) != 0:
+            return None
+        k = index[0] % 4
+        if k == 1 or xs[k] != rs[k] or (not isinstance(xs[k], int) and not xs[k]):
+            return None
+    return x if readers else None
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -211,6 +248,9 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             else:
                 replace[i] = [helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)]
             done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
+        elif n.op_type == "Shape" and n.input and (x := _shape_of_repeat(g, n)) is not None:
+            replace[i] = [helper.make_node("Shape", [x], list(n.output), name=n.name)]
+            done.append(f"{n.name or n.output[0]} (the shape of a repeated K/V, dims other than the heads) reads '{x}'")
         elif n.op_type == "And" and len(n.input) == 2 and n.output[0] not in g.outputs:  # outputs keep their names
             for x, y in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
                 ys, out = g.shape(y), g.shape(n.output[0])

@@ -159,3 +159,35 @@ def test_before_opset_13_the_unsqueeze_takes_its_axes_as_an_attribute() -> None:
     want = np.where(f["keep"][:, None, None, :], f["x"], np.float32(0))
     np.testing.assert_array_equal(run(out.model, f)[0], want)
     np.testing.assert_array_equal(run(model, f)[0], want)
+
+
+def repeat_shape_model(gather: int) -> onnx.ModelProto:
+    """V [b, 2, s, 4] repeated to 6 heads (repeat_kv), its Transpose an output, and one dim of the
+    repeated tensor's Shape (TorchScript sizes its attention output from it) another."""
+    vi, mk = helper.make_tensor_value_info, helper.make_node
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [mk("Unsqueeze", ["v", "ax2"], ["vu"]), mk("Shape", ["v"], ["vs"]),
+             mk("Concat", ["vs01", "three", "vs23"], ["exp"], axis=0),
+             mk("Slice", ["vs", "zero", "two"], ["vs01"]), mk("Slice", ["vs", "two", "four"], ["vs23"]),
+             mk("Expand", ["vu", "exp"], ["ve"]), mk("Reshape", ["ve", "rep"], ["vr"]),
+             mk("Transpose", ["vr"], ["y"], perm=[0, 1, 3, 2]),
+             mk("Shape", ["vr"], ["shape"]), mk("Gather", ["shape", "index"], ["dim"], axis=0),
+             mk("Unsqueeze", ["dim", "ax0"], ["z"])]
+    inits = [i64("ax2", [2]), i64("ax0", [0]), i64("three", [3]), i64("zero", [0]), i64("two", [2]), i64("four", [4]),
+             i64("rep", [0, 6, -1, 4]), i64("index", gather)]
+    g = helper.make_graph(nodes, "repeat", [vi("v", TP.FLOAT, ["b", 2, "s", 4])],
+                          [vi("y", TP.FLOAT, None), vi("z", TP.INT64, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("gather, rewritten", [(0, True), (2, True), (3, True), (-1, True), (1, False), (-3, False)])
+def test_the_shape_of_a_repeated_kv_reads_it_unrepeated(gather: int, rewritten: bool) -> None:
+    model = repeat_shape_model(gather)
+    res = simplified(model)
+    shape = next(n for n in res.model.graph.node if n.output[0] == "shape")
+    assert (shape.input[0] == "v") == rewritten and bool(res.rewrites) == rewritten
+    f = {"v": np.random.default_rng(fresh_seed()).standard_normal((3, 2, 5, 4)).astype(np.float32)}
+    for a, b in zip(run(model, f), run(res.model, f)):
+        np.testing.assert_array_equal(a, b)

@@ -42,8 +42,9 @@ class AttentionOptions:
     optimize uses)."""
 
     # Keys per tile, 64 or 128. None: by shape, 128 for float16/bfloat16 heads of up to 64 with
-    # at least 128 planned keys (H100, BERT's core in float16: 12.1 against 13.4 µs), else 64
-    # (float32 at 128 keys: 13.0 against 12.7 µs).
+    # 128 to 256 planned keys, else 64. H200 (scripts/bench_attention.py): BERT's core in float16
+    # 12.2 against 13.6 µs, ViT's (197 keys) 22.2 against 25.6, BERT projected 11.4 against 11.9;
+    # but 512 keys 104.3 against 86.9, and float32 gains nothing (BERT 13.3 against 13.3).
     keys: int | None = None
     fast_exp: bool = True  # ex2.approx.ftz (2 ulp) rather than exp2f
     # Round K, V and P to TF32 once as they are staged, rather than as each fragment is read (4
@@ -104,7 +105,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     fl = flavors.FLAVORS[m.dtype]
     if options.keys is None:
         options = dataclasses.replace(options, keys=128 if fl.half and m.head_dim <= 64 and
-                                      _planned_keys(graph, m) >= 128 else 64)
+                                      128 <= _planned_keys(graph, m) <= 256 else 64)
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased

@@ -1,8 +1,9 @@
 """The fused function's body for a decoder-form chain (decoder.py): the chain's own nodes read
 tensors the kernel does not take (the expanded K and V, the combined mask), so the body is
 written from the match instead, over the kernel's inputs: K and V repeated to the q heads,
-the scores scaled, the additive terms, the boolean mask, the causal mask built from the
-operands' shapes, Softmax, the NaN guard, the product with V and the Transpose."""
+the scores (cast to float32 with V where the chain is upcast) scaled, the additive terms, the
+boolean mask, the causal mask built from the operands' shapes, Softmax, the NaN guard, the
+product with V and the Transpose."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,13 +58,16 @@ def _causal(b: _Body, q: str, v: str, scores: str, fill: float) -> str:
 
 def body(graph: FusionGraph, m: attention.Match) -> tuple[onnx.NodeProto, ...]:
     """The function body computing `m.output` from `m.inputs` (module docstring)."""
-    b = _Body(m.output, m.dtype)
+    b = _Body(m.output, m.term_dtype)
     q, kt, v = m.q, m.kt, m.v
     if m.kv_group > 1:
         heads = int(graph.shape(m.q)[1])  # type: ignore[index]
         kt = b.op("Transpose", [_repeat(b, kt, m.kv_group, heads, m.head_dim)], perm=[0, 1, 3, 2])
         v = _repeat(b, v, m.kv_group, heads, m.head_dim)
-    s = b.op("Mul", [b.op("MatMul", [q, kt]), b.const(m.scale)])
+    s = b.op("MatMul", [q, kt])
+    if m.upcast:  # the half product and V in float32, as the chain had them
+        s, v = b.op("Cast", [s], to=onnx.TensorProto.FLOAT), b.op("Cast", [v], to=onnx.TensorProto.FLOAT)
+    s = b.op("Mul", [s, b.const(m.scale)])
     for term in m.masks:
         s = b.op("Add", [s, term])
     if m.select is not None:

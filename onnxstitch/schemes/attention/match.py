@@ -411,12 +411,13 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
     v = g.nodes[second].inputs[1]
     ctx = g.nodes[second].outputs[0]
     nodes = set(q_node + k_node + scores.nodes + guard) | {first, soft, second}
+    v_reader = second
     if scores.upcast:  # V comes cast to float32 as well: the kernel reads it as it was
         v_cast = _upcast(g, v)
         if v_cast is None or g.tensors[v_cast[0]].dtype != g.tensors[q].dtype:
             return f"{name}: the scores are cast to float32 but '{v}' is not the half V cast alike"
-        v = v_cast[0]
-        nodes.add(v_cast[1])
+        v, v_reader = v_cast
+        nodes.add(v_reader)
     # Convex: what the chain computes before its context is read only inside it.
     for i in sorted(nodes - {second}):
         for t in g.nodes[i].outputs:
@@ -436,11 +437,10 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
     match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
                   int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
                   softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype, upcast=scores.upcast)
-    readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, second)
-    if match.upcast:  # (the decoder forms' function bodies and projections are for one element type)
-        return match
+    readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, v_reader)
     from . import decoder  # (built on this module)
-    match = _projections(g, match, readers) or decoder.with_groups(g, match, readers)
+    # (Projections are taken for chains of one element type.)
+    match = (None if match.upcast else _projections(g, match, readers)) or decoder.with_groups(g, match, readers)
     causal = decoder.with_causal(g, match)
     return causal if isinstance(causal, Match) else dataclasses.replace(match, decoder_note=causal)
 
