@@ -4,7 +4,7 @@ a few lanes per row, a warp per row, a block per row (shared-memory reduction), 
 path (rows longer than planned), a group norm — and the shared-memory tile of a layout view that moves the
 innermost axis (whole and partial tiles, alone and packed with Q and V), and kernels reading boxes
 of their inputs (folded Slice/Split: a box's reads must stay inside it) or windows of a Concat's
-output (reads only inside the window), and attention kernels (K/V tiles shared by the block,
+output (reads only inside the window), and attention kernels (K/V tiles shared by the block, the decode form,
 probabilities per warp; ragged tiles; float32, and float16 whose kernels keep the probabilities
 in registers and stage 8-byte vectors — bfloat16's differ from float16's only in the
 conversion and product instructions), each run once on small inputs through ONNX Runtime.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from tests.layout_models import attention_projections, attention_split  # noqa: E402
-from tests.attention_models import CORES, PROJECTED, core_model, projected_model  # noqa: E402
+from tests.attention_models import CORES, PROJECTED, Decoder, core_model, decoder_model, projected_model  # noqa: E402
 from tests.concat_models import concat_models  # noqa: E402
 from tests.slice_models import slice_models  # noqa: E402
 from tests.row_models import dynamic_row_model, group_norm_models, long_row_model, row_models, trailing_models  # noqa: E402
@@ -69,6 +69,11 @@ def cases():
         for p in PROJECTED[1:]:  # q, kᵀ, v read from projections: a Split, cross attention, column offsets
             p = dataclasses.replace(p, core=dataclasses.replace(p.core, dtype=dtype))
             yield f"attention-projected-{p.id}", projected_model(p, np.random.default_rng(0)), {}, {}
+        # The decode form (split keys, merged; K as rows and as kᵀ) and grouped heads with causal masks.
+        for c in (Decoder(2, 8, 4, 1, 700, 64, "dynamo"), Decoder(1, 4, 1, 2, 300, 32, "ts", padding="input"),
+                  Decoder(1, 6, 3, 70, 70, 32, "dynamo")):
+            c = dataclasses.replace(c, dtype=dtype)
+            yield f"attention-decoder-{c.id}", decoder_model(c), {}, {}
 
 
 def main() -> int:
