@@ -45,6 +45,10 @@ CASES = [
     Decoder(2, 4, 2, 70, 140, 16, "dynamo", padding="computed"),  # combined mask read, tiles skipped
 ]
 HALF = [dataclasses.replace(c, dtype=TP.FLOAT16) for c in CASES[::2]]
+# Rows with every key masked by a finite fill and keys after the block's diagonal inside its last
+# tile: 128-key tiles (float16, 128 keys), and Sk − Sq not a multiple of the tile.
+HALF.append(Decoder(2, 6, 3, 128, 128, 64, "dynamo", padding="input", dtype=TP.FLOAT16))
+CASES.append(Decoder(2, 4, 2, 70, 100, 16, "ts", padding="input"))
 
 
 def _match(c: Decoder):

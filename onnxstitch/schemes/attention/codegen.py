@@ -310,14 +310,18 @@ def _causal_tail(m: attention.Match, fl: Flavor) -> str:
     """Causal chains skip the key tiles wholly after the block's last query (from KEND on). With
     a finite fill, a row whose every score so far is the fill (all its keys masked) has a
     Softmax uniform over every key, the skipped ones too: they are added here with weight 1
-    (exp(fill − fill)), read straight from global memory (such rows are rare: padding)."""
+    (exp(fill − fill)), read straight from global memory (such rows are rare: padding), from the
+    end of the last tile computed on."""
     if not m.causal or m.causal_fill == -math.inf:
         return ""
     bias = (lambda c: f" + {fl.load(f'bv[{c}]')}") if m.biased else (lambda c: "")
-    return f"""  if (KEND < Sk) {{
+    # The tiles went on to the end of the last tile begun (KDONE), past KEND: those keys were
+    # scored with the fill already.
+    return f"""  const int KDONE = (KEND + KT - 1) / KT * KT < Sk ? (KEND + KT - 1) / KT * KT : Sk;
+  if (KDONE < Sk) {{
     const bool fa = m0 <= CFILL && qa < Sq, fb = m1 <= CFILL && qb < Sq;
     if (fa || fb) {{
-      for (int key = KEND; key < Sk; ++key) {{
+      for (int key = KDONE; key < Sk; ++key) {{
 #pragma unroll
         for (int n = 0; n < NT; ++n) {{
           const int c = n * 8 + 2 * tg;
@@ -326,7 +330,7 @@ def _causal_tail(m: attention.Match, fl: Flavor) -> str:
           if (fb) o[n][2] += x0, o[n][3] += x1;
         }}
       }}
-      if (tg == 0) l0 += fa ? Sk - KEND : 0, l1 += fb ? Sk - KEND : 0;  // the quad's sum adds the lanes' parts
+      if (tg == 0) l0 += fa ? Sk - KDONE : 0, l1 += fb ? Sk - KDONE : 0;  // the quad's sum adds the lanes' parts
     }}
   }}
 """
