@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
     elif m.decode:
-        dk = decode.generate(m, name, _fill(m), _literal(m.scale))
+        dk = decode.generate(m, name, _fill(m), _literal(m.scale), decode.rows_for(graph, m))
         source += dk.source
         spec = dataclasses.replace(spec, decode_rows=dk.rows, decode_keys=dk.keys, decode_shared_bytes=dk.shared_bytes)
     return KernelSource(

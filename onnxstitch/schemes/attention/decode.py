@@ -3,7 +3,8 @@
 The tiled kernel (codegen.py) gives a block 64 queries of one head. A generation step has 1 to
 16 new queries: three of a block's four warps idle, and the g q heads of a KV group each read
 the same K and V again. Here a block owns every row of one (batch, KV head) — its g q heads ×
-Sq queries, at most ROWS, which are consecutive rows of q [b, H, Sq, D] — and one range of keys
+Sq queries, at most ROWS (8 where the planned rows fit, halving the products), which are
+consecutive rows of q [b, H, Sq, D] — and one range of keys
 (a *split*): B · Hkv · splits blocks, the split count set at launch (launch.cc) so that the GPU
 is filled whatever the batch and cache length. Each split stages its K and V tiles through
 shared memory once for all its rows and keeps an online Softmax per row on CUDA cores (the
@@ -29,7 +30,8 @@ from ...shapes import symbolic_value
 from . import match as attention
 from .flavors import FLAVORS
 
-ROWS = 16  # query rows a decode block holds (g · Sq at most)
+ROWS = 16  # query rows a decode block holds at most (g · Sq); 8 where the planned rows fit
+
 THREADS = 128
 SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory: no opt-in needed
 # CUDA-core float32 rate the decode kernel's products run at (H100 SXM: 67 TFLOP/s), and the
@@ -51,15 +53,20 @@ class DecodeKernel:
     shared_bytes: int
 
 
-def shared_bytes(head_dim: int, elem_bytes: int, keys: int) -> int:
+def shared_bytes(head_dim: int, elem_bytes: int, keys: int, rows: int = ROWS) -> int:
     """Rows of q, the tile's scores, three per-row floats (rescale, max, sum), K's rows padded
     against bank conflicts and V's rows."""
     pad = 1 if elem_bytes == 4 else 2
-    return 4 * (ROWS * head_dim + ROWS * keys + 3 * ROWS) + elem_bytes * keys * (2 * head_dim + pad)
+    return 4 * (rows * head_dim + rows * keys + 3 * rows) + elem_bytes * keys * (2 * head_dim + pad)
 
 
-def _keys(head_dim: int, elem_bytes: int) -> int:
-    return 64 if shared_bytes(head_dim, elem_bytes, 64) <= SHARED_LIMIT else 32
+def _keys(head_dim: int, elem_bytes: int, rows: int) -> int:
+    return 64 if shared_bytes(head_dim, elem_bytes, 64, rows) <= SHARED_LIMIT else 32
+
+
+def rows_for(g: FusionGraph, m: attention.Match) -> int:
+    """The rows a decode block holds: 8 where g · Sq at the planning shapes fits them, else 16."""
+    return 8 if m.kv_group * max(1, _planned(g, m.q, -2)) <= 8 else ROWS
 
 
 def _planned(g: FusionGraph, t: str, axis: int) -> int:
@@ -94,16 +101,17 @@ def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, f
     return decode < tiled, tiled, decode
 
 
-def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKernel:
+def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = ROWS) -> DecodeKernel:
     """The `name`_attn_decode and `name`_attn_merge entries for chain `m` (not projected), to
     follow the tiled kernel's source in one module (its prelude defines EXP2 and, for half
-    types, CVT); `fill` declares the masks' fills, `scale` is the scores' multiplier literal."""
+    types, CVT); `fill` declares the masks' fills, `scale` is the scores' multiplier literal;
+    a block holds `rows` rows (8 or 16)."""
     fl = FLAVORS[m.dtype]
     half = fl.half
     elem_bytes = 2 if half else 4
     d, g = m.head_dim, m.kv_group
-    kt = _keys(d, elem_bytes)
-    smem = shared_bytes(d, elem_bytes, kt)
+    kt = _keys(d, elem_bytes, rows)
+    smem = shared_bytes(d, elem_bytes, kt, rows)
     load = (lambda x: f"CVT({x})") if half else (lambda x: x)
     store = {TP.FLOAT: "(x)", TP.FLOAT16: "stitch_f2h(x)", TP.BFLOAT16: "stitch_f2bf(x)"}[m.term_dtype]
     out_elem = "float" if m.upcast else fl.elem
@@ -111,7 +119,7 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
     masks = len(m.mask_inputs)
     boolean = m.select is not None
     rstep = THREADS // kt
-    rpt = ROWS // rstep
+    rpt = rows // rstep
 
     def kind(i: int) -> str:
         return "unsigned char" if boolean and i == masks - 1 else "float" if m.upcast else fl.elem
@@ -219,8 +227,8 @@ def generate(m: attention.Match, name: str, fill: str, scale: str) -> DecodeKern
 #define ZERO4 {fl.zero4}
 #define STORE_ELEM(x) {store}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const StitchArgs a) {{
-  constexpr int D = {d}, G = {g}, R = {ROWS}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
-  constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = R * D / THREADS, RW = R / (THREADS / 32);
+  constexpr int D = {d}, G = {g}, R = {rows}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
+  constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = (R * D + THREADS - 1) / THREADS, RW = R / (THREADS / 32);
   constexpr int NV = (KT * D / 4 + THREADS - 1) / THREADS, NK = (KT * D + THREADS - 1) / THREADS;  // loads a tile
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {scale};
@@ -369,4 +377,4 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_merge(const 
 #undef ZERO4
 #undef STORE_ELEM
 """
-    return DecodeKernel(source, ROWS, kt, smem)
+    return DecodeKernel(source, rows, kt, smem)
