@@ -18,7 +18,7 @@ from . import verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .explain.outline import GraphOutline, outline
-from .errors import StitchError, first_line
+from .errors import BadInputError, StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
 from .schemes import registry, source as source_mod
 from .schemes.attention import match as attention_mod
@@ -149,7 +149,12 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
                                         for grp in plan.groups])
     kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, opts.archs))
-    written = _written(given, planned, list(zip(plan.groups, kernels)), opts, stage)
+    try:
+        written = _written(given, planned, list(zip(plan.groups, kernels)), opts, stage)
+    except BadInputError as e:  # verification found the model itself unloadable: name the file
+        if isinstance(model, (str, os.PathLike)):
+            raise BadInputError(f"{model}: {e}") from e
+        raise
     kinfo = tuple({"group": grp.name, "kernel": k.source.name,
                    **registry.get(k.source.scheme).describe(g, grp, k.source),
                    "input_kinds": ["full" if x == source_mod.FULL else "broadcast" for x in k.source.input_kinds],

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from . import ortio
-from .errors import StitchError, first_line
+from .errors import BadInputError, StitchError, first_line
 from .graph import FusionGraph, implicit_inputs
 from .inputs import random_feeds
 from .load import is_large, save
@@ -202,9 +202,8 @@ def gpu_usable() -> bool:
         return False
 
 
-def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, np.ndarray],
-         weights: Weights | None = None) -> dict[str, np.ndarray]:
-    """Every output of `model` (its stubs' payloads from `weights`) on ORT, by name."""
+def _open(model: onnx.ModelProto, gpu: bool, stitched: bool, weights: Weights | None = None):
+    """An ORT session of `model` (its stubs' payloads from `weights`)."""
     large = is_large(model)  # over 2 GiB even without the detached weights: through a file
     if weights is not None:
         # ORT joins merged weights itself and, given bytes, maps external data files rather
@@ -216,9 +215,30 @@ def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, 
             save(model, source)
         else:
             source = model.SerializeToString()
-        sess = runtime_session(source, gpu, stitched, model, weights)
+        return runtime_session(source, gpu, stitched, model, weights)
+
+
+def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, np.ndarray],
+         weights: Weights | None = None) -> dict[str, np.ndarray]:
+    """Every output of `model` (its stubs' payloads from `weights`) on ORT, by name."""
+    sess = _open(model, gpu, stitched, weights)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, ortio.run(sess, names, feeds)))
+
+
+# ORT's words for a model it has no kernel for on this device: not a fault of the model.
+_NO_KERNEL = ("NOT_IMPLEMENTED", "Could not find an implementation")
+
+
+def _load_fault(model: onnx.ModelProto, gpu: bool, weights: Weights | None) -> str | None:
+    """Why ONNX Runtime cannot load `model` as given at all (a type or graph error, whatever the
+    sizes), or None when it loads (or lacks only a kernel for this device)."""
+    try:
+        _open(model, gpu, False, weights)
+    except Exception as e:  # ORT's load errors: the model's own fault unless a kernel is missing
+        text = first_line(e)
+        return None if any(w in text for w in _NO_KERNEL) else text
+    return None
 
 
 def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
@@ -285,6 +305,10 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
             failures.append(f"{_sizes(dims)}: {first_line(e)}")
     else:
         where = "GPU (CUDA EP)" if gpu else "CPU"
+        fault = _load_fault(source if source is not None else original, gpu, weights)
+        if fault is not None:
+            raise BadInputError(f"ONNX Runtime cannot load the model as given ({fault}): the model itself is "
+                                f"invalid (a fault of its export), so neither it nor a stitched form can run")
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
                            f"({'; '.join(failures)}): give sizes it runs at with --shape, or --no-verify")
     checked = _compare_runs(new_model, original, graph, groups, feeds, gpu, expected, source, weights)

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper, parser
 import onnxstitch
 from models.fuzz import run_cpu
 from onnxstitch import rewrite, verify
+from onnxstitch.errors import BadInputError
 from onnxstitch.inputs import input_shapes, random_feeds
 
 from .stitching import assert_close, fresh_seed
@@ -145,6 +146,32 @@ def test_a_model_verification_cannot_run_is_written_unchanged() -> None:
     assert not any(n.op_type == "FusedKernel" for n in res.model.graph.node)
     with pytest.raises(verify.CannotVerify, match="--no-verify"):
         onnxstitch.optimize(model, shapes={"N": [2]}, strict=True)
+
+
+def test_a_model_onnx_runtime_cannot_load_is_named_bad_input(tmp_path) -> None:
+    # TorchScript's float16 export of BERT-like encoders with SDPA and a mask (torch 2.13):
+    # LayerNormalization of a float32 input with float16 scale and bias. ORT refuses the model at
+    # load, whatever the sizes: a fault of the model, exit status 2, the file and node named.
+    model = parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float16[B, 8] x) => (float16[B, 8] y) {
+            xf = Cast<to = 1>(x)
+            s = Add(xf, xf)
+            t = Mul(s, xf)
+            n = LayerNormalization<axis = -1>(t, scale, bias)
+            y = Relu(n)
+        }""")
+    model.graph.initializer.extend([numpy_helper.from_array(np.ones(8, np.float16), "scale"),
+                                    numpy_helper.from_array(np.zeros(8, np.float16), "bias")])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(BadInputError, match=r"model\.onnx: ONNX Runtime cannot load the model as given .*LayerNorm"):
+        onnxstitch.optimize(str(path), shapes={"B": [4]})
+    from click.testing import CliRunner
+
+    from cli.main import main
+    got = CliRunner().invoke(main, ["optimize", str(path), "--shape", "B=4"])
+    assert got.exit_code == 2 and "cannot load the model as given" in got.output
 
 
 def test_every_group_wrong_on_its_own_inputs_is_dropped_in_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
