@@ -3,7 +3,7 @@
 The tiled kernel (codegen.py) gives a block 64 queries of one head. A generation step has 1 to
 16 new queries: three of a block's four warps idle, and the g q heads of a KV group each read
 the same K and V again. Here a block owns every row of one (batch, KV head) — its g q heads ×
-Sq queries, at most ROWS (8 where the planned rows fit, halving the products), which are
+Sq queries, at most ROWS (4 or 8 where the planned rows fit: fewer products), which are
 consecutive rows of q [b, H, Sq, D] — and one range of keys
 (a *split*): B · Hkv · splits blocks, the split count set at launch (launch.cc) so that the GPU
 is filled whatever the batch and cache length. Each split stages its K and V tiles through
@@ -30,7 +30,7 @@ from ...shapes import symbolic_value
 from . import match as attention
 from .flavors import FLAVORS
 
-ROWS = 16  # query rows a decode block holds at most (g · Sq); 8 where the planned rows fit
+ROWS = 16  # query rows a decode block holds at most (g · Sq); 4 or 8 where the planned rows fit
 
 THREADS = 128
 SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory: no opt-in needed
@@ -65,8 +65,10 @@ def _keys(head_dim: int, elem_bytes: int, rows: int) -> int:
 
 
 def rows_for(g: FusionGraph, m: attention.Match) -> int:
-    """The rows a decode block holds: 8 where g · Sq at the planning shapes fits them, else 16."""
-    return 8 if m.kv_group * max(1, _planned(g, m.q, -2)) <= 8 else ROWS
+    """The rows a decode block holds: the least of 4, 8 and 16 that g · Sq at the planning shapes
+    fits (at least 4: one row for each warp's share of the online Softmax)."""
+    planned = m.kv_group * max(1, _planned(g, m.q, -2))
+    return next(r for r in (4, 8, ROWS) if planned <= r or r == ROWS)
 
 
 def _planned(g: FusionGraph, t: str, axis: int) -> int:
@@ -105,7 +107,7 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
     """The `name`_attn_decode and `name`_attn_merge entries for chain `m` (not projected), to
     follow the tiled kernel's source in one module (its prelude defines EXP2 and, for half
     types, CVT); `fill` declares the masks' fills, `scale` is the scores' multiplier literal;
-    a block holds `rows` rows (8 or 16)."""
+    a block holds `rows` rows (4, 8 or 16)."""
     fl = FLAVORS[m.dtype]
     half = fl.half
     elem_bytes = 2 if half else 4
