@@ -161,7 +161,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in written.built)
     merged, normal, found = planned.merged, planned.normal, planned.found
-    report = Report(plan, len(given.model.graph.node), len(written.model.graph.node),
+    # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
+    # and a model that goes out unchanged keeps its own.
+    report = Report(plan, _compute_nodes(given.model), _compute_nodes(written.model),
                     next((k.archs for k in kernels if k.images), opts.archs), g.dim_values, stage.times, kinfo,
                     written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
@@ -364,6 +366,11 @@ def _bisect(built: list, attempt: Callable[[list], Any]) -> str:
         except (verify_mod.VerifyError, verify_mod.CannotVerify):
             suspects = half
     return suspects[0][0].name
+
+
+def _compute_nodes(model: onnx.ModelProto) -> int:
+    """The main graph's nodes other than Constant ones."""
+    return sum(1 for n in model.graph.node if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")))
 
 
 def generate_kernel(g: graph_mod.FusionGraph, name: str, group: Group) -> source_mod.KernelSource:
