@@ -226,18 +226,20 @@ def _run(model: onnx.ModelProto, gpu: bool, stitched: bool, feeds: Mapping[str, 
     return dict(zip(names, ortio.run(sess, names, feeds)))
 
 
-# ORT's words for a model it has no kernel for on this device: not a fault of the model.
-_NO_KERNEL = ("NOT_IMPLEMENTED", "Could not find an implementation")
+# ORT's words for a graph that is invalid in itself (its types or shapes disagree), whatever
+# the device and sizes. Anything else failing at load (no kernel on this device, memory, the
+# driver) is not the model's fault.
+_INVALID_GRAPH = ("Type Error", "ShapeInferenceError", "TypeInferenceError", "INVALID_GRAPH")
 
 
 def _load_fault(model: onnx.ModelProto, gpu: bool, weights: Weights | None) -> str | None:
     """Why ONNX Runtime cannot load `model` as given at all (a type or graph error, whatever the
-    sizes), or None when it loads (or lacks only a kernel for this device)."""
+    sizes), or None when it loads or fails for another reason."""
     try:
         _open(model, gpu, False, weights)
-    except Exception as e:  # ORT's load errors: the model's own fault unless a kernel is missing
+    except Exception as e:  # ORT's load errors: the model's own fault only where its graph is invalid
         text = first_line(e)
-        return None if any(w in text for w in _NO_KERNEL) else text
+        return text if any(w in text for w in _INVALID_GRAPH) else None
     return None
 
 
