@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...graph import FusionGraph
-from ...shapes import symbolic_value
 from ..source import ARGS_STRUCT, KernelSource
 from . import decode, fallback, flavors, match as attention
 from .flavors import Flavor
@@ -105,7 +104,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     fl = flavors.FLAVORS[m.dtype]
     if options.keys is None:
         options = dataclasses.replace(options, keys=128 if fl.half and m.head_dim <= 64 and
-                                      128 <= _planned_keys(graph, m) <= 256 else 64)
+                                      128 <= attention.planned_keys(graph, m) <= 256 else 64)
     d, kt = m.head_dim, options.keys
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
@@ -130,7 +129,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     if options.staged_tf32 is None:
         # Rows of K (from a projection, or un-expanded K) are staged 4 floats at a time whatever
         # the key count.
-        options = dataclasses.replace(options, staged_tf32=rows or _planned_keys(graph, m) % 4 == 0)
+        options = dataclasses.replace(options, staged_tf32=rows or attention.planned_keys(graph, m) % 4 == 0)
     body = _half_body(k_frag, biased, m.upcast) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
@@ -173,14 +172,6 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
         name=name, source=source, vec_width=1, inputs=m.inputs, outputs=(m.output,),
         input_kinds=(1,) * len(m.inputs), output_dtypes=(graph.tensors[m.output].dtype,), spec=spec,
         fallback=fallback.body(graph, m) if m.kv_group > 1 or m.causal else ())
-
-
-def _planned_keys(graph: FusionGraph, m: attention.Match) -> int:
-    """The key count at the planning shapes (0 where unknown): kᵀ's last dim (K's rows' count
-    when grouped)."""
-    shape = graph.tensors[m.kt].shape or (None, None)
-    keys = shape[-2] if m.kv_group > 1 else shape[-1]
-    return keys if isinstance(keys, int) else (symbolic_value(keys, graph.dim_values) or 0) if keys else 0
 
 
 def _defines(fl: Flavor, options: AttentionOptions) -> str:

@@ -26,7 +26,6 @@ from onnx import TensorProto as TP
 
 from ...cost import CostModel
 from ...graph import FusionGraph
-from ...shapes import symbolic_value
 from . import match as attention
 from .flavors import FLAVORS
 
@@ -67,16 +66,8 @@ def _keys(head_dim: int, elem_bytes: int, rows: int) -> int:
 def rows_for(g: FusionGraph, m: attention.Match) -> int:
     """The rows a decode block holds: the least of 4, 8 and 16 that g · Sq at the planning shapes
     fits (at least 4: one row for each warp's share of the online Softmax)."""
-    planned = m.kv_group * max(1, _planned(g, m.q, -2))
+    planned = m.kv_group * max(1, attention.planned_dim(g, m.q, -2))
     return next(r for r in (4, 8, ROWS) if planned <= r or r == ROWS)
-
-
-def _planned(g: FusionGraph, t: str, axis: int) -> int:
-    dims = g.shape(t) or ()
-    if not dims:
-        return 0
-    d = dims[axis]
-    return d if isinstance(d, int) else (symbolic_value(d, g.dim_values) or 0)
 
 
 def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, float, float]:
@@ -86,20 +77,19 @@ def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, f
     once per KV head with the GPU filled, its products on CUDA cores, plus a merge launch."""
     if m.projections:
         return False, 0.0, 0.0
-    sq = _planned(g, m.q, -2)
-    keys = _planned(g, m.kt, -2 if m.kv_group > 1 else -1)
-    item = 4 if m.term_dtype == TP.FLOAT else 2
-    context = g.tensor_bytes(m.output) / item  # B·H·Sq·D elements
+    sq = attention.planned_dim(g, m.q, -2)
+    context = attention.context_elements(g, m)  # B·H·Sq·D
     if sq <= 0 or m.kv_group * sq > ROWS or context <= 0:
         return False, 0.0, 0.0
+    products = attention.flops(g, m)
     kv = g.tensor_bytes(m.kt) + g.tensor_bytes(m.v)
     rest = g.tensor_bytes(m.q) + g.tensor_bytes(m.output) + sum(g.tensor_bytes(t) for t in m.mask_inputs)
     bw = cost.bandwidth_gbs * 1e3  # bytes per µs
-    padded = context / sq * 64 * math.ceil(sq / 64)
-    blocks = context / (sq * m.head_dim) * math.ceil(sq / 64)
+    tiles = math.ceil(sq / 64)  # of 64 queries, the tiled kernel's block
+    blocks = context / (sq * m.head_dim) * tiles
     tiled = cost.launch_us + max((rest + kv * m.kv_group) / (bw * min(1.0, blocks / FULL_BLOCKS)),
-                                 4.0 * padded * keys / (attention.TENSOR_TFLOPS[m.dtype] * 1e6))
-    decode = 2 * cost.launch_us + max((rest + kv) / bw, 4.0 * context * keys / (CUDA_CORE_TFLOPS * 1e6))
+                                 products * 64 * tiles / sq / (attention.TENSOR_TFLOPS[m.dtype] * 1e6))
+    decode = 2 * cost.launch_us + max((rest + kv) / bw, products / (CUDA_CORE_TFLOPS * 1e6))
     return decode < tiled, tiled, decode
 
 

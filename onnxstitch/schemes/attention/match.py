@@ -591,13 +591,26 @@ def find(g: FusionGraph) -> Found:
     return Found(tuple(matches), tuple(refusals))
 
 
+def planned_dim(g: FusionGraph, t: str, axis: int) -> int:
+    """Dim `axis` of `t` at the planning sizes (0 where unknown)."""
+    dims = g.shape(t) or ()
+    d = dims[axis] if dims else None
+    return d if isinstance(d, int) else (symbolic_value(d, g.dim_values) or 0) if d else 0
+
+
+def planned_keys(g: FusionGraph, m: Match) -> int:
+    """The chain's key count at the planning sizes: kᵀ's last dim, or K's rows when grouped."""
+    return planned_dim(g, m.kt, -2 if m.kv_group > 1 else -1)
+
+
+def context_elements(g: FusionGraph, m: Match) -> float:
+    """B·H·Sq·D: the context's elements at the planning sizes."""
+    return g.tensor_bytes(m.output) / np.dtype(helper.tensor_dtype_to_np_dtype(m.term_dtype)).itemsize
+
+
 def flops(g: FusionGraph, m: Match) -> float:
     """The two products' arithmetic: 2·Sq·Sk·D each per (batch, head), at the planned sizes."""
-    item = np.dtype(helper.tensor_dtype_to_np_dtype(m.term_dtype)).itemsize
-    context = g.tensor_bytes(m.output) / item  # B·H·Sq·D
-    keys = (g.shape(m.kt) or (0,))[-1]
-    keys = keys if isinstance(keys, int) else symbolic_value(keys, g.dim_values) if keys else 0
-    return 4.0 * context * (keys or 0)
+    return 4.0 * context_elements(g, m) * planned_keys(g, m)
 
 
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
