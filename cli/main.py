@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -75,11 +76,8 @@ def _summary(report, out: Path) -> Table:
     if report.merged:
         t.add_row("merged GEMMs", "", f"{len(report.merged)} (from sibling MatMuls)")
     if report.attention:
-        kinds: dict[str, int] = {}
-        for k in report.kernels:
-            if k.get("scheme") == "attention":
-                kind = f"{k['dtype']}{' + decode form' if k.get('decode_rows') else ''}"
-                kinds[kind] = kinds.get(kind, 0) + 1
+        kinds = Counter(f"{k['dtype']}{' + decode form' if k.get('decode_rows') else ''}"
+                        for k in report.kernels if k.get("scheme") == "attention")
         detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
         t.add_row("attention kernels", "", f"{len(report.attention)} ({detail or 'tensor cores'})")
     if report.epilogues:
