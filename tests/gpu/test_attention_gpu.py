@@ -23,7 +23,7 @@ from ..attention_models import (CORES, PROJECTED, SDPA, Core, Decoder, Projected
                                 sdpa_model, sdpa_reference)
 from ..stitching import fresh_seed
 from ..test_attention_host import HALF_TOLERANCE, HALVES
-from .test_stitched_gpu import run_gpu
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -202,30 +202,15 @@ def test_upcast_sdpa_kernel_matches_float64(dtype: str, sq: int) -> None:
 def test_decode_form_under_cuda_graphs(dtype: int) -> None:
     # The decode form allocates its partials from ORT's allocator in each Compute: captured once,
     # then replayed with new data in the same buffers.
-    import cupy
-
     c = Decoder(2, 8, 4, 1, 700, 64, "dynamo", causal=False, dtype=dtype)
     res = onnxstitch.optimize(decoder_model(c))
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert kernel["decode_rows"] and not res.report.dropped
-    sess = onnxstitch.session(res.model.SerializeToString(),
-                              providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"])
     rng = np.random.default_rng(fresh_seed())
-    first = decoder_feeds(c, rng)
-    dev = {k: cupy.empty(v.shape, v.dtype) for k, v in first.items()}
-    y = cupy.empty((c.b, c.sq, c.heads, c.d), np_dtype(dtype))
-    io = sess.io_binding()
-    for k, v in dev.items():
-        io.bind_input(k, "cuda", 0, v.dtype, list(v.shape), int(v.data.ptr))
-    io.bind_output("y", "cuda", 0, y.dtype, list(y.shape), int(y.data.ptr))
     tolerance = HALF_TOLERANCE.get(dtype, TF32_REFERENCE_TOLERANCE)
-    for run in range(4):  # warm-up, capture, then replays
-        given = first if run == 0 else decoder_feeds(c, rng)
-        for k, v in given.items():
-            dev[k].set(v)
-        y.fill(np.nan)
-        cupy.cuda.Device().synchronize()
-        sess.run_with_iobinding(io)
-        cupy.cuda.Device().synchronize()
-        got = y.get().astype(np.float64)
-        assert relative_error(got, decoder_reference(c, given)) <= tolerance, f"run {run}"
+
+    def check(run: int, given: dict, got: np.ndarray) -> None:
+        assert relative_error(got.astype(np.float64), decoder_reference(c, given)) <= tolerance, f"run {run}"
+
+    replay_under_cuda_graphs(res.model, lambda: decoder_feeds(c, rng),
+                             ("y", (c.b, c.sq, c.heads, c.d), np_dtype(dtype)), check)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
+from onnx import helper
 
 import onnxstitch
 
 from ..gemm_models import Chain, chain_model, feeds, reference
 from ..stitching import fresh_seed
-from .test_stitched_gpu import run_gpu
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -65,26 +66,11 @@ def test_epilogue_matches_float64(lead: tuple[int, ...], c: Chain) -> None:
                                Chain(lead=("b", "s"), k=64, n=64, dtype=TP.FLOAT16, residual="before")],
                          ids=lambda c: c.id)
 def test_epilogue_under_cuda_graphs(c: Chain) -> None:
-    import cupy
-
-    res = stitched(c)
-    sess = onnxstitch.session(res.model.SerializeToString(),
-                              providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"])
     rng = np.random.default_rng(fresh_seed())
     lead = (3, 29)
-    first = feeds(c, lead, rng)
-    dev = {k: cupy.empty(v.shape, v.dtype) for k, v in first.items()}
-    y = cupy.empty(lead + (c.n,), first["a"].dtype)
-    io = sess.io_binding()
-    for k, v in dev.items():
-        io.bind_input(k, "cuda", 0, v.dtype, list(v.shape), int(v.data.ptr))
-    io.bind_output("y", "cuda", 0, y.dtype, list(y.shape), int(y.data.ptr))
-    for run in range(4):  # warm-up, capture, then replays with new data in the same buffers
-        given = first if run == 0 else feeds(c, lead, rng)
-        for k, v in given.items():
-            dev[k].set(v)
-        y.fill(np.nan)
-        cupy.cuda.Device().synchronize()
-        sess.run_with_iobinding(io)
-        cupy.cuda.Device().synchronize()
-        assert relative_error(y.get(), reference(c, chain_model(c), given)) <= TOLERANCE[c.dtype], f"run {run}"
+
+    def check(run: int, given: dict, got: np.ndarray) -> None:
+        assert relative_error(got, reference(c, chain_model(c), given)) <= TOLERANCE[c.dtype], f"run {run}"
+
+    replay_under_cuda_graphs(stitched(c).model, lambda: feeds(c, lead, rng),
+                             ("y", lead + (c.n,), helper.tensor_dtype_to_np_dtype(c.dtype)), check)

@@ -56,6 +56,35 @@ def run_gpu(model: onnx.ModelProto, feeds: dict, expected_like: list[np.ndarray]
     return [ortio.to_numpy(o) for o in outs]
 
 
+def replay_under_cuda_graphs(model: onnx.ModelProto, fresh, output: tuple[str, tuple[int, ...], np.dtype],
+                             check, runs: int = 4) -> None:
+    """Run `model` (with the library) under CUDA graphs `runs` times — warm-up, capture, then
+    replays — each on new inputs `fresh()` copied into the same device buffers, its one output
+    (name, shape, dtype) poisoned with NaN before each run; `check(run, inputs, output)` after each."""
+    import cupy
+
+    sess = onnxstitch.session(model.SerializeToString(),
+                              providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"])
+    given = fresh()
+    dev = {k: cupy.empty(v.shape, v.dtype) for k, v in given.items()}
+    name, shape, dtype = output
+    y = cupy.empty(shape, dtype)
+    io = sess.io_binding()
+    for k, v in dev.items():
+        io.bind_input(k, "cuda", 0, v.dtype, list(v.shape), int(v.data.ptr))
+    io.bind_output(name, "cuda", 0, y.dtype, list(y.shape), int(y.data.ptr))
+    for run in range(runs):
+        if run:
+            given = fresh()
+        for k, v in given.items():
+            dev[k].set(v)
+        y.fill(np.nan)
+        cupy.cuda.Device().synchronize()
+        sess.run_with_iobinding(io)
+        cupy.cuda.Device().synchronize()
+        check(run, given, y.get())
+
+
 def reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     """Outputs from ORT CPU, or from stock ORT CUDA where the CPU EP lacks the op/dtype."""
     try:
