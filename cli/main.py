@@ -82,6 +82,8 @@ def _summary(report, out: Path) -> Table:
         t.add_row("attention kernels", "", f"{len(report.attention)} ({detail or 'tensor cores'})")
     if report.epilogues:
         t.add_row("GEMM epilogues", "", f"{len(report.epilogues)} (cuBLASLt)")
+    if report.conv_epilogues:
+        t.add_row("conv epilogues", "", f"{len(report.conv_epilogues)} (cuDNN, NHWC)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
     v = report.verification
     if v is not None:
@@ -117,7 +119,8 @@ def _summary(report, out: Path) -> Table:
                    "(TF32 for float32), with a split-KV form for decode shapes.")
 @click.option("--epilogues/--no-epilogues", default=False, show_default=True,
               help="Run MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one cuBLASLt call with an epilogue, "
-                   "where the plan finds it cheaper (experimental until measured on the GPU).")
+                   "and Conv [+ bias] [+ residual] [+ activation] as one cuDNN graph in NHWC, where the plan finds "
+                   "it cheaper (experimental until measured on the GPU).")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,

@@ -22,6 +22,7 @@ from .errors import BadInputError, StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
 from .schemes import registry, source as source_mod
 from .schemes.attention import match as attention_mod
+from .schemes.conv import match as conv_mod
 from .schemes.gemm import match as gemm_mod
 from .weights import Weights
 
@@ -59,6 +60,9 @@ class Report:
     # GEMMs run through cuBLASLt with their epilogue (schemes/gemm), and the refusals with why.
     epilogues: tuple[str, ...] = ()
     epilogue_refusals: tuple[str, ...] = ()
+    # Convolutions run through cuDNN's graph API with their epilogue (schemes/conv), and refusals.
+    conv_epilogues: tuple[str, ...] = ()
+    conv_refusals: tuple[str, ...] = ()
 
     @property
     def wall_seconds(self) -> float:
@@ -91,7 +95,8 @@ class Report:
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
             "attention": {"kernels": list(self.attention), "refusals": list(self.attention_refusals)},
-            "epilogues": {"gemms": list(self.epilogues), "refusals": list(self.epilogue_refusals)},
+            "epilogues": {"gemms": list(self.epilogues), "refusals": list(self.epilogue_refusals),
+                          "convs": list(self.conv_epilogues), "conv_refusals": list(self.conv_refusals)},
             "plan": plan,
             "graph": self.graph.to_json() if self.graph else None,
         }
@@ -168,7 +173,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                     written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
                     tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model),
-                    tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals)
+                    tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals,
+                    tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals)
     return OptimizeResult(written.model, report, given.weights)
 
 
@@ -251,6 +257,7 @@ class _Planned:
     found: attention_mod.Found
     undone: tuple[str, ...] = ()  # sibling merges undone, with why
     gemms: gemm_mod.Found = gemm_mod.Found()
+    convs: conv_mod.Found = conv_mod.Found()
 
 
 def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Planned:
@@ -275,10 +282,17 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     if refusal is None and opts.epilogues:
         gemms = stage("epilogues", lambda: gemm_mod.find(g))
         proposed += [gemm_mod.group_of(g, opts.cost, f"e{k}", m) for k, m in enumerate(gemms.matches)]
+    convs = conv_mod.Found()
+    if refusal is None and opts.epilogues:
+        convs = stage("conv epilogues", lambda: conv_mod.find(g))
+        proposed += [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
     plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=proposed))
     if opts.pack:
         plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
-    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan), gemms=gemm_mod.chosen(gemms, plan))
+    # Tensors passing between conv groups alone stay NHWC (schemes/conv).
+    plan = conv_mod.layouts(g, plan)
+    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan), gemms=gemm_mod.chosen(gemms, plan),
+                    convs=conv_mod.chosen(convs, plan))
 
 
 def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:

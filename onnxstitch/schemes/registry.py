@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from .attention.scheme import SCHEME as ATTENTION
 from .base import Scheme
+from .conv.scheme import SCHEME as CONV
 from .elementwise.scheme import SCHEME as ELEMENTWISE
 from .gemm.scheme import SCHEME as GEMM
 from .rows.scheme import SCHEME as ROWS
 
-SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION, GEMM)}
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION, GEMM, CONV)}
 
 
 def get(name: str) -> Scheme:

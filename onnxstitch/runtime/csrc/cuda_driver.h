@@ -26,6 +26,7 @@ typedef struct CUmod_st* Module;
 typedef struct CUfunc_st* Function;
 typedef struct CUstream_st* Stream;
 typedef struct CUgreenCtx_st* GreenCtx;
+typedef struct CUevent_st* Event;
 
 constexpr Result kSuccess = 0;
 
@@ -63,6 +64,13 @@ struct Driver {
   Result (*FuncSetAttribute)(Function, int, int) = nullptr;                 // @9000
   Result (*MemAlloc)(DevicePtr*, size_t) = nullptr;                         // @3020 (_v2): the gemm scheme's workspace
   Result (*MemFree)(DevicePtr) = nullptr;                                   // @3020 (_v2)
+  // Optional: the conv scheme times cuDNN's candidate plans once per shape, outside capture.
+  Result (*StreamIsCapturing)(Stream, int*) = nullptr;                      // @10000
+  Result (*EventCreate)(Event*, unsigned int) = nullptr;                    // @2000
+  Result (*EventRecord)(Event, Stream) = nullptr;                           // @2000
+  Result (*EventSynchronize)(Event) = nullptr;                              // @2000
+  Result (*EventElapsedTime)(float*, Event, Event) = nullptr;               // @2000
+  Result (*EventDestroy)(Event) = nullptr;                                  // @4000 (_v2)
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -122,6 +130,12 @@ struct Driver {
         {"cuFuncSetAttribute", 9000, reinterpret_cast<void**>(&FuncSetAttribute), true},
         {"cuMemAlloc", 3020, reinterpret_cast<void**>(&MemAlloc), true},
         {"cuMemFree", 3020, reinterpret_cast<void**>(&MemFree), true},
+        {"cuStreamIsCapturing", 10000, reinterpret_cast<void**>(&StreamIsCapturing), false},
+        {"cuEventCreate", 2000, reinterpret_cast<void**>(&EventCreate), false},
+        {"cuEventRecord", 2000, reinterpret_cast<void**>(&EventRecord), false},
+        {"cuEventSynchronize", 2000, reinterpret_cast<void**>(&EventSynchronize), false},
+        {"cuEventElapsedTime", 2000, reinterpret_cast<void**>(&EventElapsedTime), false},
+        {"cuEventDestroy", 4000, reinterpret_cast<void**>(&EventDestroy), false},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

@@ -11,12 +11,14 @@ std::unique_ptr<Scheme> MakeElementwise();  // schemes/elementwise/launch.cc
 std::unique_ptr<Scheme> MakeRows();         // schemes/rows/launch.cc
 std::unique_ptr<Scheme> MakeAttention();    // schemes/attention/launch.cc
 std::unique_ptr<Scheme> MakeGemm();         // schemes/gemm/launch.cc
+std::unique_ptr<Scheme> MakeConv();         // schemes/conv/launch.cc
 
 std::unique_ptr<Scheme> MakeScheme(const std::string& shape_rule) {
   if (shape_rule == "broadcast") return MakeElementwise();
   if (shape_rule == "rows") return MakeRows();
   if (shape_rule == "attention") return MakeAttention();
   if (shape_rule == "gemm") return MakeGemm();
+  if (shape_rule == "conv") return MakeConv();
   return nullptr;
 }
 

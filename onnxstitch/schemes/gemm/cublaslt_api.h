@@ -25,6 +25,7 @@ typedef struct cublasLtContext* Handle;
 typedef struct cublasLtMatmulDescOpaque* MatmulDesc;
 typedef struct cublasLtMatrixLayoutOpaque* Layout;
 typedef struct cublasLtMatmulPreferenceOpaque* Preference;
+typedef struct cublasLtMatrixTransformDescOpaque* TransformDesc;
 
 constexpr Status kSuccess = 0;                 // CUBLAS_STATUS_SUCCESS
 constexpr int kComputeF32 = 68;                // CUBLAS_COMPUTE_32F
@@ -41,6 +42,9 @@ constexpr uint32_t kEpilogueDefault = 1;       // CUBLASLT_EPILOGUE_DEFAULT
 constexpr uint32_t kEpilogueBias = 4;          // CUBLASLT_EPILOGUE_BIAS
 constexpr uint32_t kEpilogueReluBias = 6;      // CUBLASLT_EPILOGUE_RELU_BIAS
 constexpr uint32_t kEpilogueGeluBias = 36;     // CUBLASLT_EPILOGUE_GELU_BIAS
+constexpr int kLayoutBatchCount = 5;          // CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT (int32_t)
+constexpr int kLayoutStridedBatchOffset = 6;  // CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET (int64_t)
+constexpr int kTransformDescTransA = 2;       // CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA (int32_t)
 constexpr int kPrefMaxWorkspaceBytes = 1;      // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64_t)
 constexpr int kPrefMinAlignmentA = 5;          // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES (uint32_t)
 constexpr int kPrefMinAlignmentB = 6;          // ..._B_BYTES
@@ -81,6 +85,14 @@ struct Api {
                    const void* beta, const void* c, Layout, void* d, Layout, const MatmulAlgo* algo,
                    void* workspace, size_t workspace_bytes, void* stream) = nullptr;
 
+  Status (*MatrixLayoutSetAttribute)(Layout, int, const void*, size_t) = nullptr;
+  Status (*MatrixTransformDescCreate)(TransformDesc*, int scale_type) = nullptr;
+  Status (*MatrixTransformDescDestroy)(TransformDesc) = nullptr;
+  Status (*MatrixTransformDescSetAttribute)(TransformDesc, int, const void*, size_t) = nullptr;
+  // C = alpha·op(A) + beta·op(B): the conv scheme's layout changes (B unused, beta 0).
+  Status (*MatrixTransform)(Handle, TransformDesc, const void* alpha, const void* a, Layout, const void* beta,
+                            const void* b, Layout, void* c, Layout, void* stream) = nullptr;
+
   // Finds the libcublasLt ORT loaded (13, else 12), else loads one, and resolves every entry
   // point. Returns "" on success, else why not.
   std::string Load() {
@@ -116,6 +128,11 @@ struct Api {
         {"cublasLtMatmulPreferenceSetAttribute", reinterpret_cast<void**>(&MatmulPreferenceSetAttribute)},
         {"cublasLtMatmulAlgoGetHeuristic", reinterpret_cast<void**>(&MatmulAlgoGetHeuristic)},
         {"cublasLtMatmul", reinterpret_cast<void**>(&Matmul)},
+        {"cublasLtMatrixLayoutSetAttribute", reinterpret_cast<void**>(&MatrixLayoutSetAttribute)},
+        {"cublasLtMatrixTransformDescCreate", reinterpret_cast<void**>(&MatrixTransformDescCreate)},
+        {"cublasLtMatrixTransformDescDestroy", reinterpret_cast<void**>(&MatrixTransformDescDestroy)},
+        {"cublasLtMatrixTransformDescSetAttribute", reinterpret_cast<void**>(&MatrixTransformDescSetAttribute)},
+        {"cublasLtMatrixTransform", reinterpret_cast<void**>(&MatrixTransform)},
     };
     for (const Want& w : wants) {
       *w.slot = dlsym(lib, w.name);

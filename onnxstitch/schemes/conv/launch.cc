@@ -1,0 +1,503 @@
+// The conv scheme's runtime side (shape rule "conv", docs/abi.md): one 2-D convolution and the
+// pointwise work after it (bias, a residual Add, an activation) as one cuDNN graph, run in NHWC —
+// where cuDNN's fused engines are (on the H100, NCHW graphs with a residual or SiLU have no
+// engine at all, and plain NCHW convolutions run 1.6–2.7× slower: scripts/probe_cudnn.cc).
+//
+// Inputs X, W [K, C/group, R, S] as ONNX stores it, the bias [K] (conv_bias), R of Y's shape
+// (conv_residual); Y = act(conv(X, W) + bias + R). conv_layouts says which of X, Y and R are NHWC
+// ([N, H, W, C] as the ONNX graph declares them, between two conv nodes) rather than NCHW; an NCHW
+// one is changed in scratch memory by cublasLtMatrixTransform (per image, [C, HW] ↔ [HW, C]).
+// The filter is changed to [K, R, S, C/group] once per weight buffer, kept by the node.
+//
+// Per CUDA context a cuDNN and a cuBLASLt handle (one stream at a time: their stream is set under
+// the lock); per node and input shape the cuDNN plan, the fastest of the heuristic's first four
+// where the stream is not being captured (timed on it once), else the first.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cublaslt_api.h"
+#include "cudnn_graph.h"
+#include "scheme.h"
+
+namespace onnxstitch {
+namespace {
+
+constexpr const char* kRule = "conv";
+constexpr int64_t kFloat = 1, kFloat16 = 10;  // TensorProto element types
+constexpr int kCandidates = 4;
+constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
+// conv_activation codes (schemes/conv/spec.py ACTIVATIONS).
+enum Activation { kNone = 0, kRelu, kClip, kLeakyRelu, kSilu, kSigmoid, kTanh, kGelu, kGeluTanh, kActivations };
+const char* const kActivationNames[] = {"none", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_tanh"};
+// Tensor ids in the cuDNN graph.
+constexpr int64_t kX = 1, kW = 2, kB = 3, kR = 4, kY = 5;
+
+// cuDNN and cuBLASLt, and their handles per context.
+struct Library {
+  std::mutex mu;
+  bool tried = false;
+  std::string error;
+  dnn::Api dnn;
+  lt::Api lt;
+  struct Handles {
+    dnn::Handle dnn = nullptr;
+    lt::Handle lt = nullptr;
+    std::mutex use;  // one stream at a time on these handles
+  };
+  std::map<unsigned long long, std::unique_ptr<Handles>> handles;  // by context key, never freed
+
+  static Library& Get() {
+    static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
+    return *lib;
+  }
+};
+
+unsigned long long ContextKey(const cu::Driver& d, cu::Context ctx) {
+  unsigned long long id = 0;
+  if (d.CtxGetId != nullptr && d.CtxGetId(ctx, &id) == cu::kSuccess) return id;
+  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
+}
+
+float FromBits(int64_t bits) {
+  const uint32_t b = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+struct Geometry {
+  unsigned long long ctx;  // plans belong to a device
+  int64_t n, c, h, w, k, cg, r, s, ho, wo;
+  bool operator<(const Geometry& o) const {
+    return std::tie(ctx, n, c, h, w, k, cg, r, s) < std::tie(o.ctx, o.n, o.c, o.h, o.w, o.k, o.cg, o.r, o.s);
+  }
+};
+
+class Conv final : public Scheme {
+ public:
+  ~Conv() override { Release(); }
+
+  Error Init(Attrs& a, size_t n_in, size_t n_out) override {
+    std::vector<int64_t> pads, strides, dilations, layouts, params;
+    bool present = false;
+    for (auto [name, v, size] : {std::tuple<const char*, std::vector<int64_t>*, size_t>{"conv_pads", &pads, 4},
+                                 {"conv_strides", &strides, 2}, {"conv_dilations", &dilations, 2},
+                                 {"conv_layouts", &layouts, 3}, {"conv_activation_params", &params, 2}}) {
+      if (Error e = a.Ints(name, v, &present)) return e;
+      if (!present || v->size() != size) {
+        return Fail(ORT_INVALID_ARGUMENT, std::string("conv attribute '") + name + "' must hold " + std::to_string(size) + " INTS");
+      }
+    }
+    int64_t group = 0, bias = 0, residual = 0, activation = 0;
+    if (Error e = a.RequiredInt("conv_group", kRule, &group)) return e;
+    if (Error e = a.RequiredInt("conv_bias", kRule, &bias)) return e;
+    if (Error e = a.RequiredInt("conv_residual", kRule, &residual)) return e;
+    if (Error e = a.RequiredInt("conv_activation", kRule, &activation)) return e;
+    if (activation < 0 || activation >= kActivations) {
+      return Fail(ORT_INVALID_ARGUMENT, "conv_activation " + std::to_string(activation) + " is none of 0.." +
+                                            std::to_string(kActivations - 1));
+    }
+    for (int64_t v : strides) {
+      if (v < 1) return Fail(ORT_INVALID_ARGUMENT, "conv_strides must be positive");
+    }
+    for (int64_t v : dilations) {
+      if (v < 1) return Fail(ORT_INVALID_ARGUMENT, "conv_dilations must be positive");
+    }
+    for (int64_t v : pads) {
+      if (v < 0) return Fail(ORT_INVALID_ARGUMENT, "conv_pads must not be negative");
+    }
+    if (group < 1) return Fail(ORT_INVALID_ARGUMENT, "conv_group must be positive");
+    std::vector<int64_t> dtypes;
+    if (Error e = a.Ints("output_dtypes", &dtypes, &present)) return e;
+    if (!present || dtypes.size() != 1 || (dtypes[0] != kFloat && dtypes[0] != kFloat16)) {
+      return Fail(ORT_INVALID_ARGUMENT, "a conv node has one output, float32 or float16 (output_dtypes)");
+    }
+    const size_t want = 2 + (bias != 0) + (residual != 0);
+    if (n_in != want || n_out != 1) {
+      return Fail(ORT_INVALID_ARGUMENT, "a conv node" + std::string(bias ? " with a bias" : "") +
+                                            (residual ? " and a residual" : "") + " takes " + std::to_string(want) +
+                                            " inputs and gives 1 output, not " + std::to_string(n_in) + " and " +
+                                            std::to_string(n_out));
+    }
+    pads_ = pads;
+    strides_ = strides;
+    dilations_ = dilations;
+    group_ = group;
+    bias_ = bias != 0;
+    residual_ = residual != 0;
+    activation_ = static_cast<int>(activation);
+    params_[0] = FromBits(params[0]);
+    params_[1] = FromBits(params[1]);
+    x_nhwc_ = layouts[0] != 0;
+    y_nhwc_ = layouts[1] != 0;
+    r_nhwc_ = layouts[2] != 0;
+    half_ = dtypes[0] == kFloat16;
+    return {};
+  }
+
+  bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
+                    std::vector<std::vector<ShapeDim>>* outs) const override {
+    if (ins.size() < 2 || n_out != 1 || ins[0].size() != 4 || ins[1].size() != 4) return false;
+    const std::vector<ShapeDim>& x = ins[0];
+    const ShapeDim& k = ins[1][0];
+    ShapeDim sp[2];
+    for (int i = 0; i < 2; ++i) {
+      const ShapeDim& in = x[x_nhwc_ ? 1 + i : 2 + i];
+      const ShapeDim& f = ins[1][2 + i];
+      if (!in.symbol.empty() || in.value < 0 || !f.symbol.empty() || f.value < 0) {
+        sp[i] = ShapeDim{-1, ""};
+      } else {
+        sp[i] = ShapeDim{OutDim(in.value, f.value, i), ""};
+      }
+    }
+    outs->assign(1, y_nhwc_ ? std::vector<ShapeDim>{x[0], sp[0], sp[1], k} : std::vector<ShapeDim>{x[0], k, sp[0], sp[1]});
+    return true;
+  }
+
+  Error Entries(const cu::Driver&, const std::string&, Loaded*) const override { return {}; }
+  bool UsesImage() const override { return false; }
+
+  Error Run(Call& call, Bound* b) const override {
+    Geometry g{};
+    if (Error e = Shapes(b, &g)) return e;
+    const int64_t y_dims[4] = {g.n, y_nhwc_ ? g.ho : g.k, y_nhwc_ ? g.wo : g.ho, y_nhwc_ ? g.k : g.wo};
+    void* y = nullptr;
+    if (Error e = call.Output(0, y_dims, 4, &y)) return e;
+    if (g.n == 0 || g.k == 0 || g.ho == 0 || g.wo == 0) return {};
+    cu::Stream stream = nullptr;
+    const Loaded* l = nullptr;
+    if (Error e = call.Enter(&stream, &l)) return e;
+    const cu::Driver& d = call.Driver();
+    Library::Handles* h = nullptr;
+    if (Error e = Handles(d, l->ctx, &h)) return e;
+    g.ctx = ContextKey(d, l->ctx);
+    Library& lib = Library::Get();
+    const size_t elem = half_ ? 2 : 4;
+    std::lock_guard<std::mutex> use(h->use);
+    std::lock_guard<std::mutex> lock(mu_);
+    // The filter as NHWC wants it, made once per weight buffer.
+    const void* w = nullptr;
+    if (Error e = Filter(d, lib.lt, h->lt, b->args.in[1], g, stream, &w)) return e;
+    // NCHW operands and result through scratch memory in NHWC.
+    const void* x = b->args.in[0];
+    const void* r = residual_ ? b->args.in[b->n_in - 1] : nullptr;
+    void* y_nhwc = y;
+    if (!x_nhwc_) {
+      void* t = nullptr;
+      if (Error e = call.Scratch(static_cast<size_t>(g.n * g.c * g.h * g.w) * elem, &t)) return e;
+      if (Error e = Transpose(lib.lt, h->lt, x, t, g.n, g.c, g.h * g.w, stream)) return e;
+      x = t;
+    }
+    if (residual_ && !r_nhwc_) {
+      void* t = nullptr;
+      if (Error e = call.Scratch(static_cast<size_t>(g.n * g.k * g.ho * g.wo) * elem, &t)) return e;
+      if (Error e = Transpose(lib.lt, h->lt, r, t, g.n, g.k, g.ho * g.wo, stream)) return e;
+      r = t;
+    }
+    if (!y_nhwc_) {
+      if (Error e = call.Scratch(static_cast<size_t>(g.n * g.k * g.ho * g.wo) * elem, &y_nhwc)) return e;
+    }
+    std::vector<int64_t> uids = {kX, kW, kY};
+    std::vector<void*> ptrs = {const_cast<void*>(x), const_cast<void*>(w), y_nhwc};
+    if (bias_) {
+      uids.push_back(kB);
+      ptrs.push_back(const_cast<void*>(b->args.in[2]));
+    }
+    if (residual_) {
+      uids.push_back(kR);
+      ptrs.push_back(const_cast<void*>(r));
+    }
+    dnn::Status s = lib.dnn.SetStream(h->dnn, stream);
+    if (s != dnn::kSuccess) return Fail(ORT_FAIL, "cudnnSetStream: " + lib.dnn.StatusText(s));
+    const dnn::Plan* plan = nullptr;
+    void* workspace = nullptr;
+    if (Error e = PlanFor(call, lib.dnn, h->dnn, g, uids, ptrs, stream, &plan, &workspace)) return e;
+    const std::string err = dnn::Execute(lib.dnn, h->dnn, *plan, uids, ptrs, workspace);
+    if (!err.empty()) return Fail(ORT_FAIL, err + " (" + What(g) + ")");
+    if (!y_nhwc_) {
+      if (Error e = Transpose(lib.lt, h->lt, y_nhwc, y, g.n, g.ho * g.wo, g.k, stream)) return e;
+    }
+    return {};
+  }
+
+ private:
+  int64_t OutDim(int64_t in, int64_t f, int i) const {
+    const int64_t span = dilations_[i] * (f - 1) + 1;
+    const int64_t padded = in + pads_[i] + pads_[2 + i];
+    return padded < span ? 0 : (padded - span) / strides_[i] + 1;
+  }
+
+  Error Shapes(const Bound* b, Geometry* g) const {
+    const int64_t* x = b->shapes[0];
+    const int64_t* w = b->shapes[1];
+    if (b->ranks[0] != 4 || b->ranks[1] != 4) {
+      return Fail(ORT_INVALID_ARGUMENT, "X " + ShapeText(x, b->ranks[0]) + " and W " + ShapeText(w, b->ranks[1]) +
+                                            ": a 2-D convolution takes both of rank 4");
+    }
+    g->n = x[0];
+    g->c = x_nhwc_ ? x[3] : x[1];
+    g->h = x_nhwc_ ? x[1] : x[2];
+    g->w = x_nhwc_ ? x[2] : x[3];
+    g->k = w[0];
+    g->cg = w[1];
+    g->r = w[2];
+    g->s = w[3];
+    if (g->cg * group_ != g->c || g->k % group_ != 0) {
+      return Fail(ORT_INVALID_ARGUMENT, "X " + ShapeText(x, 4) + (x_nhwc_ ? " (NHWC)" : "") + " and W " + ShapeText(w, 4) +
+                                            " do not convolve in " + std::to_string(group_) + " group(s)");
+    }
+    g->ho = OutDim(g->h, g->r, 0);
+    g->wo = OutDim(g->w, g->s, 1);
+    if (bias_ && (b->ranks[2] != 1 || b->shapes[2][0] != g->k)) {
+      return Fail(ORT_INVALID_ARGUMENT, "the bias " + ShapeText(b->shapes[2], b->ranks[2]) + " is not [" + std::to_string(g->k) + "]");
+    }
+    if (residual_) {
+      const size_t i = b->n_in - 1;
+      const int64_t want[4] = {g->n, r_nhwc_ ? g->ho : g->k, r_nhwc_ ? g->wo : g->ho, r_nhwc_ ? g->k : g->wo};
+      if (b->ranks[i] != 4 || !std::equal(want, want + 4, b->shapes[i])) {
+        return Fail(ORT_INVALID_ARGUMENT, "the residual " + ShapeText(b->shapes[i], b->ranks[i]) + " is not " + ShapeText(want, 4));
+      }
+    }
+    return {};
+  }
+
+  std::string What(const Geometry& g) const {
+    return "N " + std::to_string(g.n) + ", C " + std::to_string(g.c) + ", " + std::to_string(g.h) + "×" + std::to_string(g.w) +
+           ", K " + std::to_string(g.k) + ", " + std::to_string(g.r) + "×" + std::to_string(g.s) + ", group " +
+           std::to_string(group_) + ", " + (half_ ? "float16" : "float32") + (bias_ ? ", bias" : "") +
+           (residual_ ? ", residual" : "") + ", " + kActivationNames[activation_];
+  }
+
+  // The context's handles, made at their first use.
+  Error Handles(const cu::Driver& d, cu::Context cuctx, Library::Handles** out) const {
+    Library& lib = Library::Get();
+    std::lock_guard<std::mutex> lock(lib.mu);
+    if (!lib.tried) {
+      lib.tried = true;
+      lib.error = lib.dnn.Load();
+      if (lib.error.empty()) lib.error = lib.lt.Load();
+    }
+    if (!lib.error.empty()) return Fail(ORT_FAIL, lib.error);
+    std::unique_ptr<Library::Handles>& h = lib.handles[ContextKey(d, cuctx)];
+    if (h == nullptr) {
+      auto made = std::make_unique<Library::Handles>();
+      const dnn::Status s = lib.dnn.Create(&made->dnn);
+      if (s != dnn::kSuccess) return Fail(ORT_FAIL, "cudnnCreate: " + lib.dnn.StatusText(s));
+      const lt::Status t = lib.lt.Create(&made->lt);
+      if (t != lt::kSuccess) return Fail(ORT_FAIL, "cublasLtCreate: " + lib.lt.StatusText(t));
+      h = std::move(made);
+    }
+    *out = h.get();
+    return {};
+  }
+
+  // dst = each of `batch` row-major [rows, cols] matrices of src transposed ([cols, rows]).
+  Error Transpose(const lt::Api& api, lt::Handle handle, const void* src, void* dst, int64_t batch, int64_t rows,
+                  int64_t cols, cu::Stream stream) const {
+    const int type = half_ ? lt::kR16F : lt::kR32F;
+    lt::TransformDesc desc = nullptr;
+    lt::Layout a = nullptr, c = nullptr;
+    const int32_t op = lt::kOpT, count = static_cast<int32_t>(batch);
+    const int64_t stride = rows * cols;
+    // Row-major [rows, cols] is column-major cols × rows (ld cols); its transpose, column-major
+    // rows × cols (ld rows), is row-major [cols, rows].
+    lt::Status s = api.MatrixTransformDescCreate(&desc, lt::kR32F);
+    if (s == lt::kSuccess) s = api.MatrixTransformDescSetAttribute(desc, lt::kTransformDescTransA, &op, sizeof(op));
+    if (s == lt::kSuccess) s = api.MatrixLayoutCreate(&a, type, cols, rows, cols);
+    if (s == lt::kSuccess) s = api.MatrixLayoutCreate(&c, type, rows, cols, rows);
+    for (lt::Layout layout : {a, c}) {
+      if (s == lt::kSuccess) s = api.MatrixLayoutSetAttribute(layout, lt::kLayoutBatchCount, &count, sizeof(count));
+      if (s == lt::kSuccess) s = api.MatrixLayoutSetAttribute(layout, lt::kLayoutStridedBatchOffset, &stride, sizeof(stride));
+    }
+    const float one = 1.0f, zero = 0.0f;
+    if (s == lt::kSuccess) s = api.MatrixTransform(handle, desc, &one, src, a, &zero, nullptr, c, dst, c, stream);
+    if (c != nullptr) api.MatrixLayoutDestroy(c);
+    if (a != nullptr) api.MatrixLayoutDestroy(a);
+    if (desc != nullptr) api.MatrixTransformDescDestroy(desc);
+    if (s != lt::kSuccess) return Fail(ORT_FAIL, "cublasLtMatrixTransform (a layout change) failed: " + api.StatusText(s));
+    return {};
+  }
+
+  // The filter [K, R, S, C/group] of the weight at `w`, made at its first use (mu_ held).
+  Error Filter(const cu::Driver& d, const lt::Api& api, lt::Handle handle, const void* w, const Geometry& g,
+               cu::Stream stream, const void** out) const {
+    auto it = filters_.find(w);
+    if (it != filters_.end()) {
+      *out = reinterpret_cast<const void*>(it->second.second);
+      return {};
+    }
+    const size_t bytes = static_cast<size_t>(g.k * g.cg * g.r * g.s) * (half_ ? 2 : 4);
+    cu::DevicePtr p = 0;
+    const cu::Result r = d.MemAlloc(&p, bytes);
+    if (r != cu::kSuccess) return Fail(ORT_FAIL, "cuMemAlloc of the NHWC filter (" + std::to_string(bytes) + " bytes) failed: " + d.ErrorText(r));
+    cu::Context ctx = nullptr;
+    d.CtxGetCurrent(&ctx);
+    filters_[w] = {ctx, p};
+    driver_ = d;
+    *out = reinterpret_cast<const void*>(p);
+    return Transpose(api, handle, w, reinterpret_cast<void*>(p), g.k, g.cg, g.r * g.s, stream);
+  }
+
+  // The graph's tensors and operations in NHWC.
+  void Build(dnn::Graph& graph, const Geometry& g) const {
+    const int dt = half_ ? dnn::kHalf : dnn::kFloat;
+    auto nhwc = [&](int64_t uid, int type, int64_t n, int64_t c, int64_t h, int64_t w, bool virt) {
+      return graph.Tensor({uid, type, {n, c, h, w}, {h * w * c, 1, w * c, c}, virt, 16});
+    };
+    int64_t next = 100;  // virtual tensors' ids
+    const bool epilogue = bias_ || residual_ || activation_ != kNone;
+    auto out = [&](bool last) {
+      return last ? nhwc(kY, dt, g.n, g.k, g.ho, g.wo, false) : nhwc(next++, dnn::kFloat, g.n, g.k, g.ho, g.wo, true);
+    };
+    dnn::Descriptor x = nhwc(kX, dt, g.n, g.c, g.h, g.w, false);
+    dnn::Descriptor w = nhwc(kW, dt, g.k, g.cg, g.r, g.s, false);
+    dnn::Descriptor cur = out(!epilogue);
+    graph.ConvForward(x, w, cur, {pads_[0], pads_[1]}, {pads_[2], pads_[3]}, strides_, dilations_);
+    if (bias_) {
+      dnn::Descriptor bias = nhwc(kB, dt, 1, g.k, 1, 1, false);
+      dnn::Descriptor next_t = out(!residual_ && activation_ == kNone);
+      graph.Pointwise(dnn::kPointwiseAdd, cur, bias, next_t);
+      cur = next_t;
+    }
+    if (residual_) {
+      dnn::Descriptor res = nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false);
+      dnn::Descriptor next_t = out(activation_ == kNone);
+      graph.Pointwise(dnn::kPointwiseAdd, cur, res, next_t);
+      cur = next_t;
+    }
+    if (activation_ == kNone) return;
+    dnn::Descriptor y = out(true);
+    switch (activation_) {
+      case kRelu:
+        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y);
+        break;
+      case kClip:
+        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y,
+                        {{dnn::kAttrPointwiseReluLowerClip, params_[0]}, {dnn::kAttrPointwiseReluUpperClip, params_[1]}});
+        break;
+      case kLeakyRelu:
+        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y, {{dnn::kAttrPointwiseReluLowerClipSlope, params_[0]}});
+        break;
+      case kSilu:
+        graph.Pointwise(dnn::kPointwiseSwishFwd, cur, nullptr, y, {{dnn::kAttrPointwiseSwishBeta, 1.0}});
+        break;
+      case kSigmoid:
+        graph.Pointwise(dnn::kPointwiseSigmoidFwd, cur, nullptr, y);
+        break;
+      case kTanh:
+        graph.Pointwise(dnn::kPointwiseTanhFwd, cur, nullptr, y);
+        break;
+      case kGelu:
+        graph.Pointwise(dnn::kPointwiseGeluFwd, cur, nullptr, y);
+        break;
+      default:
+        graph.Pointwise(dnn::kPointwiseGeluApproxTanhFwd, cur, nullptr, y);
+        break;
+    }
+  }
+
+  // The plan of this geometry (made, and timed where it may be, at its first call; mu_ held) and
+  // scratch workspace for it.
+  Error PlanFor(Call& call, const dnn::Api& api, dnn::Handle handle, const Geometry& g, const std::vector<int64_t>& uids,
+                const std::vector<void*>& ptrs, cu::Stream stream, const dnn::Plan** out, void** workspace) const {
+    auto it = plans_.find(g);
+    if (it == plans_.end()) {
+      dnn::Graph graph(api, handle);
+      Build(graph, g);
+      std::vector<dnn::Plan> plans;
+      const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
+      if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
+      int64_t most = 0;
+      for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
+      void* ws = nullptr;
+      if (most > 0) {
+        if (Error e = call.Scratch(static_cast<size_t>(most), &ws)) return e;
+      }
+      const size_t best = Fastest(call.Driver(), api, handle, plans, uids, ptrs, ws, stream);
+      it = plans_.emplace(g, std::move(plans[best])).first;
+      *out = &it->second;
+      *workspace = ws;
+      return {};
+    }
+    *out = &it->second;
+    *workspace = nullptr;
+    if (it->second.workspace > 0) return call.Scratch(static_cast<size_t>(it->second.workspace), workspace);
+    return {};
+  }
+
+  // The index of the fastest plan on this call's tensors, each timed over a few runs on the
+  // stream; 0 (the heuristic's first) where timing is not possible (the stream is being captured
+  // into a CUDA graph, or the driver lacks events).
+  size_t Fastest(const cu::Driver& d, const dnn::Api& api, dnn::Handle handle, const std::vector<dnn::Plan>& plans,
+                 const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* ws, cu::Stream stream) const {
+    if (plans.size() < 2 || d.StreamIsCapturing == nullptr || d.EventCreate == nullptr || d.EventRecord == nullptr ||
+        d.EventSynchronize == nullptr || d.EventElapsedTime == nullptr || d.EventDestroy == nullptr) {
+      return 0;
+    }
+    int capturing = 1;
+    if (d.StreamIsCapturing(stream, &capturing) != cu::kSuccess || capturing != 0) return 0;
+    cu::Event start = nullptr, stop = nullptr;
+    if (d.EventCreate(&start, 0) != cu::kSuccess) return 0;
+    if (d.EventCreate(&stop, 0) != cu::kSuccess) {
+      d.EventDestroy(start);
+      return 0;
+    }
+    size_t best = 0;
+    float best_ms = 0;
+    bool timed = false;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      if (!dnn::Execute(api, handle, plans[i], uids, ptrs, ws).empty()) continue;  // warm-up; a failing plan is skipped
+      d.EventRecord(start, stream);
+      for (int k = 0; k < 3; ++k) dnn::Execute(api, handle, plans[i], uids, ptrs, ws);
+      d.EventRecord(stop, stream);
+      float ms = 0;
+      if (d.EventSynchronize(stop) != cu::kSuccess || d.EventElapsedTime(&ms, start, stop) != cu::kSuccess) continue;
+      if (!timed || ms < best_ms) {
+        best = i;
+        best_ms = ms;
+        timed = true;
+      }
+    }
+    d.EventDestroy(start);
+    d.EventDestroy(stop);
+    return best;
+  }
+
+  // Frees the filters this node made.
+  void Release() noexcept {
+    plans_.clear();
+    for (const auto& f : filters_) {
+      // Best effort: at process exit the context may be gone already.
+      if (driver_.CtxPushCurrent(f.second.first) == cu::kSuccess) {
+        driver_.MemFree(f.second.second);
+        cu::Context popped = nullptr;
+        driver_.CtxPopCurrent(&popped);
+      }
+    }
+    filters_.clear();
+  }
+
+  std::vector<int64_t> pads_, strides_, dilations_;
+  int64_t group_ = 1;
+  bool bias_ = false, residual_ = false, half_ = false, x_nhwc_ = false, y_nhwc_ = false, r_nhwc_ = false;
+  int activation_ = kNone;
+  double params_[2] = {0, 0};
+  mutable std::mutex mu_;
+  mutable std::map<Geometry, dnn::Plan> plans_;
+  mutable std::map<const void*, std::pair<cu::Context, cu::DevicePtr>> filters_;  // by the weight's address
+  mutable cu::Driver driver_;
+};
+
+}  // namespace
+
+std::unique_ptr<Scheme> MakeConv() { return std::make_unique<Conv>(); }
+
+}  // namespace onnxstitch

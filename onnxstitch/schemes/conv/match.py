@@ -1,0 +1,307 @@
+"""Convolution epilogues: a 2-D Conv and the elementwise work after it as one cuDNN graph.
+
+Design note
+-----------
+Stock ONNX Runtime runs Conv (with ReLU where it fuses one) in NCHW through cuDNN's legacy API,
+then every other activation, residual Add or clip as kernels of their own that read the
+convolution's output back. cuDNN's graph API runs conv → bias → residual Add → activation as one
+engine, but only in NHWC on the H100: scripts/probe_cudnn.cc found no engine for NCHW graphs with
+a residual or SiLU, and NHWC convolutions 1.6–2.7× faster than NCHW ones in float16 (H100,
+`bench/results/nvidia-h100/cudnn/`). So a matched chain runs in NHWC: its input, residual and
+output change layout at the node (cuBLASLt transforms in scratch memory), except between two conv
+nodes, where the tensor stays NHWC (`layouts`: the plan's conv groups decide it together).
+
+Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight, explicit pads
+(auto_pad NOTSET or VALID), its own bias [K] or none, then optionally
+
+- a residual: an Add of a runtime tensor of the convolution's shape (before the activation, as
+  ResNet's blocks and MobileNet's inverted residuals write it);
+- an activation: Relu; Clip with constant bounds (ReLU6); LeakyRelu; Sigmoid; Tanh; Gelu; SiLU as
+  exporters write it, x · Sigmoid(x).
+
+Each chain is proposed with every legal prefix, the Conv alone included, all sharing its nodes: the
+plan takes at most one, or none; the refusals say why a chain stops.
+
+Price (`group_of`): ORT's price of the Conv (cost.node_us, the same in every plan) scaled by
+NHWC_FACTOR, plus the bytes of its residual: the epilogue itself costs cuDNN nearly nothing.
+Layout changes at the chain's ends are not priced (they depend on what the plan chooses around
+it; `layouts` decides them after).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from onnx import TensorProto as TP
+
+from ...cost import CostModel, node_us
+from ...graph import FusionGraph, constant_value
+from ...plan import Group, Plan
+from .. import CONV
+from .spec import DTYPES, ConvSpec
+
+# cuDNN's fused NHWC engine against ORT's NCHW call, as measured on the H100
+# (scripts/probe_cudnn.cc: 0.37–0.72× in float16, 0.5–1.0× in float32 for ResNet's 3×3 and 1×1
+# convolutions): the plan's price of a conv node relative to ORT's Conv.
+NHWC_FACTOR = 0.8
+# cuDNN runs float32 convolutions on TF32 tensor cores unless told otherwise, as ONNX Runtime's
+# CUDA EP does by default (its use_tf32): verification judges them at TF32's accuracy.
+TF32 = True
+
+
+@dataclass(frozen=True)
+class Match:
+    """One Conv and the epilogue cuDNN runs after it."""
+
+    nodes: tuple[int, ...]  # the Conv, its Add, the activation's nodes (topological)
+    x: str
+    w: str
+    bias: str | None
+    residual: str | None
+    output: str
+    activation: str  # one of spec.ACTIVATIONS
+    params: tuple[float, float]
+    dtype: int
+    pads: tuple[int, int, int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    group: int
+    conv: str  # the Conv's name, for reports
+    layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC (`layouts`)
+
+    def _name(self, t: str, nhwc: bool) -> str:
+        return nhwc_name(t) if nhwc else t
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The node's inputs: X, W, [the bias], [R] (docs/abi.md), NHWC ones by their NHWC name."""
+        return ((self._name(self.x, self.layouts[0]), self.w) + ((self.bias,) if self.bias else ())
+                + ((self._name(self.residual, self.layouts[2]),) if self.residual else ()))
+
+    @property
+    def node_output(self) -> str:
+        return self._name(self.output, self.layouts[1])
+
+    @property
+    def spec(self) -> ConvSpec:
+        return ConvSpec(self.dtype, self.pads, self.strides, self.dilations, self.group, self.bias is not None,
+                        self.residual is not None, self.activation, self.params, self.layouts)
+
+    def describe(self) -> str:
+        """One line for reports."""
+        parts = [f"+ bias '{self.bias}'"] if self.bias else []
+        if self.residual:
+            parts.append(f"+ '{self.residual}'")
+        if self.activation:
+            parts.append(f"→ {self.activation}")
+        dtype = TP.DataType.Name(self.dtype).lower()
+        return f"conv epilogue at '{self.conv}': '{self.x}' ⊛ '{self.w}' {' '.join(parts)} → '{self.output}', {dtype}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """The chains cuDNN can run (every legal prefix of each), and the refusals with why."""
+
+    matches: tuple[Match, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def nhwc_name(t: str) -> str:
+    """The name of tensor `t` held in NHWC between two conv nodes."""
+    return f"{t}~nhwc"
+
+
+def _only_reader(g: FusionGraph, t: str) -> int | None:
+    readers = g.consumers.get(t, ())
+    return readers[0] if len(readers) == 1 and t not in g.graph_outputs else None
+
+
+def _conv(g: FusionGraph, i: int) -> dict | str:
+    """The Conv's geometry, or why it is no conv epilogue's."""
+    n = g.nodes[i]
+    x, w = n.inputs[:2]
+    b = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
+    y = n.outputs[0]
+    for t in (x, w, y):
+        info = g.tensors.get(t)
+        if info is None or info.dtype not in DTYPES:
+            return f"'{t}' is not float32 or float16"
+    if len({g.tensors[t].dtype for t in (x, w, y)}) != 1:
+        return "its operands' types differ"
+    if w not in g.constants:
+        return f"its weight '{w}' is not a constant"
+    sx, sw = g.shape(x), g.shape(w)
+    if sx is None or len(sx) != 4 or sw is None or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
+        return "not a 2-D convolution of a rank-4 input with a fixed 4-D weight"
+    if not isinstance(sx[1], int):
+        return f"the channels of '{x}' are not fixed"
+    auto_pad = n.attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto_pad} (explicit pads only)"
+    pads = tuple(int(v) for v in n.attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
+    strides = tuple(int(v) for v in n.attrs.get("strides", (1, 1)))
+    dilations = tuple(int(v) for v in n.attrs.get("dilations", (1, 1)))
+    group = int(n.attrs.get("group", 1))
+    if len(pads) != 4 or len(strides) != 2 or len(dilations) != 2:
+        return "pads, strides or dilations not of a 2-D convolution"
+    if sx[1] != sw[1] * group:
+        return f"'{x}' has {sx[1]} channels, the weight {sw[1]} × {group} groups"
+    if b is not None and (g.shape(b) != (sw[0],) or g.tensors[b].dtype != g.tensors[y].dtype):
+        return f"its bias '{b}' is not [{sw[0]}] of its type"
+    return dict(x=x, w=w, bias=b, pads=pads, strides=strides, dilations=dilations, group=group,
+                dtype=g.tensors[y].dtype)
+
+
+def _scalar(g: FusionGraph, t: str) -> float | None:
+    if not t:
+        return None
+    if t not in g.constants:
+        return None
+    v = constant_value(g, t)
+    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+
+
+def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple[int, ...], str] | str | None:
+    """(kind, params, nodes, output) of the activation read from `t`, why not, or None."""
+    readers = g.consumers.get(t, ())
+    if not readers or t in g.graph_outputs:
+        return None
+    if len(readers) == 2:  # SiLU as exporters write it: t · Sigmoid(t)
+        a, b = (g.nodes[r] for r in readers)
+        sig, mul = (a, b) if a.op_type == "Sigmoid" else (b, a)
+        if sig.op_type == "Sigmoid" and mul.op_type == "Mul" and set(mul.inputs[:2]) == {t, sig.outputs[0]} \
+                and tuple(g.consumers.get(sig.outputs[0], ())) == (mul.index,) and sig.outputs[0] not in g.graph_outputs:
+            return "silu", (0.0, 0.0), tuple(sorted((sig.index, mul.index))), mul.outputs[0]
+        return None
+    if len(readers) != 1:
+        return None
+    n = g.nodes[readers[0]]
+    if n.domain not in ("", "ai.onnx"):
+        return None
+    if n.op_type in ("Relu", "Sigmoid", "Tanh"):
+        return n.op_type.lower(), (0.0, 0.0), (n.index,), n.outputs[0]
+    if n.op_type == "LeakyRelu":
+        return "leaky_relu", (float(n.attrs.get("alpha", 0.01)), 0.0), (n.index,), n.outputs[0]
+    if n.op_type == "Gelu":
+        form = n.attrs.get("approximate", "none")
+        form = form.decode() if isinstance(form, bytes) else form
+        return ("gelu_tanh" if form == "tanh" else "gelu"), (0.0, 0.0), (n.index,), n.outputs[0]
+    if n.op_type == "Clip":
+        lo = _scalar(g, n.inputs[1]) if len(n.inputs) > 1 and n.inputs[1] else float(n.attrs.get("min", -3.4e38))
+        hi = _scalar(g, n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else float(n.attrs.get("max", 3.4e38))
+        if lo is None or hi is None:
+            return f"its Clip '{n.name or n.outputs[0]}' has bounds computed at run time"
+        if lo > 0:
+            return f"its Clip '{n.name or n.outputs[0]}' has a positive lower bound (cuDNN's ReLU clips from ≤ 0)"
+        return "clip", (lo, hi), (n.index,), n.outputs[0]
+    return None
+
+
+def _residual_after(g: FusionGraph, t: str) -> tuple[int, str] | None:
+    """(the Add, the other operand) when `t`'s one reader adds a runtime tensor of its shape."""
+    at = _only_reader(g, t)
+    if at is None or g.nodes[at].op_type != "Add":
+        return None
+    x, y = g.nodes[at].inputs[:2]
+    other = y if x == t else x
+    so, st, sa = g.shape(other), g.shape(t), g.shape(g.nodes[at].outputs[0])
+    if other in g.constants or other == t or so is None or st is None or so != st or sa != st or \
+            any(d is None for d in st) or g.tensors[other].dtype != g.tensors[t].dtype:
+        return None
+    return at, other
+
+
+def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
+    n = g.nodes[i]
+    name = f"conv epilogue at '{n.name or n.outputs[0]}'"
+    got = _conv(g, i)
+    if isinstance(got, str):
+        return [], [f"{name}: {got}"]
+    t, nodes, residual = n.outputs[0], [i], None
+    found: list[Match] = []
+    why: list[str] = []
+
+    def take(activation: str = "", params: tuple[float, float] = (0.0, 0.0)) -> None:
+        found.append(Match(tuple(sorted(nodes)), got["x"], got["w"], got["bias"], residual, t, activation, params,
+                           got["dtype"], got["pads"], got["strides"], got["dilations"], got["group"],
+                           n.name or n.outputs[0]))
+
+    take()
+    res = _residual_after(g, t)
+    if res is not None:
+        at, residual = res
+        nodes.append(at)
+        t = g.nodes[at].outputs[0]
+        take()
+    act = _activation(g, t)
+    if isinstance(act, str):
+        why.append(f"{name}: {act}")
+    elif act is not None:
+        kind, params, extra, out = act
+        nodes.extend(extra)
+        t = out
+        take(kind, params)
+    return found, why
+
+
+def find(g: FusionGraph) -> Found:
+    """Every Conv chain of `g` cuDNN can run as one graph, and the refusals."""
+    matches: list[Match] = []
+    refusals: list[str] = []
+    for n in g.nodes:
+        if n.op_type != "Conv" or n.domain not in ("", "ai.onnx"):
+            continue
+        got, why = _chain(g, n.index)
+        matches += got
+        refusals += why
+    return Found(tuple(matches), tuple(refusals))
+
+
+def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
+    """The plan's group for chain `m` (module docstring)."""
+    extra = g.tensor_bytes(m.residual) / (cost.bandwidth_gbs * 1e3) if m.residual else 0.0
+    ins = (m.x, m.w) + ((m.bias,) if m.bias else ()) + ((m.residual,) if m.residual else ())
+    moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(ins + (m.output,)))
+    return Group(name, m.nodes, ins, (m.output,), None, moved, NHWC_FACTOR * node_us(g, cost, m.nodes[0]) + extra,
+                 tuple(g.nodes[i].label for i in m.nodes), tf32=m.dtype == TP.FLOAT and TF32, scheme=CONV, payload=m)
+
+
+def layouts(g: FusionGraph, plan: Plan) -> Plan:
+    """`plan` with each conv group's tensors NHWC where they pass between conv groups alone: an
+    output every reader of which is a conv group reading it as X or R (and no graph output)."""
+    convs = [grp for grp in plan.groups if grp.scheme == CONV]
+    if not convs:
+        return plan
+    owner = {i: grp for grp in convs for i in grp.nodes}
+    nhwc: set[str] = set()
+    for grp in convs:
+        m: Match = grp.payload
+        readers = g.consumers.get(m.output, ())
+        if m.output in g.graph_outputs or not readers:
+            continue
+        if all(r in owner and m.output in (owner[r].payload.x, owner[r].payload.residual) for r in readers):
+            nhwc.add(m.output)
+    if not nhwc:
+        return plan
+    groups = []
+    for grp in plan.groups:
+        if grp.scheme == CONV:
+            m = grp.payload
+            m = dataclasses.replace(m, layouts=(m.x in nhwc, m.output in nhwc, m.residual in nhwc))
+            grp = dataclasses.replace(grp, payload=m)
+        groups.append(grp)
+    return dataclasses.replace(plan, groups=tuple(groups) if isinstance(plan.groups, tuple) else groups)
+
+
+def chosen(found: Found, plan: Plan) -> Found:
+    """`found` as the plan left it: the chains it runs through cuDNN, and for each Conv with
+    none taken, why (among the refusals)."""
+    taken = [grp.payload for grp in plan.groups if grp.scheme == CONV]
+    done = {m.conv for m in taken}
+    longest: dict[str, Match] = {}
+    for m in found.matches:
+        if m.conv not in done:
+            longest[m.conv] = m
+    passed = tuple(f"{m.describe()}: the plan found other kernels over these nodes cheaper" for m in longest.values())
+    return Found(tuple(taken), found.refusals + passed)

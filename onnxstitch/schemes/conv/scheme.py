@@ -1,0 +1,65 @@
+"""The conv scheme behind the common interface (schemes/base.py): a library call (cuDNN's graph
+API), so its KernelSource has no code; its fallback function is the chain's nodes, with the
+layout changes of its NHWC inputs and output around them (match.layouts)."""
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+from onnx import helper
+
+from ...graph import FusionGraph
+from ...plan import Group
+from .. import CONV
+from ..source import BROADCAST, KernelSource
+from .match import Match
+from .spec import ACTIVATIONS
+
+TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
+    """The function body: NHWC inputs back to NCHW, the constants the nodes read (a function
+    sees no initializers), the nodes as they were, the output to NHWC where it stays so."""
+    body: list[onnx.NodeProto] = []
+    if m.layouts[0]:
+        body.append(helper.make_node("Transpose", [m.inputs[0]], [m.x], perm=TO_NCHW))
+    if m.residual and m.layouts[2] and not (m.layouts[0] and m.residual == m.x):
+        body.append(helper.make_node("Transpose", [m.inputs[-1]], [m.residual], perm=TO_NCHW))
+    given = set(m.inputs) | {m.x, m.residual}
+    nodes = [graph.nodes[i] for i in m.nodes]
+    for t in sorted({t for n in nodes for t in n.inputs if t and t not in given and t in graph.constants}):
+        body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
+    body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
+             for n in nodes]
+    if m.layouts[1]:
+        body.append(helper.make_node("Transpose", [m.output], [m.node_output], perm=TO_NHWC))
+    return tuple(body)
+
+
+class Conv:
+    name = CONV
+    fallback_verbatim = True  # the body is the scheme's own (`fallback`)
+
+    def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
+        m: Match = group.payload
+        spec = m.spec
+        dtype = "f16" if spec.dtype == onnx.TensorProto.FLOAT16 else "f32"
+        # Named after what it runs (there is no code to hash): the runtime's messages name it.
+        kernel = f"cudnn_conv{'_bias' if spec.bias else ''}{'_residual' if spec.residual else ''}" \
+                 f"{'_' + spec.activation if spec.activation else ''}_{dtype}"
+        return KernelSource(kernel, "", 1, m.inputs, (m.node_output,), (BROADCAST,) * len(m.inputs), (m.dtype,), spec,
+                            fallback=fallback(graph, m))
+
+    def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
+        spec = src.spec
+        return {"scheme": self.name, "library": "cuDNN", "bias": spec.bias, "residual": spec.residual,
+                "activation": spec.activation or "none", "group": spec.group,
+                "nhwc": {"x": spec.layouts[0], "y": spec.layouts[1], "residual": spec.layouts[2]}}
+
+    def attributes(self, src: KernelSource) -> list[onnx.AttributeProto]:
+        return [helper.make_attribute(k, v) for k, v in src.spec.attributes().items()]
+
+
+assert ACTIVATIONS[0] == ""  # "no activation" is code 0 in the runtime
+SCHEME = Conv()

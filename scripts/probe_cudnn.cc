@@ -1,0 +1,376 @@
+// What cuDNN's graph API fuses on this GPU, and at what cost: GEMMs and convolutions with the
+// epilogues the library epilogues would ask for (bias, exact and tanh GELU, ReLU, SiLU, a residual
+// Add), each against the same call without epilogue and against cuBLASLt. One JSON line per case:
+// whether an engine exists, the best of the heuristic's first plans (µs per call, events around
+// 50 calls) and the largest relative error of 256 sampled outputs against a float64 reference.
+//
+// Built and run by scripts/gpu_cudnn.sh on the GPU machine (g++ only: cuDNN, cuBLASLt and the
+// driver are loaded at run time, as the runtime library does).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cublaslt_api.h"
+#include "cudnn_graph.h"
+
+using namespace onnxstitch;
+
+namespace {
+
+struct Cuda {
+  using R = int;
+  R (*Init)(unsigned);
+  R (*DeviceGet)(int*, int);
+  R (*PrimaryCtxRetain)(void**, int);
+  R (*CtxSetCurrent)(void*);
+  R (*MemAlloc)(unsigned long long*, size_t);
+  R (*MemFree)(unsigned long long);
+  R (*HtoD)(unsigned long long, const void*, size_t);
+  R (*DtoH)(void*, unsigned long long, size_t);
+  R (*EventCreate)(void**, unsigned);
+  R (*EventRecord)(void*, void*);
+  R (*EventSynchronize)(void*);
+  R (*EventElapsed)(float*, void*, void*);
+  R (*CtxSynchronize)();
+  R (*DeviceGetName)(char*, int, int);
+  void Load() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) { std::fprintf(stderr, "no libcuda\n"); std::exit(1); }
+    auto get = [&](const char* n) {
+      void* f = dlsym(lib, n);
+      if (!f) { std::fprintf(stderr, "libcuda has no %s\n", n); std::exit(1); }
+      return f;
+    };
+    Init = (R(*)(unsigned))get("cuInit");
+    DeviceGet = (R(*)(int*, int))get("cuDeviceGet");
+    PrimaryCtxRetain = (R(*)(void**, int))get("cuDevicePrimaryCtxRetain");
+    CtxSetCurrent = (R(*)(void*))get("cuCtxSetCurrent");
+    MemAlloc = (R(*)(unsigned long long*, size_t))get("cuMemAlloc_v2");
+    MemFree = (R(*)(unsigned long long))get("cuMemFree_v2");
+    HtoD = (R(*)(unsigned long long, const void*, size_t))get("cuMemcpyHtoD_v2");
+    DtoH = (R(*)(void*, unsigned long long, size_t))get("cuMemcpyDtoH_v2");
+    EventCreate = (R(*)(void**, unsigned))get("cuEventCreate");
+    EventRecord = (R(*)(void*, void*))get("cuEventRecord");
+    EventSynchronize = (R(*)(void*))get("cuEventSynchronize");
+    EventElapsed = (R(*)(float*, void*, void*))get("cuEventElapsedTime");
+    CtxSynchronize = (R(*)())get("cuCtxSynchronize");
+    DeviceGetName = (R(*)(char*, int, int))get("cuDeviceGetName");
+  }
+} cuda;
+
+uint16_t ToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  int e = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t m = x & 0x7fffff;
+  if (e <= 0) return static_cast<uint16_t>(sign);
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00);
+  uint32_t h = sign | (e << 10) | (m >> 13);
+  if ((m & 0x1fff) > 0x1000 || ((m & 0x1fff) == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(h);
+}
+float FromHalf(uint16_t h) {
+  const uint32_t sign = (h & 0x8000) << 16;
+  const int e = (h >> 10) & 0x1f;
+  const uint32_t m = h & 0x3ff;
+  uint32_t x;
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  x = sign | ((e - 15 + 127) << 23) | (m << 13);
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// A device buffer of n values with host copies (as float, already rounded to the dtype).
+struct Buf {
+  unsigned long long ptr = 0;
+  std::vector<float> host;
+  bool half = false;
+  Buf(size_t n, bool h, std::mt19937& rng, float scale) : host(n), half(h) {
+    std::normal_distribution<float> d(0.f, scale);
+    for (float& v : host) v = d(rng);
+    if (half) {
+      std::vector<uint16_t> hv(n);
+      for (size_t i = 0; i < n; ++i) { hv[i] = ToHalf(host[i]); host[i] = FromHalf(hv[i]); }
+      cuda.MemAlloc(&ptr, n * 2);
+      cuda.HtoD(ptr, hv.data(), n * 2);
+    } else {
+      cuda.MemAlloc(&ptr, n * 4);
+      cuda.HtoD(ptr, host.data(), n * 4);
+    }
+  }
+  Buf(size_t n, bool h) : host(n), half(h) { cuda.MemAlloc(&ptr, n * (h ? 2 : 4)); }
+  ~Buf() { cuda.MemFree(ptr); }
+  void* p() const { return reinterpret_cast<void*>(ptr); }
+  std::vector<float> Read() const {
+    std::vector<float> out(host.size());
+    if (half) {
+      std::vector<uint16_t> hv(host.size());
+      cuda.DtoH(hv.data(), ptr, hv.size() * 2);
+      for (size_t i = 0; i < hv.size(); ++i) out[i] = FromHalf(hv[i]);
+    } else {
+      cuda.DtoH(out.data(), ptr, out.size() * 4);
+    }
+    return out;
+  }
+};
+
+template <typename F>
+double TimeUs(F run, int iters = 50) {
+  for (int i = 0; i < 5; ++i) run();
+  void *a, *b;
+  cuda.EventCreate(&a, 0);
+  cuda.EventCreate(&b, 0);
+  cuda.EventRecord(a, nullptr);
+  for (int i = 0; i < iters; ++i) run();
+  cuda.EventRecord(b, nullptr);
+  cuda.EventSynchronize(b);
+  float ms = 0;
+  cuda.EventElapsed(&ms, a, b);
+  return 1000.0 * ms / iters;
+}
+
+double Act(const std::string& act, double v) {
+  if (act == "relu") return v > 0 ? v : 0;
+  if (act == "gelu") return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+  if (act == "gelu_tanh") return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+  if (act == "silu") return v / (1 + std::exp(-v));
+  return v;
+}
+int PwMode(const std::string& act) {
+  if (act == "relu") return dnn::kPointwiseReluFwd;
+  if (act == "gelu") return dnn::kPointwiseGeluFwd;
+  if (act == "gelu_tanh") return dnn::kPointwiseGeluApproxTanhFwd;
+  return dnn::kPointwiseSwishFwd;
+}
+
+dnn::Api api;
+dnn::Handle handle;
+lt::Api ltapi;
+lt::Handle lthandle;
+unsigned long long workspace;
+constexpr int64_t kWorkspace = int64_t{64} << 20;
+
+// Builds the graph via `build`, times its first plans, returns (best µs, error text).
+template <typename B>
+std::pair<double, std::string> RunGraph(B build, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs,
+                                        int* nplans) {
+  dnn::Graph g(api, handle);
+  build(g);
+  std::vector<dnn::Plan> plans;
+  std::string err = g.Plans(kWorkspace, 4, &plans);
+  *nplans = static_cast<int>(plans.size());
+  if (!err.empty()) return {-1, err};
+  double best = 1e30;
+  size_t best_i = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    std::string e = dnn::Execute(api, handle, plans[i], uids, ptrs, reinterpret_cast<void*>(workspace));
+    if (!e.empty()) { err = e; continue; }
+    const double us = TimeUs([&] { dnn::Execute(api, handle, plans[i], uids, ptrs, reinterpret_cast<void*>(workspace)); });
+    if (us < best) { best = us; best_i = i; }
+  }
+  if (best > 1e29) return {-1, err};
+  dnn::Execute(api, handle, plans[best_i], uids, ptrs, reinterpret_cast<void*>(workspace));  // leave the best one's output
+  cuda.CtxSynchronize();
+  return {best, ""};
+}
+
+void Matmuls(std::mt19937& rng, const char* gpu) {
+  const int64_t shapes[][3] = {{1024, 768, 3072}, {1024, 3072, 768}, {1024, 768, 768}, {1024, 768, 2304}, {128, 768, 3072}};
+  for (bool half : {false, true}) {
+    const int dt = half ? dnn::kHalf : dnn::kFloat;
+    for (const auto& s : shapes) {
+      const int64_t M = s[0], K = s[1], N = s[2];
+      Buf a(M * K, half, rng, 1.f), b(K * N, half, rng, 1.f / std::sqrt(static_cast<float>(K))), bias(N, half, rng, 0.5f),
+          res(M * N, half, rng, 1.f), y(M * N, half);
+      // cuBLASLt, as the gemm scheme calls it (row-major via Yᵀ = Bᵀ·Aᵀ): plain, bias, tanh GELU.
+      for (uint32_t epi : {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueGeluBias}) {
+        lt::MatmulDesc desc;
+        lt::Layout la, lb, lc;
+        ltapi.MatmulDescCreate(&desc, half ? lt::kComputeF32 : lt::kComputeF32FastTf32, lt::kR32F);
+        ltapi.MatmulDescSetAttribute(desc, lt::kDescEpilogue, &epi, sizeof(epi));
+        const void* bp = bias.p();
+        ltapi.MatmulDescSetAttribute(desc, lt::kDescBiasPointer, &bp, sizeof(bp));
+        const int t = half ? lt::kR16F : lt::kR32F;
+        ltapi.MatrixLayoutCreate(&la, t, N, K, N);
+        ltapi.MatrixLayoutCreate(&lb, t, K, M, K);
+        ltapi.MatrixLayoutCreate(&lc, t, N, M, N);
+        lt::Preference pref;
+        ltapi.MatmulPreferenceCreate(&pref);
+        uint64_t ws = kWorkspace;
+        ltapi.MatmulPreferenceSetAttribute(pref, lt::kPrefMaxWorkspaceBytes, &ws, sizeof(ws));
+        lt::HeuristicResult r{};
+        int found = 0;
+        ltapi.MatmulAlgoGetHeuristic(lthandle, desc, la, lb, lc, lc, pref, 1, &r, &found);
+        const float one = 1.f, zero = 0.f;
+        double us = -1;
+        if (found) {
+          us = TimeUs([&] {
+            ltapi.Matmul(lthandle, desc, &one, b.p(), la, a.p(), lb, &zero, y.p(), lc, y.p(), lc, &r.algo,
+                         reinterpret_cast<void*>(workspace), kWorkspace, nullptr);
+          });
+        }
+        const char* name = epi == lt::kEpilogueDefault ? "none" : epi == lt::kEpilogueBias ? "bias" : "bias_gelu_tanh";
+        std::printf("{\"gpu\": \"%s\", \"op\": \"matmul\", \"library\": \"cublaslt\", \"dtype\": \"%s\", \"m\": %ld, \"k\": %ld, "
+                    "\"n\": %ld, \"epilogue\": \"%s\", \"us\": %.2f}\n",
+                    gpu, half ? "float16" : "float32", M, K, N, name, us);
+        ltapi.MatmulPreferenceDestroy(pref);
+        ltapi.MatrixLayoutDestroy(la);
+        ltapi.MatrixLayoutDestroy(lb);
+        ltapi.MatrixLayoutDestroy(lc);
+        ltapi.MatmulDescDestroy(desc);
+      }
+      for (std::string epi : {"none", "bias", "bias_gelu", "bias_gelu_tanh", "bias_relu", "bias_residual"}) {
+        const bool has_bias = epi != "none", has_res = epi == "bias_residual";
+        const std::string act = epi == "bias_gelu" ? "gelu" : epi == "bias_gelu_tanh" ? "gelu_tanh" : epi == "bias_relu" ? "relu" : "";
+        std::vector<int64_t> uids = {1, 2, 9};
+        std::vector<void*> ptrs = {a.p(), b.p(), y.p()};
+        if (has_bias) { uids.push_back(3); ptrs.push_back(bias.p()); }
+        if (has_res) { uids.push_back(4); ptrs.push_back(res.p()); }
+        int nplans = 0;
+        auto r = RunGraph(
+            [&](dnn::Graph& g) {
+              auto T = [&](int64_t uid, int dtype, std::vector<int64_t> dims, bool virt) {
+                return g.Tensor({uid, dtype, dims, dnn::PackedStrides(dims), virt, 16});
+              };
+              const bool last_mm = !has_bias;
+              auto ta = T(1, dt, {1, M, K}, false), tb = T(2, dt, {1, K, N}, false);
+              auto cur = T(last_mm ? 9 : 100, last_mm ? dt : dnn::kFloat, {1, M, N}, !last_mm);
+              g.Matmul(ta, tb, cur);
+              if (!has_bias) return;
+              auto tbias = T(3, dt, {1, 1, N}, false);
+              const bool last_bias = act.empty() && !has_res;
+              auto nb = T(last_bias ? 9 : 101, last_bias ? dt : dnn::kFloat, {1, M, N}, !last_bias);
+              g.Pointwise(dnn::kPointwiseAdd, cur, tbias, nb);
+              cur = nb;
+              if (has_res) {
+                auto tres = T(4, dt, {1, M, N}, false);
+                auto nr = T(9, dt, {1, M, N}, false);
+                g.Pointwise(dnn::kPointwiseAdd, cur, tres, nr);
+              } else if (!act.empty()) {
+                auto na = T(9, dt, {1, M, N}, false);
+                g.Pointwise(PwMode(act), cur, nullptr, na);
+              }
+            },
+            uids, ptrs, &nplans);
+        double err = -1;
+        if (r.first > 0) {
+          std::vector<float> out = y.Read();
+          std::uniform_int_distribution<int64_t> dm(0, M - 1), dn(0, N - 1);
+          err = 0;
+          for (int i = 0; i < 256; ++i) {
+            const int64_t m = dm(rng), n = dn(rng);
+            double v = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) { v += double(a.host[m * K + k]) * b.host[k * N + n]; mag += std::fabs(double(a.host[m * K + k]) * b.host[k * N + n]); }
+            if (has_bias) v += bias.host[n];
+            if (has_res) v += res.host[m * N + n];
+            v = Act(act, v);
+            err = std::max(err, std::fabs(out[m * N + n] - v) / (mag + 1e-6));
+          }
+        }
+        std::printf("{\"gpu\": \"%s\", \"op\": \"matmul\", \"library\": \"cudnn\", \"dtype\": \"%s\", \"m\": %ld, \"k\": %ld, "
+                    "\"n\": %ld, \"epilogue\": \"%s\", \"us\": %.2f, \"plans\": %d, \"err\": %.3g, \"why\": \"%s\"}\n",
+                    gpu, half ? "float16" : "float32", M, K, N, epi.c_str(), r.first, nplans, err, r.second.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+void Convs(std::mt19937& rng, const char* gpu) {
+  struct C { int64_t n, c, h, w, k, r, stride, pad, groups; };
+  const C cases[] = {{8, 64, 56, 56, 64, 3, 1, 1, 1},   {8, 128, 28, 28, 128, 3, 1, 1, 1}, {8, 256, 14, 14, 256, 3, 1, 1, 1},
+                     {8, 256, 56, 56, 64, 1, 1, 0, 1},  {8, 64, 56, 56, 256, 1, 1, 0, 1},  {8, 96, 56, 56, 96, 3, 1, 1, 96},
+                     {1, 64, 56, 56, 64, 3, 1, 1, 1},   {1, 16, 320, 320, 32, 3, 2, 1, 1}};
+  for (bool half : {false, true}) {
+    const int dt = half ? dnn::kHalf : dnn::kFloat;
+    for (const C& c : cases) {
+      const int64_t cg = c.c / c.groups;
+      const int64_t ho = (c.h + 2 * c.pad - c.r) / c.stride + 1, wo = (c.w + 2 * c.pad - c.r) / c.stride + 1;
+      Buf x(c.n * c.c * c.h * c.w, half, rng, 1.f), w(c.k * cg * c.r * c.r, half, rng, 1.f / std::sqrt(float(cg * c.r * c.r))),
+          bias(c.k, half, rng, 0.5f), res(c.n * c.k * ho * wo, half, rng, 1.f), y(c.n * c.k * ho * wo, half);
+      for (bool nhwc : {false, true}) {
+        // dims are always N, C, H, W; the layout is in the strides.
+        auto strides = [&](int64_t n, int64_t ch, int64_t h, int64_t ww) -> std::vector<int64_t> {
+          if (nhwc) return {h * ww * ch, 1, ww * ch, ch};
+          return {ch * h * ww, h * ww, ww, 1};
+        };
+        for (std::string epi : {"none", "bias_relu", "bias_silu", "bias_residual_relu"}) {
+          const bool has_bias = epi != "none", has_res = epi == "bias_residual_relu";
+          const std::string act = epi == "bias_silu" ? "silu" : has_bias ? "relu" : "";
+          std::vector<int64_t> uids = {1, 2, 9};
+          std::vector<void*> ptrs = {x.p(), w.p(), y.p()};
+          if (has_bias) { uids.push_back(3); ptrs.push_back(bias.p()); }
+          if (has_res) { uids.push_back(4); ptrs.push_back(res.p()); }
+          int nplans = 0;
+          auto r = RunGraph(
+              [&](dnn::Graph& g) {
+                auto T = [&](int64_t uid, int dtype, int64_t n, int64_t ch, int64_t h, int64_t ww, bool virt) {
+                  return g.Tensor({uid, dtype, {n, ch, h, ww}, strides(n, ch, h, ww), virt, 16});
+                };
+                auto tx = T(1, dt, c.n, c.c, c.h, c.w, false), tw = T(2, dt, c.k, cg, c.r, c.r, false);
+                auto cur = T(has_bias ? 100 : 9, has_bias ? dnn::kFloat : dt, c.n, c.k, ho, wo, has_bias);
+                g.ConvForward(tx, tw, cur, {c.pad, c.pad}, {c.pad, c.pad}, {c.stride, c.stride}, {1, 1});
+                if (!has_bias) return;
+                auto tb = T(3, dt, 1, c.k, 1, 1, false);
+                auto nb = T(101, dnn::kFloat, c.n, c.k, ho, wo, true);
+                g.Pointwise(dnn::kPointwiseAdd, cur, tb, nb);
+                cur = nb;
+                if (has_res) {
+                  auto tr = T(4, dt, c.n, c.k, ho, wo, false);
+                  auto nr = T(102, dnn::kFloat, c.n, c.k, ho, wo, true);
+                  g.Pointwise(dnn::kPointwiseAdd, cur, tr, nr);
+                  cur = nr;
+                }
+                auto ty = T(9, dt, c.n, c.k, ho, wo, false);
+                g.Pointwise(PwMode(act), cur, nullptr, ty);
+              },
+              uids, ptrs, &nplans);
+          std::printf("{\"gpu\": \"%s\", \"op\": \"conv\", \"dtype\": \"%s\", \"layout\": \"%s\", \"n\": %ld, \"c\": %ld, \"hw\": %ld, "
+                      "\"k\": %ld, \"r\": %ld, \"stride\": %ld, \"groups\": %ld, \"epilogue\": \"%s\", \"us\": %.2f, \"plans\": %d, "
+                      "\"why\": \"%s\"}\n",
+                      gpu, half ? "float16" : "float32", nhwc ? "NHWC" : "NCHW", c.n, c.c, c.h, c.k, c.r, c.stride, c.groups,
+                      epi.c_str(), r.first, nplans, r.second.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cuda.Load();
+  cuda.Init(0);
+  int dev = 0;
+  void* ctx = nullptr;
+  cuda.DeviceGet(&dev, 0);
+  cuda.PrimaryCtxRetain(&ctx, dev);
+  cuda.CtxSetCurrent(ctx);
+  char name[128] = {0};
+  cuda.DeviceGetName(name, sizeof(name), dev);
+  std::string err = api.Load();
+  if (!err.empty()) { std::fprintf(stderr, "%s\n", err.c_str()); return 1; }
+  err = ltapi.Load();
+  if (!err.empty()) { std::fprintf(stderr, "%s\n", err.c_str()); return 1; }
+  std::fprintf(stderr, "cuDNN %zu on %s\n", api.GetVersion(), name);
+  if (api.Create(&handle) != dnn::kSuccess || ltapi.Create(&lthandle) != lt::kSuccess) return 1;
+  cuda.MemAlloc(&workspace, kWorkspace);
+  std::mt19937 rng(20261126);
+  const std::string what = argc > 1 ? argv[1] : "all";
+  if (what == "all" || what == "matmul") Matmuls(rng, name);
+  if (what == "all" || what == "conv") Convs(rng, name);
+  return 0;
+}

@@ -1,0 +1,106 @@
+"""Convolution chains for the conv scheme's tests (tests/test_conv.py, tests/gpu/test_conv_gpu.py):
+small networks of Conv → [residual Add] → [activation] layers as exporters write them, and a
+float64 reference of each (onnx's reference evaluator over the same graph in double: neither ONNX
+Runtime nor cuDNN)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+ACTIVATIONS = ("", "relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One Conv and what follows it: `residual` adds the layer's input (same shape needed)."""
+
+    out: int
+    kernel: int = 3
+    stride: int = 1
+    pad: tuple[int, int, int, int] | None = None  # ONNX order; None: "same" for stride 1
+    dilation: int = 1
+    group: int = 1
+    bias: bool = True
+    residual: bool = False
+    activation: str = ""
+
+
+@dataclass(frozen=True)
+class Net:
+    channels: int
+    layers: tuple[Layer, ...]
+    dtype: int = TP.FLOAT
+    seed: int = 0
+    name: str = field(default="")
+
+    @property
+    def id(self) -> str:
+        acts = "-".join(f"{l.activation or 'none'}{'+r' if l.residual else ''}{f'/g{l.group}' if l.group > 1 else ''}"
+                        f"{f'/s{l.stride}' if l.stride > 1 else ''}{f'/d{l.dilation}' if l.dilation > 1 else ''}"
+                        for l in self.layers)
+        return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
+
+
+def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
+    """The network as a model of input x [n, C, h, w] (symbolic n, h, w) in `dtype` (the net's)."""
+    dtype = net.dtype if dtype is None else dtype
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(net.seed)
+    nodes, inits = [], []
+    x, c = "x", net.channels
+    for k, l in enumerate(net.layers):
+        pad = l.pad if l.pad is not None else (l.dilation * (l.kernel - 1) // 2,) * 4
+        w = rng.standard_normal((l.out, c // l.group, l.kernel, l.kernel)) / np.sqrt(c // l.group * l.kernel ** 2)
+        inits.append(numpy_helper.from_array(w.astype(np_dtype), f"w{k}"))
+        ins = [x, f"w{k}"]
+        if l.bias:
+            inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(l.out)).astype(np_dtype), f"b{k}"))
+            ins.append(f"b{k}")
+        t = f"conv{k}"
+        nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[l.stride] * 2,
+                                      dilations=[l.dilation] * 2, group=l.group, kernel_shape=[l.kernel] * 2))
+        if l.residual:
+            nodes.append(helper.make_node("Add", [t, x], [f"sum{k}"]))
+            t = f"sum{k}"
+        a = l.activation
+        if a in ("relu", "sigmoid", "tanh"):
+            nodes.append(helper.make_node(a.capitalize(), [t], [f"act{k}"]))
+        elif a == "relu6":
+            for name, v in ((f"lo{k}", 0.0), (f"hi{k}", 6.0)):
+                inits.append(numpy_helper.from_array(np.array(v, np_dtype), name))
+            nodes.append(helper.make_node("Clip", [t, f"lo{k}", f"hi{k}"], [f"act{k}"]))
+        elif a == "leaky_relu":
+            nodes.append(helper.make_node("LeakyRelu", [t], [f"act{k}"], alpha=0.1))
+        elif a == "silu":
+            nodes.append(helper.make_node("Sigmoid", [t], [f"sig{k}"]))
+            nodes.append(helper.make_node("Mul", [t, f"sig{k}"], [f"act{k}"]))
+        x = f"act{k}" if a else t
+        c = l.out
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, ["n", net.channels, "h", "w"])],
+                              [helper.make_tensor_value_info("y", dtype, [None] * 4)], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return m
+
+
+def feeds(net: Net, n: int, h: int, w: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    x = rng.standard_normal((n, net.channels, h, w))
+    return {"x": x.astype(helper.tensor_dtype_to_np_dtype(net.dtype))}
+
+
+def reference(net: Net, given: dict[str, np.ndarray]) -> np.ndarray:
+    """y in float64: the same graph, weights as the model holds them (rounded to its dtype), run
+    by onnx's reference evaluator in double."""
+    m = model(net)
+    double = model(net, TP.DOUBLE)
+    weights = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in m.graph.initializer}
+    for t in double.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
+    (y,) = ReferenceEvaluator(double).run(None, {"x": given["x"].astype(np.float64)})
+    return np.asarray(y)

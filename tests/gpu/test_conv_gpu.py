@@ -1,0 +1,75 @@
+"""Convolution epilogues through cuDNN's graph API on the GPU (marker `gpu`): each network of
+tests/conv_models.py optimized with `epilogues=True` (verified there against stock ORT CUDA), then
+run through the custom op with poisoned outputs against a float64 reference on fresh random inputs
+at sizes other than the planning ones: each activation, the residual, strides, dilation, groups and
+depthwise, asymmetric pads, tensors kept NHWC between conv nodes and changed at the network's
+ends, float32 (TF32) and float16, and CUDA graphs.
+
+Tolerances (‖got − want‖ / ‖want‖): TF32 rounds X and W to 10 mantissa bits (about 5e-4 relative
+per product), compounded over up to four layers: 3e-3; float16 also rounds every layer's output:
+1e-2 — far below a wrong layout, bias, residual or activation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxstitch
+
+from ..conv_models import Layer, Net, feeds, model, reference
+from ..stitching import fresh_seed
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {TP.FLOAT: 3e-3, TP.FLOAT16: 1e-2}
+
+NETS = [Net(8, (Layer(16, activation=a),), seed=k) for k, a in
+        enumerate(("", "relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh"))]
+NETS += [
+    Net(16, (Layer(16, residual=True, activation="relu"),), seed=11),
+    Net(16, (Layer(16, residual=True),), seed=12),  # MobileNet's residual without activation
+    Net(8, (Layer(16, bias=False, activation="relu"), Layer(16, residual=True, activation="relu"),
+            Layer(32, kernel=1, stride=2, activation="silu"), Layer(32, group=32, activation="relu6")), seed=13),
+    Net(6, (Layer(12, stride=2, pad=(0, 1, 1, 0), activation="leaky_relu"),
+            Layer(12, dilation=2, group=2, activation="tanh"), Layer(12, residual=True)), seed=14),
+    Net(3, (Layer(16, kernel=3, stride=2, activation="silu"), Layer(32, stride=2, activation="silu"),
+            Layer(32, kernel=1, activation="silu")), seed=15),  # a YOLO stem
+]
+NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+def stitched(net: Net):
+    """The network optimized with epilogues: its Convs as conv groups, verified on the GPU."""
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]})
+    convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
+    assert len(convs) == len(net.layers) and not res.report.dropped, res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    return res
+
+
+@pytest.mark.parametrize("net", NETS, ids=lambda n: n.id)
+def test_conv_epilogue_matches_float64(net: Net) -> None:
+    res = stitched(net)
+    given = feeds(net, 3, 19, 23, np.random.default_rng(fresh_seed()))
+    want = reference(net, given)
+    (got,) = run_gpu(res.model, given, [want.astype(given["x"].dtype)])
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+
+
+@pytest.mark.parametrize("net", [NETS[9], Net(8, (Layer(16, activation="silu"), Layer(16, residual=True)),
+                                                 TP.FLOAT16, 21)], ids=lambda n: n.id)
+def test_conv_epilogue_under_cuda_graphs(net: Net) -> None:
+    rng = np.random.default_rng(fresh_seed())
+    want = reference(net, feeds(net, 2, 20, 20, np.random.default_rng(0)))
+
+    def check(run: int, given: dict, got: np.ndarray) -> None:
+        assert relative_error(got, reference(net, given)) <= TOLERANCE[net.dtype], f"run {run}"
+
+    replay_under_cuda_graphs(stitched(net).model, lambda: feeds(net, 2, 20, 20, rng),
+                             ("y", want.shape, helper.tensor_dtype_to_np_dtype(net.dtype)), check)

@@ -1,0 +1,114 @@
+"""The conv scheme on the CPU: which Conv chains it matches and why others stop, the layouts the
+plan's conv groups agree on, the fused nodes' attributes, and the stitched model through its
+fallback functions against a float64 reference (tests/conv_models.py). GPU runs:
+tests/gpu/test_conv_gpu.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxstitch
+from onnxstitch import graph as graph_mod
+from onnxstitch import shapes
+from onnxstitch.schemes.conv import match
+
+from .conv_models import Layer, Net, feeds, model, reference
+from .stitching import fresh_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+RESNETISH = Net(8, (Layer(16, activation="relu"), Layer(16, residual=True, activation="relu"),
+                    Layer(16, kernel=1, stride=2, bias=False, activation="silu"), Layer(16, group=16, activation="relu6")))
+
+
+def found(net: Net) -> match.Found:
+    m = model(net)
+    inferred, tensors = shapes.infer(m)
+    return match.find(graph_mod.build(inferred, tensors))
+
+
+@pytest.mark.parametrize("activation", [a for a in ("relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh")])
+def test_each_activation_is_matched(activation: str) -> None:
+    f = found(Net(8, (Layer(8, residual=True, activation=activation),)))
+    longest = f.matches[-1]
+    assert longest.residual == "x" and longest.activation == {"relu6": "clip"}.get(activation, activation)
+    assert longest.output == "y" and longest.bias == "b0"
+    # every prefix is proposed: the Conv alone, with its residual, with its activation
+    assert [bool(m.residual) for m in f.matches] == [False, True, True]
+
+
+def test_refusals_say_why() -> None:
+    m = model(Net(8, (Layer(8, activation="relu"),)))
+    conv = m.graph.node[0]
+    conv.attribute.append(helper.make_attribute("auto_pad", "SAME_UPPER"))
+    del conv.attribute[[a.name for a in conv.attribute].index("pads")]
+    inferred, tensors = shapes.infer(m)
+    f = match.find(graph_mod.build(inferred, tensors))
+    assert not f.matches and "auto_pad SAME_UPPER" in f.refusals[0]
+
+
+def test_layouts_stay_nhwc_between_conv_groups() -> None:
+    res = onnxstitch.optimize(model(RESNETISH), epilogues=True, shapes={"n": [2], "h": [32], "w": [32]}, verify=False)
+    convs = [g.payload for g in res.report.plan.groups if g.scheme == "conv"]
+    assert len(convs) == 4
+    # x comes from the graph (NCHW), y leaves it (NCHW); everything between is NHWC.
+    assert [c.layouts for c in convs] == [(False, True, False), (True, True, True), (True, True, False),
+                                           (True, False, False)]
+    nodes = {n.name: n for n in res.model.graph.node}
+    attrs = {a.name: helper.get_attribute_value(a) for a in nodes["stitch_" + res.report.plan.groups[1].name].attribute}
+    assert attrs["conv_layouts"] == [1, 1, 1] and attrs["conv_residual"] == 1 and attrs["conv_activation"] == 1
+
+
+@pytest.mark.parametrize("net", [RESNETISH,
+                                 Net(6, (Layer(12, stride=2, pad=(0, 1, 1, 0), activation="leaky_relu"),
+                                         Layer(12, kernel=3, dilation=2, group=2, activation="tanh"),
+                                         Layer(12, residual=True)), seed=3),
+                                 Net(8, (Layer(16, activation="silu"), Layer(16, residual=True, activation="silu")),
+                                     dtype=TP.FLOAT16, seed=5)], ids=lambda n: n.id)
+def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]})
+    assert any(g.scheme == "conv" for g in res.report.plan.groups)
+    onnx.checker.check_model(res.model)
+    given = feeds(net, 3, 13, 11, np.random.default_rng(fresh_seed()))
+    sess = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, given)
+    want = reference(net, given)
+    tol = 2e-2 if net.dtype == TP.FLOAT16 else 1e-5
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= tol
+
+
+def _cudnn_includes() -> list[str]:
+    found = [d for d in os.environ.get("CUDNN_INCLUDE", "").split(os.pathsep) if d]
+    try:
+        import nvidia.cudnn  # the nvidia-cudnn wheel, where installed (torch's)
+
+        found += [str(Path(p) / "include") for p in nvidia.cudnn.__path__]
+    except ImportError:
+        pass
+    if not any((Path(d) / "cudnn_graph.h").exists() for d in found):
+        return []
+    # cudnn_graph.h includes the CUDA runtime's header.
+    cuda = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")]
+    try:
+        import nvidia
+
+        cuda += [str(p) for base in nvidia.__path__ for p in Path(base).glob("*/include")]
+    except ImportError:
+        pass
+    return [d for d in found if (Path(d) / "cudnn_graph.h").exists()] + \
+        [d for d in cuda if (Path(d) / "cuda_runtime_api.h").exists()]
+
+
+@pytest.mark.skipif(not _cudnn_includes(), reason="no cudnn_graph.h here (set CUDNN_INCLUDE)")
+def test_cudnn_values_match_the_real_header() -> None:
+    res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wno-deprecated-declarations",
+                          *(f"-I{d}" for d in _cudnn_includes()), f"-I{ROOT / 'onnxstitch/runtime/csrc'}",
+                          str(ROOT / "tests/cudnn_header_check.cc")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
