@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On the GPU machine: convolution epilogues through cuDNN (schemes/conv, issue 21) — their GPU
+# tests and the header check (PARTS=tests), then for each zoo CNN given (carried without weights,
+# scripts/carry_weights.py) optimized with --no-epilogues and with --epilogues, each benched
+# against stock ORT with CUDA graphs. Setup as scripts/gpu_check.sh (staged packages in
+# /tmp/site, the library built here in .carry/); carry .carry and the stripped models.
+#   there: PARTS=tests bash scripts/gpu_conv.sh
+#          PARTS=bench CORPUS=build/zooc bash scripts/gpu_conv.sh resnet50-float32 yolo-float16 ...
+set -uo pipefail
+source scripts/gpu_env.sh
+log="$OUT/gpu_conv.log"
+gpu_setup "$log"
+status=0
+if [[ ",${PARTS:-tests,bench}," == *,tests,* ]]; then
+  python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/gpu/test_conv_gpu.py tests/test_conv.py \
+    tests/test_gemm.py -k "conv or header" -n 4 --junitxml="$OUT/conv_tests.xml" 2>&1 | tee -a "$log" | tail -25
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ ",${PARTS:-tests,bench}," == *,bench,* ]]; then
+  corpus=${CORPUS:-build/zooc}
+  for name in "$@"; do
+    m="/tmp/zoo/$name.onnx"
+    [ -f "$m" ] || python3 scripts/carry_weights.py fill "$corpus/$name.onnx" /tmp/zoo 2>&1 | tail -1 | tee -a "$log"
+    shape=$(python3 -c "import json; e=[m for m in json.load(open('$corpus/manifest.json'))['models'] if m['path'] == '$name.onnx'][0]
+print(' '.join(f'--shape {d}={v}' for i in e['inputs'] for d, v in zip(i['dims'], i['shape']) if isinstance(d, str)))")
+    for variant in plain epilogues; do
+      flag=--no-epilogues; [ $variant = epilogues ] && flag=--epilogues
+      python3 -m onnxstitch.cli optimize "$m" -o "/tmp/$name-$variant.onnx" $shape $flag \
+        --report "$OUT/$name-report-$variant.json" 2>&1 | tail -14 >> "$log"
+      python3 -m onnxstitch.cli bench "$m" --stitched "/tmp/$name-$variant.onnx" $shape --cuda-graph \
+        --iters 200 --json > "$OUT/$name-bench-$variant.json" 2>>"$log" || status=1
+      python3 - "$OUT/$name-bench-$variant.json" "$OUT/$name-report-$variant.json" "$name" "$variant" <<'PY' | tee -a "$log"
+import json, sys
+try:
+    r, rep = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+except Exception as e:
+    print(f"{sys.argv[3]} {sys.argv[4]}: no result ({e})"); sys.exit(0)
+row = "  ".join(f"{k}: {v['median_ms']:.3f} ms" for k, v in r["configs"].items())
+e = rep.get("epilogues", {})
+print(f"{sys.argv[3]:24} {sys.argv[4]:9} {row}  speedup {r['speedup']:.3f}  conv epilogues {len(e.get('convs', []))}, "
+      f"dropped {len(rep.get('dropped_groups', []))}")
+PY
+    done
+  done
+fi
+tar czf "$OUT/conv-results.tgz" -C "$OUT" $(cd "$OUT" && ls *.json *.xml 2>/dev/null) 2>/dev/null
+exit "$status"
