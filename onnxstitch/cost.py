@@ -37,6 +37,9 @@ class CostModel:
 
     launch_us: float = HOST_LAUNCH_US
     bandwidth_gbs: float = H100_BANDWIDTH_GBS
+    # Price the layout changes at a conv group's NCHW ends (schemes/conv): off, every legal
+    # convolution chain is planned as a conv group whatever its neighbours (the tests' setting).
+    layout_changes: bool = True
 
     def kernel_us(self, nbytes: int) -> float:
         """Microseconds for one kernel moving `nbytes` (1 GB/s = 1e3 bytes/µs)."""

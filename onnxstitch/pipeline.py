@@ -285,12 +285,18 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     convs = conv_mod.Found()
     if refusal is None and opts.epilogues:
         convs = stage("conv epilogues", lambda: conv_mod.find(g))
-        proposed += [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
-    plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=proposed))
-    if opts.pack:
-        plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
-    # Tensors passing between conv groups alone stay NHWC (schemes/conv).
-    plan = conv_mod.layouts(g, plan)
+    while True:
+        ours = proposed + [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
+        plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=ours))
+        if opts.pack:
+            plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
+        # Tensors passing between conv groups alone stay NHWC (schemes/conv); a conv group whose
+        # layout changes cost more than it saves is left out and the model planned again.
+        plan = conv_mod.layouts(g, plan)
+        worse = conv_mod.unprofitable(g, opts.cost, plan)
+        if not worse:
+            break
+        convs = conv_mod.without(convs, worse)
     return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan), gemms=gemm_mod.chosen(gemms, plan),
                     convs=conv_mod.chosen(convs, plan))
 

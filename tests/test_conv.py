@@ -17,6 +17,7 @@ from onnx import helper
 
 import onnxstitch
 from onnxstitch import graph as graph_mod
+from onnxstitch.cost import CostModel
 from onnxstitch import shapes
 from onnxstitch.schemes.conv import match
 
@@ -24,6 +25,9 @@ from .conv_models import Layer, Net, feeds, model, reference
 from .stitching import fresh_seed
 
 ROOT = Path(__file__).resolve().parents[1]
+# Layout changes priced at nothing: every legal chain is planned as a conv group, whatever its
+# neighbours (the default prices would leave the small test networks' convolutions to ORT).
+FREE_LAYOUTS = CostModel(layout_changes=False)
 RESNETISH = Net(8, (Layer(16, activation="relu"), Layer(16, residual=True, activation="relu"),
                     Layer(16, kernel=1, stride=2, bias=False, activation="silu"), Layer(16, group=16, activation="relu6")))
 
@@ -54,15 +58,22 @@ def test_refusals_say_why() -> None:
     assert not f.matches and "auto_pad SAME_UPPER" in f.refusals[0]
 
 
+def test_grouped_convolutions_are_refused() -> None:
+    f = found(RESNETISH)
+    assert {m.conv for m in f.matches} == {"conv0", "conv1", "conv2"}
+    assert any("conv3" in r and "grouped convolution (16 groups)" in r for r in f.refusals)
+
+
 def test_layouts_stay_nhwc_between_conv_groups() -> None:
-    res = onnxstitch.optimize(model(RESNETISH), epilogues=True, shapes={"n": [2], "h": [32], "w": [32]}, verify=False)
+    res = onnxstitch.optimize(model(RESNETISH), epilogues=True, shapes={"n": [2], "h": [32], "w": [32]}, verify=False,
+                              cost=FREE_LAYOUTS)
     convs = [g.payload for g in res.report.plan.groups if g.scheme == "conv"]
-    assert len(convs) == 4
-    # x comes from the graph (NCHW), y leaves it (NCHW); everything between is NHWC.
-    assert [c.layouts for c in convs] == [(False, True, False), (True, True, True), (True, True, False),
-                                           (True, False, False)]
+    assert len(convs) == 3
+    # x comes from the graph (NCHW), the depthwise layer is ORT's (NCHW); everything between is NHWC.
+    assert [c.layouts for c in convs] == [(False, True, False), (True, True, True), (True, False, False)]
     nodes = {n.name: n for n in res.model.graph.node}
-    attrs = {a.name: helper.get_attribute_value(a) for a in nodes["stitch_" + res.report.plan.groups[1].name].attribute}
+    second = [g for g in res.report.plan.groups if g.scheme == "conv"][1]
+    attrs = {a.name: helper.get_attribute_value(a) for a in nodes["stitch_" + second.name].attribute}
     assert attrs["conv_layouts"] == [1, 1, 1] and attrs["conv_residual"] == 1 and attrs["conv_activation"] == 1
 
 
@@ -73,7 +84,7 @@ def test_layouts_stay_nhwc_between_conv_groups() -> None:
                                  Net(8, (Layer(16, activation="silu"), Layer(16, residual=True, activation="silu")),
                                      dtype=TP.FLOAT16, seed=5)], ids=lambda n: n.id)
 def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
-    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]})
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
     assert any(g.scheme == "conv" for g in res.report.plan.groups)
     onnx.checker.check_model(res.model)
     given = feeds(net, 3, 13, 11, np.random.default_rng(fresh_seed()))
@@ -82,6 +93,14 @@ def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
     want = reference(net, given)
     tol = 2e-2 if net.dtype == TP.FLOAT16 else 1e-5
     assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= tol
+
+
+def test_layout_changes_that_cost_more_than_they_save_are_left_to_ort() -> None:
+    # One small Conv + ReLU between the graph's input and output: both ends change layout.
+    res = onnxstitch.optimize(model(Net(8, (Layer(8, activation="relu"),))), epilogues=True,
+                              shapes={"n": [1], "h": [8], "w": [8]}, verify=False)
+    assert not any(g.scheme == "conv" for g in res.report.plan.groups)
+    assert any("changing the layout of 'x', 'y'" in r for r in res.report.conv_refusals)
 
 
 def _cudnn_includes() -> list[str]:

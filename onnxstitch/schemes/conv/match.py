@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from onnx import TensorProto as TP
 
 from ...cost import CostModel, node_us
+from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS
 from ...graph import FusionGraph, constant_value
 from ...plan import Group, Plan
 from .. import CONV
@@ -147,6 +148,9 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
         return "pads, strides or dilations not of a 2-D convolution"
     if sx[1] != sw[1] * group:
         return f"'{x}' has {sx[1]} channels, the weight {sw[1]} × {group} groups"
+    if group > 1:
+        return (f"a grouped convolution ({group} groups): cuDNN's fused NHWC engines for them measured up to "
+                f"10× slower than ORT's call (scripts/probe_cudnn.cc, depthwise + bias + ReLU on the H100)")
     if b is not None and (g.shape(b) != (sw[0],) or g.tensors[b].dtype != g.tensors[y].dtype):
         return f"its bias '{b}' is not [{sw[0]}] of its type"
     return dict(x=x, w=w, bias=b, pads=pads, strides=strides, dilations=dilations, group=group,
@@ -245,6 +249,11 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     return found, why
 
 
+def without(found: Found, refused: dict[str, str]) -> Found:
+    """`found` less the chains of the Convs in `refused`, their reasons among the refusals."""
+    return Found(tuple(m for m in found.matches if m.conv not in refused), found.refusals + tuple(refused.values()))
+
+
 def find(g: FusionGraph) -> Found:
     """Every Conv chain of `g` cuDNN can run as one graph, and the refusals."""
     matches: list[Match] = []
@@ -265,6 +274,41 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
     moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(ins + (m.output,)))
     return Group(name, m.nodes, ins, (m.output,), None, moved, NHWC_FACTOR * node_us(g, cost, m.nodes[0]) + extra,
                  tuple(g.nodes[i].label for i in m.nodes), tf32=m.dtype == TP.FLOAT and TF32, scheme=CONV, payload=m)
+
+
+def conv_us(g: FusionGraph, cost: CostModel, m: Match) -> float:
+    """The convolution's roofline with a launch: its flops at the tensor rate of its dtype
+    against the bytes of X, W and Y."""
+    sw, sy = g.shape(m.w), g.shape(m.output)
+    rows = g.tensor_bytes(m.output) // (2 if m.dtype == TP.FLOAT16 else 4) // sw[0]
+    flops = 2.0 * rows * sw[0] * sw[1] * sw[2] * sw[3]
+    rate = FP16_TFLOPS if m.dtype == TP.FLOAT16 else TF32_TFLOPS
+    nbytes = sum(g.tensor_bytes(t) for t in (m.x, m.w, m.output))
+    return cost.launch_us + max(flops / (rate * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))
+
+
+def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
+    """The plan's conv groups (by Conv name) whose layout changes cost more than they save, with
+    why: each NCHW end (X, Y or R changed by a transform in scratch memory) costs a launch and a
+    read and write of its tensor; a group saves the NHWC engine's share of the convolution and
+    the stitched kernel its epilogue nodes would otherwise be."""
+    out: dict[str, str] = {}
+    for grp in plan.groups if cost.layout_changes else ():
+        if grp.scheme != CONV:
+            continue
+        m: Match = grp.payload
+        ends = [t for t, nhwc in ((m.x, m.layouts[0]), (m.output, m.layouts[1]), (m.residual, m.layouts[2]))
+                if t and not nhwc]
+        paid = sum(cost.launch_us + 2 * g.tensor_bytes(t) / (cost.bandwidth_gbs * 1e3) for t in ends)
+        # Without the group its epilogue nodes would be one stitched kernel reading the
+        # convolution's output (and R) and writing the result.
+        epilogue = cost.kernel_us(2 * g.tensor_bytes(m.output) + (g.tensor_bytes(m.residual) if m.residual else 0)) \
+            if len(m.nodes) > 1 else 0.0
+        saved = (1 - NHWC_FACTOR) * conv_us(g, cost, m) + epilogue
+        if paid > saved:
+            out[m.conv] = (f"conv epilogue at '{m.conv}': changing the layout of {', '.join(repr(t) for t in ends)} "
+                           f"(predicted {paid:.1f} µs) costs more than the NHWC engine saves ({saved:.1f} µs)")
+    return out
 
 
 def layouts(g: FusionGraph, plan: Plan) -> Plan:
