@@ -342,11 +342,18 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
     m, g = planned.normal.model, planned.graph
     dropped: list[dict[str, str]] = []
 
+    # Conv groups linked by NHWC tensors (schemes/conv) are fused all together or not at all.
+    linked = conv_mod.linked(grp for grp, _ in built)
+
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
         """rewrite → validate → verify with the groups of `subset` fused."""
+        if not linked <= {grp.name for grp, _ in subset}:
+            subset = [(grp, k) for grp, k in subset if grp.name not in linked]
+        whole = linked and linked <= {grp.name for grp, _ in subset}
         fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
+        nhwc = planned.plan.nhwc_nodes if whole else ()
         # Nothing fused: the model goes out exactly as it came in.
-        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused)) if fused else given.loaded
+        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc)) if fused else given.loaded
         if fused:
             stage("validate", lambda: _validate(given.weights.checkable(made), given.weights.checkable(m)))
         return made, stage("verify", lambda: verify_mod.verify(
@@ -367,6 +374,8 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
             if not at_fault and isinstance(e, verify_mod.VerifyError):
                 at_fault = {_bisect(built, attempt)}
             at_fault = at_fault or {grp.name for grp, _ in built}
+            if at_fault & linked:
+                at_fault |= linked
             log.warning("%s; %s left to ONNX Runtime", first_line(e),
                         "the group is" if len(at_fault) == 1 else f"{len(at_fault)} groups are")
             dropped += [{"group": grp.name, "reason": first_line(e)} for grp, _ in built if grp.name in at_fault]

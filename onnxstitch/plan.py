@@ -121,6 +121,8 @@ class Plan:
     cuts: int = 0  # lazy cycle cuts added
     rounds: int = 0  # solver calls
     pack_refusals: tuple[PackRefusal, ...] = ()  # pack.py: same level and shape, not packed
+    # ONNX Runtime's channel Concat/Split nodes run in NHWC between conv groups (schemes/conv).
+    nhwc_nodes: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         """A JSON-ready dict for `--report`."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 import onnx
@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel, arch_number
 from .schemes import registry
+from .schemes.conv import match as conv_match
 from . import ops
 from .folds import concats, slices, views
 from .graph import FusionGraph, implicit_inputs
@@ -206,9 +207,11 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
                 g.value_info.append(helper.make_tensor_value_info(t, info.dtype, shape))
 
 
-def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> onnx.ModelProto:
+def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup],
+            nhwc_nodes: Collection[int] = ()) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
-    with every group replaced by its FusedKernel node and function."""
+    with every group replaced by its FusedKernel node and function, and the `nhwc_nodes` (channel
+    Concat/Split between conv groups, schemes/conv) over NHWC tensors."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -218,6 +221,8 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     for i, node in enumerate(model.graph.node):
         if i in first:
             new_nodes.append(_fused_node(first[i]))
+        elif i in nhwc_nodes:
+            new_nodes.append(conv_match.nhwc_node(node))
         elif i not in fused_members:
             new_nodes.append(node)
     del g.node[:]

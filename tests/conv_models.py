@@ -28,6 +28,7 @@ class Layer:
     bias: bool = True
     residual: bool = False
     activation: str = ""
+    shortcut: bool = False  # adds the layer's input after the activation (YOLO's bottleneck)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Net:
 
     @property
     def id(self) -> str:
-        acts = "-".join(f"{l.activation or 'none'}{'+r' if l.residual else ''}{f'/g{l.group}' if l.group > 1 else ''}"
+        acts = "-".join(f"{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{f'/g{l.group}' if l.group > 1 else ''}"
                         f"{f'/s{l.stride}' if l.stride > 1 else ''}{f'/d{l.dilation}' if l.dilation > 1 else ''}"
                         for l in self.layers)
         return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
@@ -79,8 +80,11 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
         elif a == "silu":
             nodes.append(helper.make_node("Sigmoid", [t], [f"sig{k}"]))
             nodes.append(helper.make_node("Mul", [t, f"sig{k}"], [f"act{k}"]))
-        x = f"act{k}" if a else t
-        c = l.out
+        t = f"act{k}" if a else t
+        if l.shortcut:
+            nodes.append(helper.make_node("Add", [x, t], [f"short{k}"]))
+            t = f"short{k}"
+        x, c = t, l.out
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, ["n", net.channels, "h", "w"])],
                               [helper.make_tensor_value_info("y", dtype, [None] * 4)], inits)

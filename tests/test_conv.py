@@ -48,6 +48,13 @@ def test_each_activation_is_matched(activation: str) -> None:
     assert [bool(m.residual) for m in f.matches] == [False, True, True]
 
 
+def test_shortcut_after_the_activation_is_matched() -> None:
+    f = found(Net(8, (Layer(8, activation="silu", shortcut=True),)))
+    last = f.matches[-1]
+    assert last.residual == "x" and last.residual_after and last.activation == "silu" and last.output == "y"
+    assert last.spec.attributes()["conv_residual"] == 2
+
+
 def test_refusals_say_why() -> None:
     m = model(Net(8, (Layer(8, activation="relu"),)))
     conv = m.graph.node[0]
@@ -82,7 +89,9 @@ def test_layouts_stay_nhwc_between_conv_groups() -> None:
                                          Layer(12, kernel=3, dilation=2, group=2, activation="tanh"),
                                          Layer(12, residual=True)), seed=3),
                                  Net(8, (Layer(16, activation="silu"), Layer(16, residual=True, activation="silu")),
-                                     dtype=TP.FLOAT16, seed=5)], ids=lambda n: n.id)
+                                     dtype=TP.FLOAT16, seed=5),
+                                 Net(8, (Layer(8, kernel=1, activation="silu"), Layer(8, activation="silu", shortcut=True)),
+                                     seed=7)], ids=lambda n: n.id)
 def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
     assert any(g.scheme == "conv" for g in res.report.plan.groups)

@@ -37,6 +37,8 @@ NETS += [
             Layer(12, dilation=2, group=2, activation="tanh"), Layer(12, residual=True)), seed=14),
     Net(3, (Layer(16, kernel=3, stride=2, activation="silu"), Layer(32, stride=2, activation="silu"),
             Layer(32, kernel=1, activation="silu")), seed=15),  # a YOLO stem
+    Net(16, (Layer(16, kernel=1, activation="silu"), Layer(16, activation="silu", shortcut=True),
+             Layer(16, activation="silu", shortcut=True)), seed=16),  # YOLO's bottlenecks
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 

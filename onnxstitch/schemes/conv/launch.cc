@@ -4,14 +4,15 @@
 // engine at all, and plain NCHW convolutions run 1.6–2.7× slower: scripts/probe_cudnn.cc).
 //
 // Inputs X, W [K, C/group, R, S] as ONNX stores it, the bias [K] (conv_bias), R of Y's shape
-// (conv_residual); Y = act(conv(X, W) + bias + R). conv_layouts says which of X, Y and R are NHWC
+// (conv_residual); Y = act(conv(X, W) + bias + R), or with conv_residual 2 act(conv(X, W) + bias) + R. conv_layouts says which of X, Y and R are NHWC
 // ([N, H, W, C] as the ONNX graph declares them, between two conv nodes) rather than NCHW; an NCHW
 // one is changed in scratch memory by cublasLtMatrixTransform (per image, [C, HW] ↔ [HW, C]).
 // The filter is changed to [K, R, S, C/group] once per weight buffer, kept by the node.
 //
 // Per CUDA context a cuDNN and a cuBLASLt handle (one stream at a time: their stream is set under
-// the lock); per node and input shape the cuDNN plan, the fastest of the heuristic's first four
-// where the stream is not being captured (timed on it once), else the first.
+// the lock); per input shape and attributes the cuDNN plan, shared by the process's nodes: the
+// fastest of the heuristic's first four where the stream is not being captured (timed on it
+// once), else the first.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -53,6 +54,11 @@ struct Library {
     std::mutex use;  // one stream at a time on these handles
   };
   std::map<unsigned long long, std::unique_ptr<Handles>> handles;  // by context key, never freed
+  // Plans by everything they depend on, shared by every node and session of the process: a
+  // plan's engines are compiled when it is made (seconds for a network), and networks repeat
+  // their convolutions.
+  std::mutex plans_mu;
+  std::map<std::string, std::shared_ptr<const dnn::Plan>> plans;
 
   static Library& Get() {
     static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
@@ -115,6 +121,9 @@ class Conv final : public Scheme {
       if (v < 0) return Fail(ORT_INVALID_ARGUMENT, "conv_pads must not be negative");
     }
     if (group < 1) return Fail(ORT_INVALID_ARGUMENT, "conv_group must be positive");
+    if (residual < 0 || residual > 2) {
+      return Fail(ORT_INVALID_ARGUMENT, "conv_residual is 0 (none), 1 (before the activation) or 2 (after it)");
+    }
     std::vector<int64_t> dtypes;
     if (Error e = a.Ints("output_dtypes", &dtypes, &present)) return e;
     if (!present || dtypes.size() != 1 || (dtypes[0] != kFloat && dtypes[0] != kFloat16)) {
@@ -133,6 +142,7 @@ class Conv final : public Scheme {
     group_ = group;
     bias_ = bias != 0;
     residual_ = residual != 0;
+    residual_after_ = residual == 2;
     activation_ = static_cast<int>(activation);
     params_[0] = FromBits(params[0]);
     params_[1] = FromBits(params[1]);
@@ -273,7 +283,8 @@ class Conv final : public Scheme {
     return "N " + std::to_string(g.n) + ", C " + std::to_string(g.c) + ", " + std::to_string(g.h) + "×" + std::to_string(g.w) +
            ", K " + std::to_string(g.k) + ", " + std::to_string(g.r) + "×" + std::to_string(g.s) + ", group " +
            std::to_string(group_) + ", " + (half_ ? "float16" : "float32") + (bias_ ? ", bias" : "") +
-           (residual_ ? ", residual" : "") + ", " + kActivationNames[activation_];
+           (residual_ && !residual_after_ ? ", residual" : "") + ", " + kActivationNames[activation_] +
+           (residual_after_ ? ", then a residual" : "");
   }
 
   // The context's handles, made at their first use.
@@ -367,14 +378,14 @@ class Conv final : public Scheme {
       graph.Pointwise(dnn::kPointwiseAdd, cur, bias, next_t);
       cur = next_t;
     }
-    if (residual_) {
+    if (residual_ && !residual_after_) {
       dnn::Descriptor res = nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false);
       dnn::Descriptor next_t = out(activation_ == kNone);
       graph.Pointwise(dnn::kPointwiseAdd, cur, res, next_t);
       cur = next_t;
     }
     if (activation_ == kNone) return;
-    dnn::Descriptor y = out(true);
+    dnn::Descriptor y = out(!residual_after_);
     switch (activation_) {
       case kRelu:
         graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y);
@@ -402,34 +413,63 @@ class Conv final : public Scheme {
         graph.Pointwise(dnn::kPointwiseGeluApproxTanhFwd, cur, nullptr, y);
         break;
     }
+    if (residual_after_) {
+      dnn::Descriptor res = nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false);
+      graph.Pointwise(dnn::kPointwiseAdd, y, res, out(true));
+    }
   }
 
-  // The plan of this geometry (made, and timed where it may be, at its first call; mu_ held) and
-  // scratch workspace for it.
+  // What a plan depends on: the context, the geometry and every attribute of the graph.
+  std::string PlanKey(const Geometry& g) const {
+    std::string k;
+    for (int64_t v : {static_cast<int64_t>(g.ctx), g.n, g.c, g.h, g.w, g.k, g.cg, g.r, g.s, group_,
+                      static_cast<int64_t>(bias_), static_cast<int64_t>(residual_) + residual_after_, static_cast<int64_t>(half_),
+                      static_cast<int64_t>(activation_)}) {
+      k += std::to_string(v) + ",";
+    }
+    for (const std::vector<int64_t>* list : {&pads_, &strides_, &dilations_}) {
+      for (int64_t v : *list) k += std::to_string(v) + ",";
+    }
+    return k + std::to_string(params_[0]) + "," + std::to_string(params_[1]);
+  }
+
+  // The plan of this geometry (made, and timed where it may be, at its first use in the process;
+  // mu_ held) and scratch workspace for it.
   Error PlanFor(Call& call, const dnn::Api& api, dnn::Handle handle, const Geometry& g, const std::vector<int64_t>& uids,
                 const std::vector<void*>& ptrs, cu::Stream stream, const dnn::Plan** out, void** workspace) const {
+    *workspace = nullptr;
     auto it = plans_.find(g);
     if (it == plans_.end()) {
-      dnn::Graph graph(api, handle);
-      Build(graph, g);
-      std::vector<dnn::Plan> plans;
-      const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
-      if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
-      int64_t most = 0;
-      for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
-      void* ws = nullptr;
-      if (most > 0) {
-        if (Error e = call.Scratch(static_cast<size_t>(most), &ws)) return e;
+      Library& lib = Library::Get();
+      const std::string key = PlanKey(g);
+      std::shared_ptr<const dnn::Plan> shared;
+      {
+        std::lock_guard<std::mutex> lock(lib.plans_mu);
+        auto found = lib.plans.find(key);
+        if (found != lib.plans.end()) shared = found->second;
       }
-      const size_t best = Fastest(call.Driver(), api, handle, plans, uids, ptrs, ws, stream);
-      it = plans_.emplace(g, std::move(plans[best])).first;
-      *out = &it->second;
-      *workspace = ws;
-      return {};
+      if (shared == nullptr) {
+        dnn::Graph graph(api, handle);
+        Build(graph, g);
+        std::vector<dnn::Plan> plans;
+        const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
+        if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
+        int64_t most = 0;
+        for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
+        if (most > 0) {
+          if (Error e = call.Scratch(static_cast<size_t>(most), workspace)) return e;
+        }
+        const size_t best = Fastest(call.Driver(), api, handle, plans, uids, ptrs, *workspace, stream);
+        shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
+        std::lock_guard<std::mutex> lock(lib.plans_mu);
+        shared = lib.plans.emplace(key, shared).first->second;  // another node may have made it meanwhile
+      }
+      it = plans_.emplace(g, shared).first;
     }
-    *out = &it->second;
-    *workspace = nullptr;
-    if (it->second.workspace > 0) return call.Scratch(static_cast<size_t>(it->second.workspace), workspace);
+    *out = it->second.get();
+    if (*workspace == nullptr && it->second->workspace > 0) {
+      return call.Scratch(static_cast<size_t>(it->second->workspace), workspace);
+    }
     return {};
   }
 
@@ -487,11 +527,11 @@ class Conv final : public Scheme {
 
   std::vector<int64_t> pads_, strides_, dilations_;
   int64_t group_ = 1;
-  bool bias_ = false, residual_ = false, half_ = false, x_nhwc_ = false, y_nhwc_ = false, r_nhwc_ = false;
+  bool bias_ = false, residual_ = false, residual_after_ = false, half_ = false, x_nhwc_ = false, y_nhwc_ = false, r_nhwc_ = false;
   int activation_ = kNone;
   double params_[2] = {0, 0};
   mutable std::mutex mu_;
-  mutable std::map<Geometry, dnn::Plan> plans_;
+  mutable std::map<Geometry, std::shared_ptr<const dnn::Plan>> plans_;
   mutable std::map<const void*, std::pair<cu::Context, cu::DevicePtr>> filters_;  // by the weight's address
   mutable cu::Driver driver_;
 };

@@ -14,8 +14,8 @@ nodes, where the tensor stays NHWC (`layouts`: the plan's conv groups decide it 
 Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight, explicit pads
 (auto_pad NOTSET or VALID), its own bias [K] or none, then optionally
 
-- a residual: an Add of a runtime tensor of the convolution's shape (before the activation, as
-  ResNet's blocks and MobileNet's inverted residuals write it);
+- a residual: an Add of a runtime tensor of the convolution's shape, before the activation (as
+  ResNet's blocks and MobileNet's inverted residuals write it) or after it (YOLO's bottlenecks);
 - an activation: Relu; Clip with constant bounds (ReLU6); LeakyRelu; Sigmoid; Tanh; Gelu; SiLU as
   exporters write it, x · Sigmoid(x).
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import onnx
 from onnx import TensorProto as TP
 
 from ...cost import CostModel, node_us
@@ -69,6 +70,7 @@ class Match:
     group: int
     conv: str  # the Conv's name, for reports
     layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC (`layouts`)
+    residual_after: bool = False  # R added after the activation (YOLO's bottlenecks), not before
 
     def _name(self, t: str, nhwc: bool) -> str:
         return nhwc_name(t) if nhwc else t
@@ -86,15 +88,17 @@ class Match:
     @property
     def spec(self) -> ConvSpec:
         return ConvSpec(self.dtype, self.pads, self.strides, self.dilations, self.group, self.bias is not None,
-                        self.residual is not None, self.activation, self.params, self.layouts)
+                        self.residual is not None, self.activation, self.params, self.layouts, self.residual_after)
 
     def describe(self) -> str:
         """One line for reports."""
         parts = [f"+ bias '{self.bias}'"] if self.bias else []
-        if self.residual:
+        if self.residual and not self.residual_after:
             parts.append(f"+ '{self.residual}'")
         if self.activation:
             parts.append(f"→ {self.activation}")
+        if self.residual and self.residual_after:
+            parts.append(f"+ '{self.residual}'")
         dtype = TP.DataType.Name(self.dtype).lower()
         return f"conv epilogue at '{self.conv}': '{self.x}' ⊛ '{self.w}' {' '.join(parts)} → '{self.output}', {dtype}"
 
@@ -226,10 +230,10 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     found: list[Match] = []
     why: list[str] = []
 
-    def take(activation: str = "", params: tuple[float, float] = (0.0, 0.0)) -> None:
+    def take(activation: str = "", params: tuple[float, float] = (0.0, 0.0), after: bool = False) -> None:
         found.append(Match(tuple(sorted(nodes)), got["x"], got["w"], got["bias"], residual, t, activation, params,
                            got["dtype"], got["pads"], got["strides"], got["dilations"], got["group"],
-                           n.name or n.outputs[0]))
+                           n.name or n.outputs[0], residual_after=after))
 
     take()
     res = _residual_after(g, t)
@@ -246,6 +250,12 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         nodes.extend(extra)
         t = out
         take(kind, params)
+        res = _residual_after(g, t) if residual is None else None
+        if res is not None:  # the shortcut Add after the activation (YOLO's bottlenecks)
+            at, residual = res
+            nodes.append(at)
+            t = g.nodes[at].outputs[0]
+            take(kind, params, after=True)
     return found, why
 
 
@@ -311,21 +321,54 @@ def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
     return out
 
 
+# Nodes that run in either layout: a channel Concat or Split is a last-axis one in NHWC.
+NEUTRAL = frozenset({"Concat", "Split"})
+
+
+def _neutral(g: FusionGraph, i: int) -> bool:
+    """A Concat or Split of rank-4 tensors along the channels (axis 1)."""
+    n = g.nodes[i]
+    if n.op_type not in NEUTRAL or n.domain not in ("", "ai.onnx"):
+        return False
+    shape = g.shape(n.outputs[0])
+    return shape is not None and len(shape) == 4 and int(n.attrs.get("axis", 0)) in (1, -3)
+
+
+def _data_inputs(g: FusionGraph, i: int) -> tuple[str, ...]:
+    n = g.nodes[i]
+    return tuple(t for t in (n.inputs if n.op_type == "Concat" else n.inputs[:1]) if t)
+
+
 def layouts(g: FusionGraph, plan: Plan) -> Plan:
-    """`plan` with each conv group's tensors NHWC where they pass between conv groups alone: an
-    output every reader of which is a conv group reading it as X or R (and no graph output)."""
+    """`plan` with the tensors that pass between its conv groups alone held NHWC: an output of a
+    conv group, or of a channel Concat/Split ONNX Runtime runs (ungrouped, or the only node of its
+    group), every reader of which is a conv group reading it as X or R, or such a Concat/Split whose
+    tensors are all NHWC too (the largest such set, found by removing what breaks it)."""
     convs = [grp for grp in plan.groups if grp.scheme == CONV]
     if not convs:
         return plan
     owner = {i: grp for grp in convs for i in grp.nodes}
-    nhwc: set[str] = set()
-    for grp in convs:
-        m: Match = grp.payload
-        readers = g.consumers.get(m.output, ())
-        if m.output in g.graph_outputs or not readers:
-            continue
-        if all(r in owner and m.output in (owner[r].payload.x, owner[r].payload.residual) for r in readers):
-            nhwc.add(m.output)
+    grouped = {i: grp for grp in plan.groups for i in grp.nodes}
+    nodes = {i for i in range(len(g.nodes)) if _neutral(g, i)
+             and (i not in grouped or (grouped[i].scheme != CONV and grouped[i].nodes == (i,)))}
+    made = {grp.payload.output: None for grp in convs}
+    made.update({t: i for i in nodes for t in g.nodes[i].outputs if t})
+
+    def reads_nhwc(t: str, r: int) -> bool:
+        if r in owner:
+            return t in (owner[r].payload.x, owner[r].payload.residual)
+        return r in nodes and t in _data_inputs(g, r)
+
+    nhwc = set(made)
+    while True:
+        keep = {t for t in nhwc if t not in g.graph_outputs and g.consumers.get(t)
+                and all(reads_nhwc(t, r) for r in g.consumers[t])}
+        kept_nodes = {i for i in nodes if all(t in keep for t in _data_inputs(g, i))
+                      and all(t in keep for t in g.nodes[i].outputs if t)}
+        keep = {t for t in keep if made[t] is None or made[t] in kept_nodes}
+        if keep == nhwc and kept_nodes == nodes:
+            break
+        nhwc, nodes = keep, kept_nodes
     if not nhwc:
         return plan
     groups = []
@@ -334,8 +377,34 @@ def layouts(g: FusionGraph, plan: Plan) -> Plan:
             m = grp.payload
             m = dataclasses.replace(m, layouts=(m.x in nhwc, m.output in nhwc, m.residual in nhwc))
             grp = dataclasses.replace(grp, payload=m)
+        elif len(grp.nodes) == 1 and grp.nodes[0] in nodes:
+            continue  # ONNX Runtime runs it, in NHWC
         groups.append(grp)
-    return dataclasses.replace(plan, groups=tuple(groups) if isinstance(plan.groups, tuple) else groups)
+    return dataclasses.replace(plan, groups=tuple(groups), nhwc_nodes=tuple(sorted(nodes)))
+
+
+def nhwc_node(node: onnx.NodeProto) -> onnx.NodeProto:
+    """A channel Concat/Split of `layouts` as it runs between conv groups: over the NHWC tensors,
+    along their last axis."""
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    data = len(node.input) if node.op_type == "Concat" else 1
+    for k in range(data):
+        if out.input[k]:
+            out.input[k] = nhwc_name(out.input[k])
+    for k, t in enumerate(node.output):
+        if t:
+            out.output[k] = nhwc_name(t)
+    for a in out.attribute:
+        if a.name == "axis":
+            a.i = 3
+    return out
+
+
+def linked(plan_groups) -> set[str]:
+    """The names of the conv groups that read or write an NHWC tensor: they stand or fall
+    together (a rewrite without one of them would leave its neighbours' tensors unmade)."""
+    return {grp.name for grp in plan_groups if grp.scheme == CONV and any(grp.payload.layouts)}
 
 
 def chosen(found: Found, plan: Plan) -> Found:

@@ -25,7 +25,7 @@ def _bits(v: float) -> int:
 
 @dataclass(frozen=True)
 class ConvSpec(Spec):
-    """Y = act(conv(X, W) + bias + R): X [N, C, H, W] (or NHWC, `layouts[0]`), W [K, C/group,
+    """Y = act(conv(X, W) + bias + R), or act(conv(X, W) + bias) + R (`residual_after`): X [N, C, H, W] (or NHWC, `layouts[0]`), W [K, C/group,
     R, S] as ONNX stores it, the bias [K] (`bias`), R of Y's shape (`residual`, NHWC with
     `layouts[2]`), Y NCHW or NHWC (`layouts[1]`)."""
 
@@ -42,6 +42,7 @@ class ConvSpec(Spec):
     activation: str  # one of ACTIVATIONS
     params: tuple[float, float] = (0.0, 0.0)  # clip's min and max; leaky_relu's slope first
     layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC
+    residual_after: bool = False  # R added after the activation rather than before
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -55,12 +56,14 @@ class ConvSpec(Spec):
         return 2 + self.bias + self.residual
 
     def attributes(self) -> dict[str, object]:
-        """The node attributes the runtime reads (docs/abi.md): conv_<field>, booleans as 0/1,
+        """The node attributes the runtime reads (docs/abi.md): conv_<field>, booleans as 0/1
+        (conv_residual: 0 none, 1 before the activation, 2 after it),
         the activation by its index in ACTIVATIONS and its parameters as float32 bit patterns (ORT's
         custom-op API reads no FLOATS through the scheme's attribute reader)."""
         p = ATTRIBUTE_PREFIX
         return {p + "pads": list(self.pads), p + "strides": list(self.strides), p + "dilations": list(self.dilations),
-                p + "group": self.group, p + "bias": int(self.bias), p + "residual": int(self.residual),
+                p + "group": self.group, p + "bias": int(self.bias),
+                p + "residual": 0 if not self.residual else 2 if self.residual_after else 1,
                 p + "activation": ACTIVATIONS.index(self.activation),
                 p + "activation_params": [_bits(v) for v in self.params],
                 p + "layouts": [int(v) for v in self.layouts]}
