@@ -71,6 +71,9 @@ class Timing:
     fused_nodes_on_cuda: int  # FusedKernel nodes that ORT's profile shows on the CUDA EP
     max_abs_err: float = 0.0  # against the stock configuration's outputs
     max_rel_err: float = 0.0
+    # Session creation and first run, in seconds: what a user waits before the first result
+    # (library GEMM/conv plans are chosen there; a CUDA graph is captured there).
+    startup_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -234,12 +237,13 @@ def _errors(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> tuple[float
     return abs_err, rel_err
 
 
-def _stats(times: list[float], prof: Profile, provider: str, batch: int, errs: tuple[float, float]) -> Timing:
+def _stats(times: list[float], prof: Profile, provider: str, batch: int, errs: tuple[float, float],
+           startup_s: float = 0.0) -> Timing:
     q = np.percentile(times, [50, 90, 99])
     med = float(statistics.median(times))
     return Timing(med, float(q[1]), float(q[2]), min(times), float(np.mean(times)), len(times),
                   1e3 / med, 1e3 / med * batch, prof.nodes_per_run(provider),
-                  len(prof.node_names("FusedKernel", CUDA)), errs[0], errs[1])
+                  len(prof.node_names("FusedKernel", CUDA)), errs[0], errs[1], startup_s)
 
 
 def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
@@ -288,11 +292,14 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     reference = ref_bound.outputs()
     like = reference if config.cuda_graph else None
     bounds: dict[str, _Bound] = {}
+    startup: dict[str, float] = {}
     for label, make in makers.items():
         say(f"loading {label}")
         try:
+            t0 = time.perf_counter()
             bounds[label] = _Bound(make(), feeds, like)
             bounds[label].run()  # a CUDA graph is captured here; a model that cannot run fails here
+            startup[label] = time.perf_counter() - t0
         except Exception as e:
             if label == stock:
                 raise _stock_fault(model_path, " with CUDA graphs" if config.cuda_graph else "", e) from e
@@ -306,7 +313,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         errs = _errors(bounds[label].outputs(), reference)
         say(f"profiling {label}")
         profiles[label] = _profile(make, feeds, like, config.profile_runs)
-        configs[label] = _stats(times[label], profiles[label], config.providers[0], batch, errs)
+        configs[label] = _stats(times[label], profiles[label], config.providers[0], batch, errs, startup[label])
     device, driver = (gpu_name(), driver_version()) if config.on_gpu else ("CPU", "n/a")
     return BenchResult(str(model_path), device, driver, ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
