@@ -23,7 +23,7 @@ if [[ ",${PARTS:-tests,bench}," == *,bench,* ]]; then
     [ -f "$m" ] || python3 scripts/carry_weights.py fill "$corpus/$name.onnx" /tmp/zoo 2>&1 | tail -1 | tee -a "$log"
     shape=$(python3 -c "import json; e=[m for m in json.load(open('$corpus/manifest.json'))['models'] if m['path'] == '$name.onnx'][0]
 print(' '.join(f'--shape {d}={v}' for i in e['inputs'] for d, v in zip(i['dims'], i['shape']) if isinstance(d, str)))")
-    for variant in plain epilogues; do
+    for variant in ${VARIANTS:-plain epilogues}; do
       flag=--no-epilogues; [ $variant = epilogues ] && flag=--epilogues
       python3 -m onnxstitch.cli optimize "$m" -o "/tmp/$name-$variant.onnx" $shape $flag \
         --report "$OUT/$name-report-$variant.json" 2>&1 | tail -14 >> "$log"
