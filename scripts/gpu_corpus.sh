@@ -7,6 +7,7 @@
 #          cp build/corpus/manifest.json build/corpusc/
 #   there: bash scripts/gpu_corpus.sh [MODELS]          (carry build/corpusc and .carry)
 # CORPUS=DIR picks another carried folder of the same form (scripts/build_llama_layer.py's).
+# EPILOGUES=1 optimizes with --epilogues (GEMM and conv epilogues).
 # MODELS: comma-separated names (default: every model of the manifest), so that a corpus larger
 # than one call's ten minutes can run in several calls.
 set -uo pipefail
@@ -24,4 +25,4 @@ for f in "$carried"/*.onnx; do
   fi
 done
 python3 scripts/corpus_report.py --corpus "$corpus" --gpu --jobs 8 --timeout 240 --out "$OUT/corpus" \
-  ${models:+--models "$models"} 2>&1 | tee "$OUT/corpus.log" | tail -60
+  ${models:+--models "$models"} ${EPILOGUES:+--epilogues} 2>&1 | tee "$OUT/corpus.log" | tail -60
