@@ -199,10 +199,9 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
     known = {v.name for v in g.value_info} | {o.name for o in g.output}
     for grp in groups:
         for t in grp.kernel.source.outputs:
-            # A conv group's NHWC output (schemes/conv) is no tensor of the graph: the library's
-            # shape inference types it.
-            if t not in known and t in graph.tensors:
-                info = graph.tensors[t]
+            if t not in known:
+                # A conv group's NHWC output (schemes/conv) is its NCHW tensor's dims permuted.
+                info = graph.tensors.get(t) or conv_match.nhwc_info(graph, t)
                 shape = None if info.shape is None else list(info.shape)
                 g.value_info.append(helper.make_tensor_value_info(t, info.dtype, shape))
 

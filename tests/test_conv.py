@@ -82,6 +82,12 @@ def test_layouts_stay_nhwc_between_conv_groups() -> None:
     second = [g for g in res.report.plan.groups if g.scheme == "conv"][1]
     attrs = {a.name: helper.get_attribute_value(a) for a in nodes["stitch_" + second.name].attribute}
     assert attrs["conv_layouts"] == [1, 1, 1] and attrs["conv_residual"] == 1 and attrs["conv_activation"] == 1
+    # ORT cannot always infer a custom op's output type: every NHWC output is declared, dims permuted.
+    declared = {v.name: v for v in res.model.graph.value_info}
+    nhwc = [t for n in res.model.graph.node for t in n.output if t.endswith("~nhwc")]
+    assert nhwc and all(t in declared for t in nhwc)
+    dims = [d.dim_value or d.dim_param for d in declared[nhwc[0]].type.tensor_type.shape.dim]
+    assert dims[0] == "n" and dims[3] == 16
 
 
 @pytest.mark.parametrize("net", [RESNETISH,

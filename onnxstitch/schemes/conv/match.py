@@ -37,7 +37,7 @@ from onnx import TensorProto as TP
 
 from ...cost import CostModel, node_us
 from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS
-from ...graph import FusionGraph, constant_value
+from ...graph import FusionGraph, TensorInfo, constant_value
 from ...plan import Group, Plan
 from .. import CONV
 from .spec import DTYPES, ConvSpec
@@ -111,9 +111,20 @@ class Found:
     refusals: tuple[str, ...] = ()
 
 
+NHWC_SUFFIX = "~nhwc"
+
+
 def nhwc_name(t: str) -> str:
     """The name of tensor `t` held in NHWC between two conv nodes."""
-    return f"{t}~nhwc"
+    return t + NHWC_SUFFIX
+
+
+def nhwc_info(g: FusionGraph, t: str) -> TensorInfo:
+    """The type and shape of `t`, an NHWC tensor named by `nhwc_name`: its NCHW tensor's, dims
+    permuted."""
+    base = g.tensors[t[:-len(NHWC_SUFFIX)]]
+    shape = None if base.shape is None else tuple(base.shape[k] for k in (0, 2, 3, 1))
+    return TensorInfo(t, base.dtype, shape)
 
 
 def _only_reader(g: FusionGraph, t: str) -> int | None:
