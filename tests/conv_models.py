@@ -29,6 +29,7 @@ class Layer:
     residual: bool = False
     activation: str = ""
     shortcut: bool = False  # adds the layer's input after the activation (YOLO's bottleneck)
+    bn: bool = False  # a BatchNormalization after the Conv (exports that do not fold it)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Net:
 
     @property
     def id(self) -> str:
-        acts = "-".join(f"{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{f'/g{l.group}' if l.group > 1 else ''}"
+        acts = "-".join(f"{'bn/' if l.bn else ''}{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{f'/g{l.group}' if l.group > 1 else ''}"
                         f"{f'/s{l.stride}' if l.stride > 1 else ''}{f'/d{l.dilation}' if l.dilation > 1 else ''}"
                         for l in self.layers)
         return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
@@ -65,6 +66,14 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
         t = f"conv{k}"
         nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[l.stride] * 2,
                                       dilations=[l.dilation] * 2, group=l.group, kernel_shape=[l.kernel] * 2))
+        if l.bn:
+            params = [rng.uniform(0.5, 1.5, l.out), 0.3 * rng.standard_normal(l.out), 0.3 * rng.standard_normal(l.out),
+                      rng.uniform(0.5, 2.0, l.out)]
+            for name, v in zip(("scale", "beta", "mean", "var"), params):
+                inits.append(numpy_helper.from_array(v.astype(np_dtype), f"bn_{name}{k}"))
+            nodes.append(helper.make_node("BatchNormalization", [t] + [f"bn_{n}{k}" for n in ("scale", "beta", "mean", "var")],
+                                          [f"bn{k}"], epsilon=1e-3))
+            t = f"bn{k}"
         if l.residual:
             nodes.append(helper.make_node("Add", [t, x], [f"sum{k}"]))
             t = f"sum{k}"

@@ -55,6 +55,18 @@ def test_shortcut_after_the_activation_is_matched() -> None:
     assert last.spec.attributes()["conv_residual"] == 2
 
 
+def test_batch_norm_is_folded() -> None:
+    net = Net(8, (Layer(8, bias=False, bn=True, residual=True, activation="relu"),))
+    last = found(net).matches[-1]
+    w, b = (onnx.numpy_helper.to_array(t) for t in last.folded)
+    assert last.inputs[1:3] == ("conv0~bn_weight", "conv0~bn_bias") and last.spec.bias
+    m = model(net)
+    consts = {t.name: onnx.numpy_helper.to_array(t).astype(np.float64) for t in m.graph.initializer}
+    k = consts["bn_scale0"] / np.sqrt(consts["bn_var0"] + 1e-3)
+    np.testing.assert_allclose(w, consts["w0"] * k[:, None, None, None], rtol=1e-6)
+    np.testing.assert_allclose(b, consts["bn_beta0"] - consts["bn_mean0"] * k, rtol=1e-6, atol=1e-7)
+
+
 def test_refusals_say_why() -> None:
     m = model(Net(8, (Layer(8, activation="relu"),)))
     conv = m.graph.node[0]
@@ -97,7 +109,11 @@ def test_layouts_stay_nhwc_between_conv_groups() -> None:
                                  Net(8, (Layer(16, activation="silu"), Layer(16, residual=True, activation="silu")),
                                      dtype=TP.FLOAT16, seed=5),
                                  Net(8, (Layer(8, kernel=1, activation="silu"), Layer(8, activation="silu", shortcut=True)),
-                                     seed=7)], ids=lambda n: n.id)
+                                     seed=7),
+                                 Net(8, (Layer(16, bn=True, activation="relu"), Layer(16, bias=False, bn=True, residual=True,
+                                                                                      activation="relu")), seed=9),
+                                 Net(8, (Layer(16, bn=True, activation="silu"),), dtype=TP.FLOAT16, seed=10)],
+                         ids=lambda n: n.id)
 def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
     assert any(g.scheme == "conv" for g in res.report.plan.groups)

@@ -52,6 +52,9 @@ class KernelSource:
     # The fused function's body when the scheme writes it itself (an attention chain reading
     # un-expanded K and V or applying its causal mask); empty: the group's nodes (rewrite.py).
     fallback: tuple[onnx.NodeProto, ...] = ()
+    # Constants the fused node reads that the model did not have (a conv chain's weights with its
+    # BatchNormalization folded in): the rewrite adds them as initializers.
+    constants: tuple[onnx.TensorProto, ...] = ()
 
     @property
     def scheme(self) -> str:

@@ -39,6 +39,8 @@ NETS += [
             Layer(32, kernel=1, activation="silu")), seed=15),  # a YOLO stem
     Net(16, (Layer(16, kernel=1, activation="silu"), Layer(16, activation="silu", shortcut=True),
              Layer(16, activation="silu", shortcut=True)), seed=16),  # YOLO's bottlenecks
+    Net(8, (Layer(16, bn=True, activation="relu"), Layer(16, bias=False, bn=True, residual=True, activation="relu")),
+        seed=17),  # BatchNormalization folded into the weights
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 

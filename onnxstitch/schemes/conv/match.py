@@ -12,7 +12,9 @@ output change layout at the node (cuBLASLt transforms in scratch memory), except
 nodes, where the tensor stays NHWC (`layouts`: the plan's conv groups decide it together).
 
 Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight, explicit pads
-(auto_pad NOTSET or VALID), its own bias [K] or none, then optionally
+(auto_pad NOTSET or VALID), its own bias [K] or none, a BatchNormalization with constant
+parameters after it or none (folded into new weights and bias, as ONNX Runtime folds it), then
+optionally
 
 - a residual: an Add of a runtime tensor of the convolution's shape, before the activation (as
   ResNet's blocks and MobileNet's inverted residuals write it) or after it (YOLO's bottlenecks);
@@ -32,8 +34,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
 
 from ...cost import CostModel, node_us
 from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS
@@ -71,6 +75,9 @@ class Match:
     conv: str  # the Conv's name, for reports
     layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC (`layouts`)
     residual_after: bool = False  # R added after the activation (YOLO's bottlenecks), not before
+    # A BatchNormalization after the Conv folded into new weights and bias (W', b'), which the
+    # node reads in place of w and bias; empty when there is none.
+    folded: tuple[onnx.TensorProto, ...] = ()
 
     def _name(self, t: str, nhwc: bool) -> str:
         return nhwc_name(t) if nhwc else t
@@ -78,7 +85,8 @@ class Match:
     @property
     def inputs(self) -> tuple[str, ...]:
         """The node's inputs: X, W, [the bias], [R] (docs/abi.md), NHWC ones by their NHWC name."""
-        return ((self._name(self.x, self.layouts[0]), self.w) + ((self.bias,) if self.bias else ())
+        w, bias = (self.folded[0].name, self.folded[1].name) if self.folded else (self.w, self.bias)
+        return ((self._name(self.x, self.layouts[0]), w) + ((bias,) if bias else ())
                 + ((self._name(self.residual, self.layouts[2]),) if self.residual else ()))
 
     @property
@@ -87,12 +95,15 @@ class Match:
 
     @property
     def spec(self) -> ConvSpec:
-        return ConvSpec(self.dtype, self.pads, self.strides, self.dilations, self.group, self.bias is not None,
+        return ConvSpec(self.dtype, self.pads, self.strides, self.dilations, self.group,
+                        self.bias is not None or bool(self.folded),
                         self.residual is not None, self.activation, self.params, self.layouts, self.residual_after)
 
     def describe(self) -> str:
         """One line for reports."""
         parts = [f"+ bias '{self.bias}'"] if self.bias else []
+        if self.folded:
+            parts.append("with its BatchNormalization folded in")
         if self.residual and not self.residual_after:
             parts.append(f"+ '{self.residual}'")
         if self.activation:
@@ -217,6 +228,42 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
     return None
 
 
+def _array(g: FusionGraph, t: str) -> np.ndarray:
+    """A constant's value in float64."""
+    return numpy_helper.to_array(g.constants[t]).astype(np.float64)
+
+
+def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tuple[onnx.TensorProto, ...]] | None:
+    """(the node, W' and b') where `t`'s one reader is an inference BatchNormalization with
+    constant parameters: folded into the weights and bias in float64, as ONNX Runtime folds it
+    into a Conv (its ConvBNFusion)."""
+    at = _only_reader(g, t)
+    if at is None:
+        return None
+    n = g.nodes[at]
+    params = n.inputs[1:]
+    if n.op_type != "BatchNormalization" or n.domain not in ("", "ai.onnx") or len(n.outputs) != 1 or \
+            len(params) not in (2, 4) or not all(x in g.constants for x in params) or int(n.attrs.get("training_mode", 0)):
+        return None
+    if conv["bias"] and conv["bias"] not in g.constants:
+        return None
+    values = [_array(g, x).reshape(-1) for x in params]
+    w = _array(g, conv["w"])
+    if any(v.size != w.shape[0] for v in values):
+        return None
+    if len(values) == 2:  # the graph stage's form of it (folds/channel_params): x · k + shift
+        k, shift = values
+    else:  # as ONNX writes it: scale, B, mean, var
+        scale, beta, mean, var = values
+        k = scale / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
+        shift = beta - mean * k
+    b = _array(g, conv["bias"]).reshape(-1) if conv["bias"] else np.zeros(w.shape[0])
+    np_dtype = helper.tensor_dtype_to_np_dtype(conv["dtype"])
+    folded = (numpy_helper.from_array((w * k[:, None, None, None]).astype(np_dtype), f"{name}~bn_weight"),
+              numpy_helper.from_array((b * k + shift).astype(np_dtype), f"{name}~bn_bias"))
+    return at, folded
+
+
 def _residual_after(g: FusionGraph, t: str) -> tuple[int, str] | None:
     """(the Add, the other operand) when `t`'s one reader adds a runtime tensor of its shape."""
     at = _only_reader(g, t)
@@ -240,11 +287,17 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     t, nodes, residual = n.outputs[0], [i], None
     found: list[Match] = []
     why: list[str] = []
+    folded: tuple[onnx.TensorProto, ...] = ()
+    bn = _batch_norm(g, t, got, n.name or n.outputs[0])
+    if bn is not None:
+        at, folded = bn
+        nodes.append(at)
+        t = g.nodes[at].outputs[0]
 
     def take(activation: str = "", params: tuple[float, float] = (0.0, 0.0), after: bool = False) -> None:
         found.append(Match(tuple(sorted(nodes)), got["x"], got["w"], got["bias"], residual, t, activation, params,
                            got["dtype"], got["pads"], got["strides"], got["dilations"], got["group"],
-                           n.name or n.outputs[0], residual_after=after))
+                           n.name or n.outputs[0], residual_after=after, folded=folded))
 
     take()
     res = _residual_after(g, t)

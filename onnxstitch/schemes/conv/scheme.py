@@ -3,6 +3,7 @@ API), so its KernelSource has no code; its fallback function is the chain's node
 layout changes of its NHWC inputs and output around them (match.layouts)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import onnx
@@ -28,6 +29,11 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
         body.append(helper.make_node("Transpose", [m.inputs[-1]], [m.residual], perm=TO_NCHW))
     given = set(m.inputs) | {m.x, m.residual}
     nodes = [graph.nodes[i] for i in m.nodes]
+    if m.folded:
+        # The Conv with its BatchNormalization folded in, writing what the BatchNormalization wrote.
+        conv, bn = nodes[0], next(n for n in nodes if n.op_type == "BatchNormalization")
+        nodes = [dataclasses.replace(conv, inputs=(m.x, m.folded[0].name, m.folded[1].name), outputs=bn.outputs)] + \
+            [n for n in nodes[1:] if n is not bn]
     for t in sorted({t for n in nodes for t in n.inputs if t and t not in given and t in graph.constants}):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
     body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
@@ -49,7 +55,7 @@ class Conv:
         kernel = f"cudnn_conv{'_bias' if spec.bias else ''}{'_residual' if spec.residual else ''}" \
                  f"{'_' + spec.activation if spec.activation else ''}_{dtype}"
         return KernelSource(kernel, "", 1, m.inputs, (m.node_output,), (BROADCAST,) * len(m.inputs), (m.dtype,), spec,
-                            fallback=fallback(graph, m))
+                            fallback=fallback(graph, m), constants=m.folded)
 
     def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
         spec = src.spec
