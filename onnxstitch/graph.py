@@ -77,6 +77,11 @@ class FusionGraph:
                     out.setdefault(t, []).append(n.index)
         return {t: tuple(v) for t, v in out.items()}
 
+    def only_reader(self, tensor: str) -> int | None:
+        """The node reading `tensor` when it is the only one and the tensor is no graph output."""
+        readers = self.consumers.get(tensor, ())
+        return readers[0] if len(readers) == 1 and tensor not in self.graph_outputs else None
+
     @cached_property
     def succs(self) -> tuple[frozenset[int], ...]:
         return tuple(frozenset(c for t in n.outputs for c in self.consumers.get(t, ())) for n in self.nodes)

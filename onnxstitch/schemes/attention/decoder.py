@@ -100,7 +100,7 @@ def _only(g: FusionGraph, t: str, reader: int, op: str, along: set[int] | None =
     if at is None or g.nodes[at].op_type != op:
         return None
     if along is None:
-        return at if attention._only_reader(g, t) == reader else None
+        return at if g.only_reader(t) == reader else None
     shapes = _shape_readers(g, t, reader)
     if shapes is None:
         return None

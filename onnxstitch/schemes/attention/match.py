@@ -187,14 +187,6 @@ class Found:
     refusals: tuple[str, ...] = ()
 
 
-def _only_reader(g: FusionGraph, tensor: str) -> int | None:
-    """The node reading `tensor` when it is the only one and the tensor leaves no other way."""
-    readers = g.consumers.get(tensor, ())
-    if len(readers) != 1 or tensor in g.graph_outputs:
-        return None
-    return readers[0]
-
-
 def _scalar(g: FusionGraph, tensor: str) -> float | None:
     c = g.constants.get(tensor)
     if c is None or math.prod(c.dims) != 1 or c.data_type not in (TP.FLOAT, TP.DOUBLE, TP.FLOAT16, TP.BFLOAT16):
@@ -369,7 +361,7 @@ def _guarded_probabilities(g: FusionGraph, soft: int) -> tuple[str, tuple[int, .
         return p, ()
     isnan = next((i for i in readers if g.nodes[i].op_type == "IsNaN"), None)
     where = next((i for i in readers if g.nodes[i].op_type == "Where"), None)
-    if isnan is None or where is None or _only_reader(g, g.nodes[isnan].outputs[0]) != where:
+    if isnan is None or where is None or g.only_reader(g.nodes[isnan].outputs[0]) != where:
         return p, ()
     cond, zero, kept = g.nodes[where].inputs[:3]
     if cond != g.nodes[isnan].outputs[0] or kept != p or _scalar(g, zero) != 0:
@@ -382,7 +374,7 @@ def _operand(g: FusionGraph, t: str, first: int) -> tuple[str, float, tuple[int,
     q and kᵀ before the product; a Mul/Div by a scalar read by the product alone folds into the
     kernel's scale."""
     s = _scaling(g, t)
-    if s is None or _only_reader(g, t) != first:
+    if s is None or g.only_reader(t) != first:
         return t, 1.0, ()
     return s[0], s[1], (s[2],)
 
@@ -424,7 +416,7 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
             if t and (t in g.graph_outputs or any(c not in nodes for c in g.consumers.get(t, ()))):
                 return f"{name}: '{t}' is also read outside the chain"
     transposed = False
-    after = _only_reader(g, ctx)
+    after = g.only_reader(ctx)
     if after is not None and g.nodes[after].op_type == "Transpose" and \
             list(g.nodes[after].attrs.get("perm", ())) == [0, 2, 1, 3]:
         nodes.add(after)
@@ -456,12 +448,12 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int, dtype: int
     between read once, and the columns 4-element aligned (the kernel reads 4 elements at a
     time: 16 bytes of float32, 8 of half); None otherwise."""
     at = g.producer.get(t)
-    if at is None or _only_reader(g, t) != reader or g.nodes[at].op_type != "Transpose" or \
+    if at is None or g.only_reader(t) != reader or g.nodes[at].op_type != "Transpose" or \
             list(g.nodes[at].attrs.get("perm", ())) != perm:
         return None
     r = g.nodes[at].inputs[0]
     rs = g.producer.get(r)
-    if rs is None or _only_reader(g, r) != at or g.nodes[rs].op_type != "Reshape":
+    if rs is None or g.only_reader(r) != at or g.nodes[rs].op_type != "Reshape":
         return None
     a = g.nodes[rs].inputs[0]
     split, flat = g.shape(r), g.shape(a)
@@ -473,7 +465,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int, dtype: int
         return None
     nodes, bias = [at, rs], None
     ad = g.producer.get(a)
-    if ad is not None and _only_reader(g, a) == rs and g.nodes[ad].op_type == "Add":
+    if ad is not None and g.only_reader(a) == rs and g.nodes[ad].op_type == "Add":
         x0, x1 = g.nodes[ad].inputs[:2]
         for y, b in ((x0, x1), (x1, x0)):
             if b in g.constants and g.shape(b) == (h * d,) and g.tensors[b].dtype == dtype and \
@@ -483,7 +475,7 @@ def _projection(g: FusionGraph, t: str, perm: list[int], reader: int, dtype: int
                 break
     box = g.boxes.get(a)
     x, offset = a, 0
-    if box is not None and _only_reader(g, a) == nodes[-1] and box.axis == 2:
+    if box is not None and g.only_reader(a) == nodes[-1] and box.axis == 2:
         x, offset = box.source, box.start
         nodes.append(g.producer[a])
     xs = g.shape(x)

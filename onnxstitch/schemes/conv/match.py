@@ -40,7 +40,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from ...cost import CostModel, node_us
-from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS
+from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS, residual_add
 from ...graph import FusionGraph, TensorInfo, constant_value
 from ...plan import Group, Plan
 from .. import CONV
@@ -138,11 +138,6 @@ def nhwc_info(g: FusionGraph, t: str) -> TensorInfo:
     return TensorInfo(t, base.dtype, shape)
 
 
-def _only_reader(g: FusionGraph, t: str) -> int | None:
-    readers = g.consumers.get(t, ())
-    return readers[0] if len(readers) == 1 and t not in g.graph_outputs else None
-
-
 def _conv(g: FusionGraph, i: int) -> dict | str:
     """The Conv's geometry, or why it is no conv epilogue's."""
     n = g.nodes[i]
@@ -184,9 +179,7 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
 
 
 def _scalar(g: FusionGraph, t: str) -> float | None:
-    if not t:
-        return None
-    if t not in g.constants:
+    if not t or t not in g.constants:
         return None
     v = constant_value(g, t)
     return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
@@ -237,7 +230,7 @@ def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tup
     """(the node, W' and b') where `t`'s one reader is an inference BatchNormalization with
     constant parameters: folded into the weights and bias in float64, as ONNX Runtime folds it
     into a Conv (its ConvBNFusion)."""
-    at = _only_reader(g, t)
+    at = g.only_reader(t)
     if at is None:
         return None
     n = g.nodes[at]
@@ -264,20 +257,6 @@ def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tup
     return at, folded
 
 
-def _residual_after(g: FusionGraph, t: str) -> tuple[int, str] | None:
-    """(the Add, the other operand) when `t`'s one reader adds a runtime tensor of its shape."""
-    at = _only_reader(g, t)
-    if at is None or g.nodes[at].op_type != "Add":
-        return None
-    x, y = g.nodes[at].inputs[:2]
-    other = y if x == t else x
-    so, st, sa = g.shape(other), g.shape(t), g.shape(g.nodes[at].outputs[0])
-    if other in g.constants or other == t or so is None or st is None or so != st or sa != st or \
-            any(d is None for d in st) or g.tensors[other].dtype != g.tensors[t].dtype:
-        return None
-    return at, other
-
-
 def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     n = g.nodes[i]
     name = f"conv epilogue at '{n.name or n.outputs[0]}'"
@@ -300,7 +279,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
                            n.name or n.outputs[0], residual_after=after, folded=folded))
 
     take()
-    res = _residual_after(g, t)
+    res = residual_add(g, t)
     if res is not None:
         at, residual = res
         nodes.append(at)
@@ -314,7 +293,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         nodes.extend(extra)
         t = out
         take(kind, params)
-        res = _residual_after(g, t) if residual is None else None
+        res = residual_add(g, t) if residual is None else None
         if res is not None:  # the shortcut Add after the activation (YOLO's bottlenecks)
             at, residual = res
             nodes.append(at)
@@ -353,7 +332,7 @@ def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
 def conv_us(g: FusionGraph, cost: CostModel, m: Match) -> float:
     """The convolution's roofline with a launch: its flops at the tensor rate of its dtype
     against the bytes of X, W and Y."""
-    sw, sy = g.shape(m.w), g.shape(m.output)
+    sw = g.shape(m.w)
     rows = g.tensor_bytes(m.output) // (2 if m.dtype == TP.FLOAT16 else 4) // sw[0]
     flops = 2.0 * rows * sw[0] * sw[1] * sw[2] * sw[3]
     rate = FP16_TFLOPS if m.dtype == TP.FLOAT16 else TF32_TFLOPS

@@ -112,11 +112,6 @@ class Found:
     refusals: tuple[str, ...] = ()
 
 
-def _only_reader(g: FusionGraph, t: str) -> int | None:
-    readers = g.consumers.get(t, ())
-    return readers[0] if len(readers) == 1 and t not in g.graph_outputs else None
-
-
 def _dtype_name(g: FusionGraph, t: str) -> str:
     info = g.tensors.get(t)
     return "of unknown type" if info is None else TP.DataType.Name(info.dtype).lower()
@@ -176,9 +171,9 @@ def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, 
     return a, b, bias, trans_a, trans_b, k, n_dim
 
 
-def _residual_after(g: FusionGraph, t: str) -> tuple[int, str] | None:
+def residual_add(g: FusionGraph, t: str) -> tuple[int, str] | None:
     """(the Add, the other operand) when `t`'s one reader adds a runtime tensor of its shape."""
-    at = _only_reader(g, t)
+    at = g.only_reader(t)
     if at is None or g.nodes[at].op_type != "Add":
         return None
     x, y = g.nodes[at].inputs[:2]
@@ -285,14 +280,14 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
 
     # The bias and the residual, in either order.
     for _ in range(2):
-        at = _only_reader(g, t)
+        at = g.only_reader(t)
         if at is None or g.nodes[at].op_type != "Add":
             break
         x, y = g.nodes[at].inputs[:2]
         other = y if x == t else x
         if bias is None and _is_bias(g, other, n_dim, dtype):
             bias = other
-        elif residual is None and _residual_after(g, t) is not None:
+        elif residual is None and residual_add(g, t) is not None:
             residual = other
         else:
             break
@@ -313,7 +308,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         kind, extra, out = act
         nodes.extend(extra)
         take(kind, out)
-        if _residual_after(g, out) is not None:
+        if residual_add(g, out) is not None:
             why.append(f"{name}: the Add after its activation stays apart (cuBLASLt adds C before the activation)")
     if not found and not why:  # a Gemm's own bias and nothing after it
         readers = sorted({g.nodes[c].op_type for c in g.consumers.get(t, ())}) or ["no node"]
