@@ -122,14 +122,11 @@ def _summary(report, out: Path) -> Table:
                    "a YOLOv8-style net 1.39-1.58x over stock ORT on an H200; cuDNN chooses its engines at session "
                    "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
                    "cuBLASLt call, where the plan finds it cheaper.")
-@click.option("--programmatic-launch/--no-programmatic-launch", "programmatic", default=True, show_default=True,
-              help="Let the runtime start each generated kernel while the kernel before it finishes (programmatic "
-                   "dependent launch, sm_90+ GPUs); the kernel waits for its inputs before reading them.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, attention: bool, epilogues: bool, programmatic: bool, picture: Path | None,
-             verbose: bool, quiet: bool) -> None:
+             pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None, verbose: bool,
+             quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
@@ -154,7 +151,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
-                              merge=merge, attention=attention, epilogues=epilogues, programmatic=programmatic)
+                              merge=merge, attention=attention, epilogues=epilogues)
     written = save_atomic(result.save, out)
     made = bundle.write_bundle(out, written, library) if library is not None else None
     if report:

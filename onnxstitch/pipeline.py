@@ -128,8 +128,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
              archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
              time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
              seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True,
-             merge: bool = True, attention: bool = True, epilogues: bool = False,
-             programmatic: bool = True) -> OptimizeResult:
+             merge: bool = True, attention: bool = True, epilogues: bool = False) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
     kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
     the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
@@ -145,12 +144,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     kernel on tensor cores (TF32 for float32; half types on m16n8k16), with a split-KV decode
     form where the plan finds it cheaper (schemes/attention). `epilogues` (off by default: experimental
     until measured on the GPU) proposes each MatMul/Gemm by a constant weight with its bias,
-    ReLU or tanh GELU and residual as one cuBLASLt call with an epilogue (schemes/gemm).
-    `programmatic` (on by default) lets the runtime launch each generated kernel with
-    programmatic dependent launch on sm_90+ GPUs: its launch overlaps the end of the kernel
-    before it, and the kernel waits for that one's results before it reads anything."""
+    ReLU or tanh GELU and residual as one cuBLASLt call with an epilogue (schemes/gemm)."""
     opts = Options(tuple(archs), cost or CostModel(), time_limit_s, verify, seed, reductions, strict, pack, merge,
-                   attention, epilogues, programmatic)
+                   attention, epilogues)
     stage = _Stages(progress)
     given = _prepare(model, shapes or {}, stage)
     planned = _plan(given, opts, stage)
@@ -197,7 +193,6 @@ class Options:
     merge: bool
     attention: bool
     epilogues: bool = False
-    programmatic: bool = True
 
     @property
     def clusters(self) -> bool:
@@ -358,7 +353,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
         fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
         nhwc = planned.plan.nhwc_nodes if whole else ()
         # Nothing fused: the model goes out exactly as it came in.
-        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc, opts.programmatic)) if fused else given.loaded
+        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc)) if fused else given.loaded
         if fused:
             stage("validate", lambda: _validate(given.weights.checkable(made), given.weights.checkable(m)))
         return made, stage("verify", lambda: verify_mod.verify(

@@ -25,7 +25,7 @@ OP_TYPE = "FusedKernel"
 IR_VERSION = 10  # first IR version with function overloads
 KERNEL_ATTRS = ("kernel_name", "vec_width", "image_archs", "image_sizes", "images", "ptx",
                 "input_kinds", "output_dtypes", "shape_rule", "output_kinds", "row_geometry", "output_views",
-                "input_boxes", "input_windows", "images_sha256", "programmatic_wait")
+                "input_boxes", "input_windows", "images_sha256")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class FusedGroup:
     kernel: CompiledKernel
 
 
-def _fused_node(group: FusedGroup, programmatic: bool) -> onnx.NodeProto:
+def _fused_node(group: FusedGroup) -> onnx.NodeProto:
     k = group.kernel
     # ORT's custom-op API reads no STRINGS attribute: cubins travel as one STRING blob split by
     # image_sizes (docs/abi.md). A library call (the gemm scheme) carries no image.
@@ -60,10 +60,6 @@ def _fused_node(group: FusedGroup, programmatic: bool) -> onnx.NodeProto:
         node.attribute.append(helper.make_attribute("input_boxes", slices.encode_all(k.source.input_boxes)))
     if k.source.input_windows:
         node.attribute.append(helper.make_attribute("input_windows", concats.encode_all(k.source.input_windows)))
-    if programmatic and k.source.source:
-        # Every generated entry begins with stitch_wait_prior (schemes/source.py), so the runtime
-        # may launch it overlapping the kernel before it (sm_90+).
-        node.attribute.append(helper.make_attribute("programmatic_wait", 1))
     node.overload = group.name
     return node
 
@@ -211,11 +207,10 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
 
 
 def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup],
-            nhwc_nodes: Collection[int] = (), programmatic: bool = True) -> onnx.ModelProto:
+            nhwc_nodes: Collection[int] = ()) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
     with every group replaced by its FusedKernel node and function, and the `nhwc_nodes` (channel
-    Concat/Split between conv groups, schemes/conv) over NHWC tensors. With `programmatic`, the
-    generated kernels are marked for programmatic dependent launch ("programmatic_wait")."""
+    Concat/Split between conv groups, schemes/conv) over NHWC tensors."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -224,7 +219,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     new_nodes: list[onnx.NodeProto] = []
     for i, node in enumerate(model.graph.node):
         if i in first:
-            new_nodes.append(_fused_node(first[i], programmatic))
+            new_nodes.append(_fused_node(first[i]))
         elif i in nhwc_nodes:
             new_nodes.append(conv_match.nhwc_node(node))
         elif i not in fused_members:

@@ -5,9 +5,9 @@
 # and with CUDA graphs; per-kernel GPU time under ncu where the machine has it. Everything
 # goes to $OUT/bert. Needs the setup of scripts/gpu_check.sh (staged packages, .carry).
 # The device tool brings back at most 8 files, so everything is packed into $OUT/bert.tar.gz.
-#   [BERT_NCU=0] bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack,nomerge,noattention,noprogrammatic]
+#   [BERT_NCU=0] bash scripts/bench_bert.sh [float32,float16] [elementwise,reductions,nopack,nomerge,noattention]
 # (elementwise: --no-reductions; nopack: --no-pack; nomerge: --no-merge-matmuls; noattention:
-#  --no-attention; noprogrammatic: --no-programmatic-launch; reductions: the defaults)
+#  --no-attention; reductions: the defaults)
 # The GPU machine has no torch: carry BERT without its weights (carry build/bertc), see below.
 set -uo pipefail
 TOP=${OUT:-/tmp/onnxstitch-out}
@@ -38,7 +38,6 @@ for dt in ${dtypes//,/ }; do
     flag=(); [ "$variant" = elementwise ] && flag=(--no-reductions); [ "$variant" = nopack ] && flag=(--no-pack)
     [ "$variant" = nomerge ] && flag=(--no-merge-matmuls)
     [ "$variant" = noattention ] && flag=(--no-attention)
-    [ "$variant" = noprogrammatic ] && flag=(--no-programmatic-launch)
     python3 -m onnxstitch.cli optimize "$m" -o "/tmp/bert-$dt-$variant.onnx" "${shape[@]}" "${flag[@]}" \
       --report "$OUT/report-$dt-$variant.json" 2>&1 | tail -4 | tee -a "$log"
     for g in "" --cuda-graph; do

@@ -109,15 +109,6 @@ struct StitchArgs {{
   long long strides[STITCH_MAX_IN][STITCH_MAX_RANK];
 }};
 template <int N, typename T> struct alignas(sizeof(T) * N) StitchVec {{ T v[N]; }};
-// Every entry's first act (docs/abi.md, "programmatic_wait"): wait for the kernels before it on
-// the stream to finish and their writes to be visible. Launched with programmatic stream
-// serialization (sm_90+), the kernel's launch and blocks' start overlap its predecessor's
-// tail; launched plainly, this returns at once.
-__device__ __forceinline__ void stitch_wait_prior() {{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}}
 // Element j of a held vector of halves, read through the 32-bit word holding it: converting
 // it then selects its half of the word, where reading the 16-bit element first costs a byte
 // permute per element to unpack the vector (float16 Softmax: ~15% of its instructions).

@@ -35,25 +35,6 @@ constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 
-// Programmatic dependent launch (sm_90+): a kernel launched with this attribute may start
-// while the kernel before it on the stream finishes; its code waits (griddepcontrol.wait)
-// before touching global memory. The structs are CUlaunchAttribute and CUlaunchConfig.
-constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_...
-struct LaunchAttribute {
-  int id;
-  char pad[4];
-  union {
-    char bytes[64];
-    int programmatic_stream_serialization_allowed;
-  } value;
-};
-struct LaunchConfig {
-  unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
-  Stream stream;
-  LaunchAttribute* attrs;
-  unsigned int num_attrs;
-};
-
 // CUjit_option values used for PTX JIT error reporting.
 constexpr int kFuncMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kJitErrorLogBuffer = 5;
@@ -79,7 +60,6 @@ struct Driver {
   Result (*LaunchKernel)(Function, unsigned int, unsigned int, unsigned int, unsigned int,
                          unsigned int, unsigned int, unsigned int, Stream, void**,
                          void**) = nullptr;                                 // @4000
-  Result (*LaunchKernelEx)(const LaunchConfig*, Function, void**, void**) = nullptr;  // @11060, optional
   Result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, Function, int, size_t) = nullptr;  // @6050, optional
   Result (*FuncSetAttribute)(Function, int, int) = nullptr;                 // @9000
   Result (*MemAlloc)(DevicePtr*, size_t) = nullptr;                         // @3020 (_v2): the gemm scheme's workspace
@@ -147,7 +127,6 @@ struct Driver {
         {"cuModuleUnload", 2000, reinterpret_cast<void**>(&ModuleUnload), true},
         {"cuModuleGetFunction", 2000, reinterpret_cast<void**>(&ModuleGetFunction), true},
         {"cuLaunchKernel", 4000, reinterpret_cast<void**>(&LaunchKernel), true},
-        {"cuLaunchKernelEx", 11060, reinterpret_cast<void**>(&LaunchKernelEx), false},
         {"cuFuncSetAttribute", 9000, reinterpret_cast<void**>(&FuncSetAttribute), true},
         {"cuMemAlloc", 3020, reinterpret_cast<void**>(&MemAlloc), true},
         {"cuMemFree", 3020, reinterpret_cast<void**>(&MemFree), true},

@@ -190,7 +190,6 @@ class Kernel {
   std::vector<std::string> images_;    // one allocation each: cubins stay suitably aligned
   std::string ptx_;
   bool has_ptx_ = false;
-  bool programmatic_wait_ = false;     // "programmatic_wait": every entry waits for its predecessors first
 
   // Lazily initialised under mu_; after that read-only.
   std::mutex mu_;
@@ -296,10 +295,6 @@ Error Kernel::InitImages(KernelAttrs& r) {
   if (Error e = r.Ints("image_sizes", &sizes, &has_sizes)) return e;
   if (Error e = r.String("images", &blob, &has_images)) return e;
   if (Error e = r.String("ptx", &ptx_, &has_ptx_)) return e;
-  int64_t wait = 0;
-  bool has_wait = false;
-  if (Error e = r.Int("programmatic_wait", &wait, &has_wait)) return e;
-  programmatic_wait_ = has_wait && wait == 1;
   has_ptx_ = has_ptx_ && !ptx_.empty();
   // The images are executable code: where the node states their digest, code that does not
   // match it (a corrupted or edited model) is refused before anything is loaded.
@@ -389,10 +384,6 @@ Error Kernel::LoadModule(Loaded* l) {
       l->module = nullptr;
       why = "loading the sm_" + std::to_string(image_archs_[best]) + " cubin failed: " + CuError(r);
     }
-    // Only a cubin built for sm_90+ holds the wait (griddepcontrol.wait is compiled for those
-    // archs alone); the PTX may target an older one, so it is launched plainly.
-    l->programmatic = l->module != nullptr && programmatic_wait_ && image_archs_[best] >= 90 &&
-                      driver_.LaunchKernelEx != nullptr;
   } else {
     why = "no cubin for " + device_arch + " (have:";
     for (int64_t a : image_archs_) why += " sm_" + std::to_string(a);

@@ -79,10 +79,6 @@ struct Loaded {
   int sm_count = 1;
   int blocks_per_sm = 0;          // resident blocks of entry[0] per multiprocessor (0: unknown)
   int cluster_blocks_per_sm = 0;  // the same for the cluster entries
-  // Launched with programmatic stream serialization: the node's images wait for the kernels
-  // before them first ("programmatic_wait", docs/abi.md), the GPU is sm_90+ and the driver
-  // has cuLaunchKernelEx.
-  bool programmatic = false;
 };
 
 // What a scheme's launch may ask of the node that runs it.
@@ -102,27 +98,14 @@ class Call {
   // replay the captured addresses).
   virtual Error Scratch(size_t bytes, void** data) = 0;
 
-  // Launches fn (a 1-D grid) of l's module and words a failure with the entry's name.
-  Error Launch(const Loaded& l, cu::Function fn, const char* suffix, long long grid, long long block,
-               long long shared, cu::Stream stream, void** params) {
-    const cu::Driver& d = Driver();
-    cu::Result r;
-    if (l.programmatic) {
-      // The kernel may start while the one before it drains; it waits first (its source's
-      // stitch_wait_prior), so this only hides the launch and the blocks' start.
-      cu::LaunchAttribute attr{};
-      attr.id = cu::kLaunchAttrProgrammaticStreamSerialization;
-      attr.value.programmatic_stream_serialization_allowed = 1;
-      cu::LaunchConfig config{static_cast<unsigned int>(grid), 1, 1, static_cast<unsigned int>(block), 1, 1,
-                              static_cast<unsigned int>(shared), stream, &attr, 1};
-      r = d.LaunchKernelEx(&config, fn, params, nullptr);
-    } else {
-      r = d.LaunchKernel(fn, static_cast<unsigned int>(grid), 1, 1, static_cast<unsigned int>(block), 1, 1,
-                         static_cast<unsigned int>(shared), stream, params, nullptr);
-    }
+  // Launches fn (a 1-D grid) and words a failure with the entry's name.
+  Error Launch(cu::Function fn, const char* suffix, long long grid, long long block, long long shared,
+               cu::Stream stream, void** params) {
+    const cu::Result r = Driver().LaunchKernel(fn, static_cast<unsigned int>(grid), 1, 1, static_cast<unsigned int>(block),
+                                               1, 1, static_cast<unsigned int>(shared), stream, params, nullptr);
     if (r == cu::kSuccess) return {};
     return Fail(ORT_FAIL, "cuLaunchKernel(" + KernelName() + suffix + ", grid " + std::to_string(grid) +
-                              ") failed: " + d.ErrorText(r));
+                              ") failed: " + Driver().ErrorText(r));
   }
 };
 

@@ -136,7 +136,6 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 {_defines(fl, options)}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  stitch_wait_prior();
   constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = D + 8{body.buffer_stride};
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};

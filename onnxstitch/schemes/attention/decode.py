@@ -219,7 +219,6 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
 #define ZERO4 {fl.zero4}
 #define STORE_ELEM(x) {store}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const StitchArgs a) {{
-  stitch_wait_prior();
   constexpr int D = {d}, G = {g}, R = {rows}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
   constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = (R * D + THREADS - 1) / THREADS, RW = R / (THREADS / 32);
   constexpr int NV = (KT * D / 4 + THREADS - 1) / THREADS, NK = (KT * D + THREADS - 1) / THREADS;  // loads a tile
@@ -338,7 +337,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const
 // The splits' partials of one row [b, h, s] (blockIdx.x = (b·H + h)·Sq + s) merged: weights
 // exp(m_i − max m), a split whose every score was -inf weighing 0.
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_merge(const StitchArgs a) {{
-  stitch_wait_prior();
   constexpr int D = {d};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f;

@@ -129,7 +129,7 @@ class Attention final : public Scheme {
     if (Error e = call.Enter(&stream, &l)) return e;
     void* params[1] = {&args};
     if (spec_.decode_rows > 0 && spec_.kv_group * dims[2] <= spec_.decode_rows) return Decode(call, l, stream, &args);
-    return call.Launch(*l, l->entry[0], kSuffix, blocks, spec_.threads, spec_.shared, stream, params);
+    return call.Launch(l->entry[0], kSuffix, blocks, spec_.threads, spec_.shared, stream, params);
   }
 
  private:
@@ -155,11 +155,11 @@ class Attention final : public Scheme {
     }
     if (base * splits > 0x7fffffffLL || rows > 0x7fffffffLL) return Fail(ORT_INVALID_ARGUMENT, "too many decode blocks");
     void* params[1] = {args};
-    if (Error e = call.Launch(*l, l->more[0], kDecode, base * splits, kDecodeThreads, spec_.decode_shared, stream, params)) {
+    if (Error e = call.Launch(l->more[0], kDecode, base * splits, kDecodeThreads, spec_.decode_shared, stream, params)) {
       return e;
     }
     if (splits == 1) return {};
-    return call.Launch(*l, l->more[1], kMerge, rows, kMergeThreads, 0, stream, params);
+    return call.Launch(l->more[1], kMerge, rows, kMergeThreads, 0, stream, params);
   }
 
   AttentionSpec spec_;

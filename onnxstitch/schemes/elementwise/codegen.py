@@ -363,8 +363,8 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
   const I w0 = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
 {setup}{cat_setup}{view_setup}{loop}
 }}
-extern "C" __global__ void __launch_bounds__(256) {name}_v32(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<int, {vw}>(a); }}
-extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<long long, 1>(a); }}
+extern "C" __global__ void __launch_bounds__(256) {name}_v32(const StitchArgs a) {{ {name}_body<int, {vw}>(a); }}
+extern "C" __global__ void __launch_bounds__(256) {name}_s64(const StitchArgs a) {{ {name}_body<long long, 1>(a); }}
 """
     return KernelSource(name, src, vw, inputs, outputs, kinds,
                         tuple(graph.tensors[t].dtype for t in outputs),

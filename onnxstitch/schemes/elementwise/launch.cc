@@ -87,7 +87,7 @@ class Elementwise final : public Scheme {
     // 64 blocks per multiprocessor: best of 16/32/64/uncapped on H200 (docs/perf-notes.md)
     const long long blocks = std::max<long long>(1, std::min<long long>((work + kBlock - 1) / kBlock, 64LL * l->sm_count));
     void* params[1] = {&b->args};
-    return call.Launch(*l, l->entry[variant], kSuffix[variant], blocks, kBlock, 0, stream, params);
+    return call.Launch(l->entry[variant], kSuffix[variant], blocks, kBlock, 0, stream, params);
   }
 
  private:

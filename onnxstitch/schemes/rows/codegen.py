@@ -201,8 +201,8 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 // Two entries (docs/abi.md): 32-bit index arithmetic whenever the tensors allow it (the
 // per-row divisions cost several times more in 64 bits, and a shared entry would carry the
 // 64-bit body's registers), 64-bit otherwise.
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<int{plain}>(a); }}
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<long long{plain}>(a); }}
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<int{plain}>(a); }}
+extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long{plain}>(a); }}
 {cluster_entries(name, geo.block, split)}"""
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
                         RowsSpec(out_kinds, span, geo.threads, geo.block, row_inner=rp.inner, row_split=split))
@@ -216,7 +216,7 @@ def cluster_entries(name: str, block: int, split: int) -> str:
         return ""
     return (f"#ifdef STITCH_CLUSTERS\n"
             f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
-            f"{name}_rows_cl(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<int, {split}>(a); }}\n"
+            f"{name}_rows_cl(const StitchArgs a) {{ {name}_body<int, {split}>(a); }}\n"
             f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
-            f"{name}_rows64_cl(const StitchArgs a) {{ stitch_wait_prior(); {name}_body<long long, {split}>(a); }}\n"
+            f"{name}_rows64_cl(const StitchArgs a) {{ {name}_body<long long, {split}>(a); }}\n"
             f"#endif\n")

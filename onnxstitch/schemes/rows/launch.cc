@@ -135,12 +135,12 @@ class Rows final : public Scheme {
       const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
       // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
       // the one-block-per-row entry computes the same rows.
-      if (!call.Launch(*l, l->cluster[variant], kClusterSuffix[variant], clusters * row_split_, block_threads_, 0, stream,
+      if (!call.Launch(l->cluster[variant], kClusterSuffix[variant], clusters * row_split_, block_threads_, 0, stream,
                        params)) {
         return {};
       }
     }
-    return call.Launch(*l, l->entry[variant], kSuffix[variant], blocks, block_threads_, 0, stream, params);
+    return call.Launch(l->entry[variant], kSuffix[variant], blocks, block_threads_, 0, stream, params);
   }
 
  private:
