@@ -49,10 +49,18 @@ CASES = {
     "seq512-float16": Core((8, 12), 512, 512, 64, (8, 1, 1, 512), dtype=TP.FLOAT16),
     "vit-float16": Core((8, 12), 197, 197, 64, None, dtype=TP.FLOAT16),
     "bert-projected-bqk-float16": Projected(Core((8, 12), 128, 128, 64, (8, 1, 128, 128), dtype=TP.FLOAT16)),
+    # BERT-base float16 as the pipeline plans it: the exported mask simplified to [b, 1, 1, s].
+    "bert-projected-bk-float16": Projected(Core((8, 12), 128, 128, 64, (8, 1, 1, 128), dtype=TP.FLOAT16)),
 }
 
 VARIANTS = {f"keys={k},staged_tf32={int(st)}": codegen_attention.AttentionOptions(keys=k, staged_tf32=st)
             for k, st in ((64, True), (64, False), (128, True))}  # each fixed, not by shape
+# The defaults (keys and rounding by shape, ldmatrix for half heads of 16s, query-broadcast masks
+# staged per tile) against each of the last two left out.
+VARIANTS |= {"default": codegen_attention.AttentionOptions(),
+             "no-ldmatrix": codegen_attention.AttentionOptions(ldmatrix=False),
+             "no-staged-masks": codegen_attention.AttentionOptions(staged_masks=False),
+             "neither": codegen_attention.AttentionOptions(ldmatrix=False, staged_masks=False)}
 
 
 def chain(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Match]:
@@ -153,7 +161,7 @@ def main() -> int:
                 result["probe_tf32_kernel_us"].append(ref)
                 print(f"{case:14} {'probe_attention.py TF32 kernel':40} round {r}: {ref:8.2f} µs", flush=True)
             for label in args.variants.split(";"):
-                if _dtype(core) != TP.FLOAT and not VARIANTS[label].staged_tf32:
+                if _dtype(core) != TP.FLOAT and VARIANTS[label].staged_tf32 is False:
                     continue  # the same half kernel as staged_tf32=1
                 v = kernel_alone(core, VARIANTS[label], args.reps)
                 best = row["variants"].setdefault(label, v)

@@ -225,6 +225,29 @@ inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
   return out;
 }
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 for the whole warp: lane 8i + j gives the
+// address of row j of 8×8 matrix i; lane (g, t) receives per matrix i its elements (g, 2t) and
+// (g, 2t+1) — with .trans (2t, g) and (2t+1, g) — the first in the low half.
+namespace stitch_host {
+template <bool Trans>
+inline void ldsm_x4(unsigned* r, const unsigned short* row) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  auto& slot = block->slots[warp];
+  auto& bar = *block->warps[warp];
+  slot[lane] = reinterpret_cast<unsigned long long>(row);
+  bar.arrive_and_wait();
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    auto at = [&](int j) { return reinterpret_cast<const unsigned short*>(slot[8 * i + j]); };
+    const unsigned lo = Trans ? at(2 * t)[g] : at(g)[2 * t], hi = Trans ? at(2 * t + 1)[g] : at(g)[2 * t + 1];
+    r[i] = lo | (hi << 16);
+  }
+  bar.arrive_and_wait();  // every lane has read the addresses before any writes the next ones
+}
+}  // namespace stitch_host
+inline void stitch_ldsm_x4(unsigned* r, const unsigned short* row) { stitch_host::ldsm_x4<false>(r, row); }
+inline void stitch_ldsm_x4_trans(unsigned* r, const unsigned short* row) { stitch_host::ldsm_x4<true>(r, row); }
+
 struct StitchArgs;
 // A kernel whose threads miss a barrier or a shuffle would hang the test run: after a minute
 // the watchdog aborts the process with a message instead.

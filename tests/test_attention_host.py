@@ -129,7 +129,9 @@ def feeds_for(c: Case, rng: np.random.Generator) -> dict[str, np.ndarray]:
 OPTIONS = {"default": codegen_attention.AttentionOptions(),
            "tf32-at-fragments": codegen_attention.AttentionOptions(staged_tf32=False),
            "tf32-staged": codegen_attention.AttentionOptions(staged_tf32=True),
-           "keys-128": codegen_attention.AttentionOptions(keys=128)}
+           "keys-128": codegen_attention.AttentionOptions(keys=128),
+           # the half kernels' B fragments as shared-load pairs, masks read per score from memory
+           "pairs-unstaged-masks": codegen_attention.AttentionOptions(ldmatrix=False, staged_masks=False)}
 
 
 @pytest.mark.parametrize("variant", list(OPTIONS))
@@ -196,23 +198,35 @@ def test_half_attention_kernel_with_128_keys_a_tile(name: str, dtype: str, folde
     check_case(name, in_type(HALF_CASES[name], HALVES[dtype]), OPTIONS["keys-128"], folder)
 
 
+@pytest.mark.parametrize("name", ["bert_64", "ragged_70_rows_mask", "few_queries_long_keys_transposed"])
+def test_half_attention_kernel_with_pairs_and_unstaged_masks(name: str, folder) -> None:
+    check_case(name, in_type(HALF_CASES[name], HALVES["float16"]), OPTIONS["pairs-unstaged-masks"], folder)
+
+
 # Deliberate mistakes in the half kernel's fragment layouts that the tolerances must catch: the
-# two probabilities of a register swapped, and V's two keys of a B register swapped.
+# two probabilities of a register swapped, V's two keys of a B register swapped (shared-load
+# pairs), and with ldmatrix V's two 8-key halves or K's two blocks swapped. (edit, options)
 BROKEN = {
-    "probability-pairs-swapped": lambda src: src.replace("PACK(e0, e1)", "PACK(e1, e0)"),
-    "value-pairs-swapped": lambda src: src.replace("stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS)",
-                                                   "stitch_pair(Vs + (k * 16 + 2 * tg + 1) * VS + n * 8 + g, -VS)"),
+    "probability-pairs-swapped": (lambda src: src.replace("PACK(e0, e1)", "PACK(e1, e0)"), "default"),
+    "value-pairs-swapped": (lambda src: src.replace("stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS)",
+                                                    "stitch_pair(Vs + (k * 16 + 2 * tg + 1) * VS + n * 8 + g, -VS)"),
+                            "pairs-unstaged-masks"),
+    "value-halves-swapped": (lambda src: src.replace("MMA(o[n], pf[k], vb[0], vb[1])", "MMA(o[n], pf[k], vb[1], vb[0])"),
+                             "default"),
+    "key-blocks-swapped": (lambda src: src.replace("MMA(s[n], qf[k], kb[0], kb[1])", "MMA(s[n], qf[k], kb[2], kb[3])"),
+                           "default"),
 }
 
 
 @pytest.mark.parametrize("dtype", list(HALVES))
 @pytest.mark.parametrize("mistake", list(BROKEN))
 def test_a_broken_half_kernel_fails_the_tolerance(mistake: str, dtype: str, folder) -> None:
-    edit = BROKEN[mistake]
+    edit, variant = BROKEN[mistake]
     c = in_type(HALF_CASES["ragged_70_rows_mask"], HALVES[dtype])
-    assert edit(generated(core_model(c.core))[1].source) != generated(core_model(c.core))[1].source
+    source = generated(core_model(c.core), OPTIONS[variant])[1].source
+    assert edit(source) != source
     with pytest.raises(AssertionError, match="relative error"):
-        check_case(mistake, c, OPTIONS["default"], folder, edit)
+        check_case(mistake, c, OPTIONS[variant], folder, edit)
 
 
 # Projected operands (attention.Projection): the kernel reads q, kᵀ and v at their heads' columns

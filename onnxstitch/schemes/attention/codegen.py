@@ -52,6 +52,14 @@ class AttentionOptions:
     # element by element and the conversions there cost more than they save (ViT's 197 keys:
     # 52.8–80.7 staged against 32.5–46.1 µs, two runs).
     staged_tf32: bool | None = None
+    # float16/bfloat16: K's and V's B fragments read by ldmatrix.x4 (two key or head blocks a
+    # load) rather than 32-bit pairs and 16-bit pairs of shared loads. None: wherever the head
+    # size is a multiple of 16 (its slices whole).
+    ldmatrix: bool | None = None
+    # Additive masks that broadcast over the queries (a padding mask [b, 1, 1, s]) staged per
+    # tile in shared memory as float32, one load per key per block rather than one per score
+    # per thread.
+    staged_masks: bool = True
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
 TF32_PRELUDE = r"""
@@ -115,9 +123,21 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     term = (lambda x: x) if m.upcast else fl.load  # the added terms: float32 where upcast
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt, fl)
     stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", fl, v_bias)
+    ldsm = fl.half and d % 16 == 0 and options.ldmatrix is not False
+    tile_bytes = -(-shared_bytes(d, options, rows, fl.half) // 16) * 16
+    staged = [i for i, t in enumerate(m.masks) if options.staged_masks and _query_broadcast(graph, t)]
+    mask_tiles = "".join(f"  float* Ms{i} = reinterpret_cast<float*>(reinterpret_cast<char*>(stitch_smem) + "
+                         f"{tile_bytes + 4 * kt * j});  // [KT]: mask {i}'s keys of the tile, as float\n"
+                         for j, i in enumerate(staged))
+    stage_v += "".join(f"""
+    for (int j = t; j < KT; j += THREADS) Ms{i}[j] = t0 + j < Sk ? {term(f"mk{i}[(long long)(t0 + j) * mc{i}]")} : 0.f;"""
+                       for i in staged)
+
+    def mask_term(i: int, row: str) -> str:
+        return f"Ms{i}[key - t0]" if i in staged else term(f"mk{row}{i}[key * mc{i}]")
 
     def scaled(elem: str, row: str) -> str:
-        terms = " + ".join(term(f"mk{row}{i}[key * mc{i}]") for i in range(len(m.masks)))
+        terms = " + ".join(mask_term(i, row) for i in range(len(m.masks)))
         value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
         if m.select is not None:
             # The boolean mask (Where on the scores): its fill where the score is not kept.
@@ -130,7 +150,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
         # Rows of K (from a projection, or un-expanded K) are staged 4 floats at a time whatever
         # the key count.
         options = dataclasses.replace(options, staged_tf32=rows or attention.planned_keys(graph, m) % 4 == 0)
-    body = _half_body(k_frag, biased, m.upcast) if fl.half else _float_body(k_frag, q_bias)
+    body = _half_body(k_frag, biased, m.upcast, ldsm, rows) if fl.half else _float_body(k_frag, q_bias)
     source = f"""
 {ARGS_STRUCT}
 {_defines(fl, options)}
@@ -143,7 +163,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   const float NEG_INF = -__int_as_float(0x7f800000);
 {_fill(m)}  extern __shared__ __align__(16) float stitch_smem[];
 {_tiles(fl, rows)}
-  const long long H = a.dims[1];
+{mask_tiles}  const long long H = a.dims[1];
   const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
   const int tiles = (Sq + QT - 1) / QT;
   const long long bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
@@ -158,7 +178,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
 {body.buffer}{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl))}"""
-    spec = AttentionSpec(d, queries, threads, shared_bytes(d, options, rows, fl.half), len(m.mask_inputs),
+    spec = AttentionSpec(d, queries, threads, tile_bytes + 4 * kt * len(staged), len(m.mask_inputs),
                          bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype,
                          kv_group=m.kv_group, causal=m.causal)
     if projected:
@@ -263,12 +283,24 @@ def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
     return _Body("", ", PS = KT + 4", queries, buffer, scores, probabilities, "float", "float2", "make_float2")
 
 
-def _half_body(k_frag: str, biased: bool, float_out: bool = False) -> _Body:
+def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = False, rows: bool = False) -> _Body:
     """float16/bfloat16: m16n8k16 over 16-wide head slices (NK of them), P in registers; the
-    context stored as float32 where `float_out` (upcast chains)."""
-    scores = _scores("NK head slices of 16", "NK", "MMA", k_frag)
+    context stored as float32 where `float_out` (upcast chains); with `ldsm` K's and V's B
+    fragments by ldmatrix (K staged as `rows` or as Kᵀ)."""
     out = ("float", "float2", "make_float2") if float_out else ("unsigned short", "unsigned", "PACK")
-    return _Body("NK = (D + 15) / 16, ", "", flavors.query_fragments(biased), "", scores, flavors.probabilities, *out)
+    queries = flavors.query_fragments(biased)
+    if ldsm:
+        return _Body("NK = D / 16, ", "", queries + "\n" + flavors.ldsm_offsets(rows), "", flavors.scores_ldsm(rows),
+                     lambda e: flavors.probabilities(e, ldsm=True), *out)
+    scores = _scores("NK head slices of 16", "NK", "MMA", k_frag)
+    return _Body("NK = (D + 15) / 16, ", "", queries, "", scores, flavors.probabilities, *out)
+
+
+def _query_broadcast(graph: FusionGraph, mask: str) -> bool:
+    """Whether additive mask `mask` is the same for every query (its query axis, the one before
+    last, is 1 or absent) and varies along the keys (staged per tile: AttentionOptions)."""
+    shape = graph.tensors[mask].shape
+    return shape is not None and (len(shape) < 2 or shape[-2] == 1) and len(shape) >= 1 and shape[-1] != 1
 
 
 def _mask_rows(masks: int, first_mask: int, elem: str, boolean: bool = False) -> str:

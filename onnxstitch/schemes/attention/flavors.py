@@ -82,6 +82,17 @@ __device__ __forceinline__ void stitch_mma_{t}(float* c, const unsigned* a, unsi
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }}
+// Four 8×8 matrices of 16-bit elements from shared memory, a register each: lane 8i + j gives
+// row j of matrix i (16 bytes, 16-byte aligned); lane (g, t) receives its (g, 2t..2t+1) of
+// each, or with _trans its (2t..2t+1, g): B fragments of two neighbouring 8-wide blocks at once.
+__device__ __forceinline__ void stitch_ldsm_x4(unsigned* r, const unsigned short* row) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"((unsigned)__cvta_generic_to_shared(row)));
+}}
+__device__ __forceinline__ void stitch_ldsm_x4_trans(unsigned* r, const unsigned short* row) {{
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"((unsigned)__cvta_generic_to_shared(row)));
+}}
 // lo and hi rounded to nearest even as one register, lo in the low half (cvt's first source
 // goes to the high half).
 __device__ __forceinline__ unsigned stitch_pack_{t}(float lo, float hi) {{
@@ -139,9 +150,23 @@ def key_fragments(projected: bool) -> str:
             "k * 16 + 8 < D ? stitch_pair(Ks + (k * 16 + 8 + 2 * tg) * KS + n * 8 + g, KS) : 0u")
 
 
-def probabilities(exponentials: str) -> str:
+def probabilities(exponentials: str, ldsm: bool = False) -> str:
     """The tile's probabilities packed into A fragments in registers (module docstring) and the
-    second product over them, 16 keys a step."""
+    second product over them, 16 keys a step; with `ldsm` V's B fragments of two neighbouring
+    head blocks come from one ldmatrix.x4.trans (lane offset `vofs`, scores_ldsm)."""
+    if ldsm:
+        product = """#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        unsigned vb[4];
+        stitch_ldsm_x4_trans(vb, Vs + vofs + k * 16 * VS + n * 8);
+        MMA(o[n], pf[k], vb[0], vb[1]);
+        MMA(o[n + 1], pf[k], vb[2], vb[3]);
+      }"""
+    else:
+        product = """#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        MMA(o[n], pf[k], stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS),
+            stitch_pair(Vs + (k * 16 + 8 + 2 * tg) * VS + n * 8 + g, VS));"""
     return f"""    unsigned pf[KT / 16][4];  // block n's C fragment is half of slice n / 2's A fragment
 #pragma unroll
     for (int n = 0; n < KT / 8; ++n) {{
@@ -151,8 +176,38 @@ def probabilities(exponentials: str) -> str:
     }}
 #pragma unroll
     for (int k = 0; k < KT / 16; ++k) {{
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        MMA(o[n], pf[k], stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS),
-            stitch_pair(Vs + (k * 16 + 8 + 2 * tg) * VS + n * 8 + g, VS));
+{product}
     }}"""
+
+
+def scores_ldsm(projected: bool) -> str:
+    """The first product over the tile with K's B fragments of two neighbouring key blocks from
+    one ldmatrix.x4: from K's rows [KT][KS] as they are, from Kᵀ [D][KS] transposed. Needs head
+    slices of 16 (D % 16 == 0); `kofs` and `vofs` are this lane's row offsets (lane 8i + j
+    addresses row j of matrix i: matrices 0/1 the block's two halves along the head (K) or the
+    keys (Kᵀ, V), 2/3 the next block's)."""
+    address = "Ks + kofs + n * 8 * KS + k * 16" if projected else "Ks + kofs + k * 16 * KS + n * 8"
+    load = "stitch_ldsm_x4" if projected else "stitch_ldsm_x4_trans"
+    return f"""    // Scores: KT/8 blocks of 8 keys, summed over NK head slices of 16 (B fragments by ldmatrix).
+    float s[KT / 8][4];
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < NK; ++k) {{
+#pragma unroll
+      for (int n = 0; n < KT / 8; n += 2) {{
+        unsigned kb[4];
+        {load}(kb, {address});
+        MMA(s[n], qf[k], kb[0], kb[1]);
+        MMA(s[n + 1], qf[k], kb[2], kb[3]);
+      }}
+    }}"""
+
+
+def ldsm_offsets(projected: bool) -> str:
+    """This lane's row offsets into the K and V tiles for the ldmatrix reads (scores_ldsm)."""
+    k = ("((lane >> 4) * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 8" if projected
+         else "(((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (lane >> 4) * 8")
+    return f"""  const int kofs = {k};
+  const int vofs = (((lane >> 3) & 1) * 8 + (lane & 7)) * VS + (lane >> 4) * 8;
+"""
