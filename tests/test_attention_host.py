@@ -131,7 +131,9 @@ OPTIONS = {"default": codegen_attention.AttentionOptions(),
            "tf32-staged": codegen_attention.AttentionOptions(staged_tf32=True),
            "keys-128": codegen_attention.AttentionOptions(keys=128),
            # the half kernels' B fragments as shared-load pairs, masks read per score from memory
-           "pairs-unstaged-masks": codegen_attention.AttentionOptions(ldmatrix=False, staged_masks=False)}
+           "pairs-unstaged-masks": codegen_attention.AttentionOptions(ldmatrix=False, staged_masks=False),
+           # ldmatrix whatever the key count (by default only where K is staged a vector at a time)
+           "ldmatrix": codegen_attention.AttentionOptions(ldmatrix=True)}
 
 
 @pytest.mark.parametrize("variant", list(OPTIONS))
@@ -198,9 +200,11 @@ def test_half_attention_kernel_with_128_keys_a_tile(name: str, dtype: str, folde
     check_case(name, in_type(HALF_CASES[name], HALVES[dtype]), OPTIONS["keys-128"], folder)
 
 
-@pytest.mark.parametrize("name", ["bert_64", "ragged_70_rows_mask", "few_queries_long_keys_transposed"])
-def test_half_attention_kernel_with_pairs_and_unstaged_masks(name: str, folder) -> None:
-    check_case(name, in_type(HALF_CASES[name], HALVES["float16"]), OPTIONS["pairs-unstaged-masks"], folder)
+@pytest.mark.parametrize("variant", ["pairs-unstaged-masks", "ldmatrix"])
+@pytest.mark.parametrize("name", ["bert_64", "ragged_70_rows_mask", "few_queries_long_keys_transposed",
+                                  "padding_masks_a_whole_tile"])
+def test_half_attention_kernel_variants(name: str, variant: str, folder) -> None:
+    check_case(name, in_type(HALF_CASES[name], HALVES["float16"]), OPTIONS[variant], folder)
 
 
 # Deliberate mistakes in the half kernel's fragment layouts that the tolerances must catch: the
@@ -212,9 +216,9 @@ BROKEN = {
                                                     "stitch_pair(Vs + (k * 16 + 2 * tg + 1) * VS + n * 8 + g, -VS)"),
                             "pairs-unstaged-masks"),
     "value-halves-swapped": (lambda src: src.replace("MMA(o[n], pf[k], vb[0], vb[1])", "MMA(o[n], pf[k], vb[1], vb[0])"),
-                             "default"),
+                             "ldmatrix"),
     "key-blocks-swapped": (lambda src: src.replace("MMA(s[n], qf[k], kb[0], kb[1])", "MMA(s[n], qf[k], kb[2], kb[3])"),
-                           "default"),
+                           "ldmatrix"),
 }
 
 

@@ -53,12 +53,16 @@ class AttentionOptions:
     # 52.8–80.7 staged against 32.5–46.1 µs, two runs).
     staged_tf32: bool | None = None
     # float16/bfloat16: K's and V's B fragments read by ldmatrix.x4 (two key or head blocks a
-    # load) rather than 32-bit pairs and 16-bit pairs of shared loads. None: wherever the head
-    # size is a multiple of 16 (its slices whole).
+    # load) rather than 32-bit pairs and 16-bit pairs of shared loads. None: by shape, where the
+    # head size is a multiple of 16 (its slices whole) and K is staged a vector at a time (as
+    # rows, or a planned key count that is a multiple of 4). H100 (scripts/bench_attention.py),
+    # kernels alone: BERT's core 8.61 → 7.22 µs, projected 9.61 → 8.70, 512 tokens 60.0 → 44.8;
+    # but ViT's 197 keys (Kᵀ staged element by element) 22.1 → 29.7, so not there.
     ldmatrix: bool | None = None
     # Additive masks that broadcast over the queries (a padding mask [b, 1, 1, s]) staged per
     # tile in shared memory as float32, one load per key per block rather than one per score
-    # per thread.
+    # per thread. H100: BERT's core in float16 10.41 → 7.22 µs (with ldmatrix), float32 12.0 →
+    # 10.8; 512 tokens in float16 72.8 → 44.8.
     staged_masks: bool = True
 
 # TF32 conversion and the m16n8k8 product. Device forms only: tests/host_cuda.h has host ones.
@@ -123,7 +127,9 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     term = (lambda x: x) if m.upcast else fl.load  # the added terms: float32 where upcast
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt, fl)
     stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", fl, v_bias)
-    ldsm = fl.half and d % 16 == 0 and options.ldmatrix is not False
+    if options.ldmatrix is None:
+        options = dataclasses.replace(options, ldmatrix=rows or attention.planned_keys(graph, m) % 4 == 0)
+    ldsm = fl.half and d % 16 == 0 and options.ldmatrix
     tile_bytes = -(-shared_bytes(d, options, rows, fl.half) // 16) * 16
     staged = [i for i, t in enumerate(m.masks) if options.staged_masks and _query_broadcast(graph, t)]
     mask_tiles = "".join(f"  float* Ms{i} = reinterpret_cast<float*>(reinterpret_cast<char*>(stitch_smem) + "
