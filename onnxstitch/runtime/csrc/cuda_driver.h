@@ -169,6 +169,14 @@ struct Driver {
     return StreamGetCtx2(stream, ctx);
   }
 
+  // A key for `ctx` in per-context tables: its unique id where the driver has one (a destroyed
+  // context's address can be reused by a new one), else its address.
+  unsigned long long ContextKey(Context ctx) const {
+    unsigned long long id = 0;
+    if (CtxGetId != nullptr && CtxGetId(ctx, &id) == kSuccess) return id;
+    return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
+  }
+
   std::string ErrorText(Result r) const {
     const char* name = nullptr;
     const char* text = nullptr;

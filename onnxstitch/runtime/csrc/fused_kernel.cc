@@ -414,13 +414,8 @@ Error Kernel::LoadModule(Loaded* l) {
 }
 
 Error Kernel::ModuleFor(cu::Context ctx, const Loaded** out) {
-  // Caller has pushed ctx. Contexts are keyed by their unique id where the driver has one
-  // (a destroyed context's address can be reused by a new one).
-  unsigned long long key = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
-  if (driver_.CtxGetId != nullptr) {
-    unsigned long long id = 0;
-    if (driver_.CtxGetId(ctx, &id) == cu::kSuccess) key = id;
-  }
+  // Caller has pushed ctx.
+  const unsigned long long key = driver_.ContextKey(ctx);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loaded_.find(key);
   if (it != loaded_.end()) {

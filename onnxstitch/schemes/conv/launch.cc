@@ -66,12 +66,6 @@ struct Library {
   }
 };
 
-unsigned long long ContextKey(const cu::Driver& d, cu::Context ctx) {
-  unsigned long long id = 0;
-  if (d.CtxGetId != nullptr && d.CtxGetId(ctx, &id) == cu::kSuccess) return id;
-  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
-}
-
 float FromBits(int64_t bits) {
   const uint32_t b = static_cast<uint32_t>(bits);
   float f;
@@ -188,7 +182,7 @@ class Conv final : public Scheme {
     const cu::Driver& d = call.Driver();
     Library::Handles* h = nullptr;
     if (Error e = Handles(d, l->ctx, &h)) return e;
-    g.ctx = ContextKey(d, l->ctx);
+    g.ctx = d.ContextKey(l->ctx);
     Library& lib = Library::Get();
     const size_t elem = half_ ? 2 : 4;
     std::lock_guard<std::mutex> use(h->use);
@@ -297,7 +291,7 @@ class Conv final : public Scheme {
       if (lib.error.empty()) lib.error = lib.lt.Load();
     }
     if (!lib.error.empty()) return Fail(ORT_FAIL, lib.error);
-    std::unique_ptr<Library::Handles>& h = lib.handles[ContextKey(d, cuctx)];
+    std::unique_ptr<Library::Handles>& h = lib.handles[d.ContextKey(cuctx)];
     if (h == nullptr) {
       auto made = std::make_unique<Library::Handles>();
       const dnn::Status s = lib.dnn.Create(&made->dnn);

@@ -65,12 +65,6 @@ struct Library {
   }
 };
 
-unsigned long long ContextKey(const cu::Driver& d, cu::Context ctx) {
-  unsigned long long id = 0;
-  if (d.CtxGetId != nullptr && d.CtxGetId(ctx, &id) == cu::kSuccess) return id;
-  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ctx));
-}
-
 // The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
 // algorithm needing more.
 uint32_t Alignment(const void* p) {
@@ -176,7 +170,7 @@ class Gemm final : public Scheme {
     const Loaded* l = nullptr;
     if (Error e = call.Enter(&stream, &l)) return e;
     const cu::Driver& d = call.Driver();
-    const unsigned long long ctx = ContextKey(d, l->ctx);
+    const unsigned long long ctx = d.ContextKey(l->ctx);
     Library& lib = Library::Get();
     lt::Handle handle = nullptr;
     cu::DevicePtr workspace = 0;
