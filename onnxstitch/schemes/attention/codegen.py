@@ -239,13 +239,20 @@ class _Body:
     out_make: str
 
 
-def _scores(slices: str, count: str, mma: str, k_frag: str) -> str:
-    """The first product over the tile: `count` head slices, `mma` each."""
-    return f"""    // Scores: KT/8 blocks of 8 keys, summed over {slices} (independent products per step).
+def _scores(slices: str, products: str) -> str:
+    """The first product over the tile: the scores zeroed, then `products` (the loops over
+    `slices` adding into them)."""
+    return f"""    // Scores: KT/8 blocks of 8 keys, summed over {slices}.
     float s[KT / 8][4];
 #pragma unroll
     for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
+{products}"""
+
+
+def _pair_products(count: str, mma: str, k_frag: str) -> str:
+    """`count` head slices outside the key blocks (independent products per step), `mma` each
+    with B fragment `k_frag`."""
+    return f"""#pragma unroll
     for (int k = 0; k < {count}; ++k) {{
 #pragma unroll
       for (int n = 0; n < KT / 8; ++n)
@@ -264,7 +271,7 @@ def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
     qf[k][2] = stitch_tf32(qa < Sq ? q[(long long)qa * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
     qf[k][3] = stitch_tf32(qb < Sq ? q[(long long)qb * QW + k * 8 + tg + 4]{q_bias("k * 8 + tg + 4")} : 0.f);
   }}"""
-    scores = _scores("D/8 head slices", "NT", "stitch_mma_tf32", k_frag)
+    scores = _scores("D/8 head slices (independent products per step)", _pair_products("NT", "stitch_mma_tf32", k_frag))
 
     def probabilities(exponentials: str) -> str:
         return f"""#pragma unroll
@@ -296,9 +303,10 @@ def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = 
     out = ("float", "float2", "make_float2") if float_out else ("unsigned short", "unsigned", "PACK")
     queries = flavors.query_fragments(biased)
     if ldsm:
-        return _Body("NK = D / 16, ", "", queries + "\n" + flavors.ldsm_offsets(rows), "", flavors.scores_ldsm(rows),
+        return _Body("NK = D / 16, ", "", queries + "\n" + flavors.ldsm_offsets(rows),
+                     "", _scores("NK head slices of 16 (B fragments by ldmatrix)", flavors.key_products_ldsm(rows)),
                      lambda e: flavors.probabilities(e, ldsm=True), *out)
-    scores = _scores("NK head slices of 16", "NK", "MMA", k_frag)
+    scores = _scores("NK head slices of 16 (independent products per step)", _pair_products("NK", "MMA", k_frag))
     return _Body("NK = (D + 15) / 16, ", "", queries, "", scores, flavors.probabilities, *out)
 
 
@@ -306,7 +314,7 @@ def _query_broadcast(graph: FusionGraph, mask: str) -> bool:
     """Whether additive mask `mask` is the same for every query (its query axis, the one before
     last, is 1 or absent) and varies along the keys (staged per tile: AttentionOptions)."""
     shape = graph.tensors[mask].shape
-    return shape is not None and (len(shape) < 2 or shape[-2] == 1) and len(shape) >= 1 and shape[-1] != 1
+    return shape is not None and len(shape) >= 1 and shape[-1] != 1 and (len(shape) == 1 or shape[-2] == 1)
 
 
 def _mask_rows(masks: int, first_mask: int, elem: str, boolean: bool = False) -> str:

@@ -153,7 +153,7 @@ def key_fragments(projected: bool) -> str:
 def probabilities(exponentials: str, ldsm: bool = False) -> str:
     """The tile's probabilities packed into A fragments in registers (module docstring) and the
     second product over them, 16 keys a step; with `ldsm` V's B fragments of two neighbouring
-    head blocks come from one ldmatrix.x4.trans (lane offset `vofs`, scores_ldsm)."""
+    head blocks come from one ldmatrix.x4.trans (lane offset `vofs`, key_products_ldsm)."""
     if ldsm:
         product = """#pragma unroll
       for (int n = 0; n < NT; n += 2) {
@@ -180,19 +180,15 @@ def probabilities(exponentials: str, ldsm: bool = False) -> str:
     }}"""
 
 
-def scores_ldsm(projected: bool) -> str:
-    """The first product over the tile with K's B fragments of two neighbouring key blocks from
-    one ldmatrix.x4: from K's rows [KT][KS] as they are, from Kᵀ [D][KS] transposed. Needs head
+def key_products_ldsm(projected: bool) -> str:
+    """The first product's loops with K's B fragments of two neighbouring key blocks from one
+    ldmatrix.x4: from K's rows [KT][KS] as they are, from Kᵀ [D][KS] transposed. Needs head
     slices of 16 (D % 16 == 0); `kofs` and `vofs` are this lane's row offsets (lane 8i + j
     addresses row j of matrix i: matrices 0/1 the block's two halves along the head (K) or the
     keys (Kᵀ, V), 2/3 the next block's)."""
     address = "Ks + kofs + n * 8 * KS + k * 16" if projected else "Ks + kofs + k * 16 * KS + n * 8"
     load = "stitch_ldsm_x4" if projected else "stitch_ldsm_x4_trans"
-    return f"""    // Scores: KT/8 blocks of 8 keys, summed over NK head slices of 16 (B fragments by ldmatrix).
-    float s[KT / 8][4];
-#pragma unroll
-    for (int n = 0; n < KT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
+    return f"""#pragma unroll
     for (int k = 0; k < NK; ++k) {{
 #pragma unroll
       for (int n = 0; n < KT / 8; n += 2) {{
@@ -205,7 +201,7 @@ def scores_ldsm(projected: bool) -> str:
 
 
 def ldsm_offsets(projected: bool) -> str:
-    """This lane's row offsets into the K and V tiles for the ldmatrix reads (scores_ldsm)."""
+    """This lane's row offsets into the K and V tiles for the ldmatrix reads (key_products_ldsm)."""
     k = ("((lane >> 4) * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 8" if projected
          else "(((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (lane >> 4) * 8")
     return f"""  const int kofs = {k};
