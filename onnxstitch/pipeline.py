@@ -284,7 +284,7 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
         proposed += [gemm_mod.group_of(g, opts.cost, f"e{k}", m) for k, m in enumerate(gemms.matches)]
     convs = conv_mod.Found()
     if refusal is None and opts.epilogues:
-        convs = stage("conv epilogues", lambda: conv_mod.find(g))
+        convs = stage("conv epilogues", lambda: conv_mod.find(g, given.weights))
     while True:
         ours = proposed + [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
         plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=ours))

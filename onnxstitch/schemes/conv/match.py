@@ -37,14 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from ...cost import CostModel, node_us
-from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS, residual_add
+from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS, library_operands, residual_add
 from ...graph import FusionGraph, TensorInfo, constant_value
 from ...plan import Group, Plan
+from ...weights import Weights
 from .. import CONV
-from .spec import DTYPES, ConvSpec
+from .spec import ConvSpec
 
 # cuDNN's fused NHWC engine against ORT's NCHW call, as measured on the H100
 # (scripts/probe_cudnn.cc: 0.37–0.72× in float16, 0.5–1.0× in float32 for ResNet's 3×3 and 1×1
@@ -144,14 +145,9 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     x, w = n.inputs[:2]
     b = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
     y = n.outputs[0]
-    for t in (x, w, y):
-        info = g.tensors.get(t)
-        if info is None or info.dtype not in DTYPES:
-            return f"'{t}' is not float32 or float16"
-    if len({g.tensors[t].dtype for t in (x, w, y)}) != 1:
-        return "its operands' types differ"
-    if w not in g.constants:
-        return f"its weight '{w}' is not a constant"
+    why = library_operands(g, (x, w, y), w)
+    if why:
+        return why
     sx, sw = g.shape(x), g.shape(w)
     if sx is None or len(sx) != 4 or sw is None or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
         return "not a 2-D convolution of a rank-4 input with a fixed 4-D weight"
@@ -221,15 +217,16 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
     return None
 
 
-def _array(g: FusionGraph, t: str) -> np.ndarray:
-    """A constant's value in float64."""
-    return numpy_helper.to_array(g.constants[t]).astype(np.float64)
-
-
-def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tuple[onnx.TensorProto, ...]] | None:
+def _batch_norm(g: FusionGraph, weights: Weights, t: str, conv: dict,
+                name: str) -> tuple[int, tuple[onnx.TensorProto, ...]] | None:
     """(the node, W' and b') where `t`'s one reader is an inference BatchNormalization with
     constant parameters: folded into the weights and bias in float64, as ONNX Runtime folds it
-    into a Conv (its ConvBNFusion)."""
+    into a Conv (its ConvBNFusion). Constants are read, and W' made, through `weights` (large
+    ones are stubs there)."""
+
+    def _array(x: str) -> np.ndarray:
+        return weights.value(g.constants[x]).astype(np.float64)
+
     at = g.only_reader(t)
     if at is None:
         return None
@@ -240,8 +237,8 @@ def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tup
         return None
     if conv["bias"] and conv["bias"] not in g.constants:
         return None
-    values = [_array(g, x).reshape(-1) for x in params]
-    w = _array(g, conv["w"])
+    values = [_array(x).reshape(-1) for x in params]
+    w = _array(conv["w"])
     if any(v.size != w.shape[0] for v in values):
         return None
     if len(values) == 2:  # the graph stage's form of it (folds/channel_params): x · k + shift
@@ -250,14 +247,14 @@ def _batch_norm(g: FusionGraph, t: str, conv: dict, name: str) -> tuple[int, tup
         scale, beta, mean, var = values
         k = scale / np.sqrt(var + float(n.attrs.get("epsilon", 1e-5)))
         shift = beta - mean * k
-    b = _array(g, conv["bias"]).reshape(-1) if conv["bias"] else np.zeros(w.shape[0])
+    b = _array(conv["bias"]).reshape(-1) if conv["bias"] else np.zeros(w.shape[0])
     np_dtype = helper.tensor_dtype_to_np_dtype(conv["dtype"])
-    folded = (numpy_helper.from_array((w * k[:, None, None, None]).astype(np_dtype), f"{name}~bn_weight"),
-              numpy_helper.from_array((b * k + shift).astype(np_dtype), f"{name}~bn_bias"))
+    folded = (weights.add((w * k[:, None, None, None]).astype(np_dtype), f"{name}~bn_weight"),
+              weights.add((b * k + shift).astype(np_dtype), f"{name}~bn_bias"))
     return at, folded
 
 
-def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
+def _chain(g: FusionGraph, weights: Weights, i: int) -> tuple[list[Match], list[str]]:
     n = g.nodes[i]
     name = f"conv epilogue at '{n.name or n.outputs[0]}'"
     got = _conv(g, i)
@@ -267,7 +264,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     found: list[Match] = []
     why: list[str] = []
     folded: tuple[onnx.TensorProto, ...] = ()
-    bn = _batch_norm(g, t, got, n.name or n.outputs[0])
+    bn = _batch_norm(g, weights, t, got, n.name or n.outputs[0])
     if bn is not None:
         at, folded = bn
         nodes.append(at)
@@ -307,14 +304,17 @@ def without(found: Found, refused: dict[str, str]) -> Found:
     return Found(tuple(m for m in found.matches if m.conv not in refused), found.refusals + tuple(refused.values()))
 
 
-def find(g: FusionGraph) -> Found:
-    """Every Conv chain of `g` cuDNN can run as one graph, and the refusals."""
+def find(g: FusionGraph, weights: Weights | None = None) -> Found:
+    """Every Conv chain of `g` cuDNN can run as one graph, and the refusals. `weights` holds the
+    payloads of the model's stubbed constants (pipeline.optimize's store; none: every constant
+    is inline)."""
+    weights = weights if weights is not None else Weights()
     matches: list[Match] = []
     refusals: list[str] = []
     for n in g.nodes:
         if n.op_type != "Conv" or n.domain not in ("", "ai.onnx"):
             continue
-        got, why = _chain(g, n.index)
+        got, why = _chain(g, weights, n.index)
         matches += got
         refusals += why
     return Found(tuple(matches), tuple(refusals))

@@ -117,6 +117,20 @@ def _dtype_name(g: FusionGraph, t: str) -> str:
     return "of unknown type" if info is None else TP.DataType.Name(info.dtype).lower()
 
 
+def library_operands(g: FusionGraph, operands: tuple[str, ...], weight: str) -> str | None:
+    """Why a library call (cuBLASLt GEMM, cuDNN convolution) cannot take these `operands` — each
+    float32 or float16, all of one type, `weight` a constant — or None."""
+    for t in operands:
+        info = g.tensors.get(t)
+        if info is None or info.dtype not in DTYPES:
+            return f"'{t}' is {_dtype_name(g, t)}: float32 or float16 only"
+    if len({g.tensors[t].dtype for t in operands}) != 1:
+        return "its operands' types differ"
+    if weight not in g.constants:
+        return f"its weight '{weight}' is not a constant"
+    return None
+
+
 def _same_shape(g: FusionGraph, x: str, y: str) -> bool:
     """Shapes known and equal dim by dim (the same number or the same symbol)."""
     sx, sy = g.shape(x), g.shape(y)
@@ -138,14 +152,9 @@ def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, 
     n = g.nodes[i]
     a, b = n.inputs[:2]
     out = n.outputs[0]
-    for t in (a, b, out):
-        info = g.tensors.get(t)
-        if info is None or info.dtype not in DTYPES:
-            return f"'{t}' is {_dtype_name(g, t)}: float32 or float16 only"
-    if len({g.tensors[t].dtype for t in (a, b, out)}) != 1:
-        return "its operands' types differ"
-    if b not in g.constants:
-        return f"its weight '{b}' is not a constant"
+    why = library_operands(g, (a, b, out), b)
+    if why:
+        return why
     sa, sb = g.shape(a), g.shape(b)
     if sb is None or len(sb) != 2:
         return f"its weight '{b}' is not 2-D"
