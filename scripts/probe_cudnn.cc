@@ -349,6 +349,112 @@ void Convs(std::mt19937& rng, const char* gpu) {
   }
 }
 
+
+// MobileNetV3-large's convolutions at batch 8 (224²): its depthwise ones (3×3 and 5×5, stride 1
+// and 2) and some of its 1×1 ones, in NCHW without epilogue (ORT's call) and in NHWC with each
+// epilogue its blocks write: none, bias, bias + ReLU, bias + HardSwish (x · relu6(x + 3) / 6 as
+// pointwise ops, the scalars passed by value). The weights' KCRS and KRSC orders agree for
+// these (depthwise or 1×1), so one buffer serves both layouts.
+void MobileNet(std::mt19937& rng, const char* gpu) {
+  struct C { int64_t c, hw, k, r, stride, groups; };
+  const C cases[] = {{16, 112, 16, 3, 1, 16},    {64, 112, 64, 3, 2, 64},     {72, 56, 72, 3, 1, 72},
+                     {72, 56, 72, 5, 2, 72},     {120, 28, 120, 5, 1, 120},   {240, 28, 240, 3, 2, 240},
+                     {200, 14, 200, 3, 1, 200},  {480, 14, 480, 3, 1, 480},   {672, 14, 672, 5, 2, 672},
+                     {960, 7, 960, 5, 1, 960},   {16, 112, 64, 1, 1, 1},      {40, 28, 240, 1, 1, 1},
+                     {240, 14, 80, 1, 1, 1},     {112, 14, 672, 1, 1, 1},     {160, 7, 960, 1, 1, 1}};
+  const int64_t n = 8;
+  const float three = 3.f, sixth = 1.f / 6.f;
+  for (bool half : {false, true}) {
+    const int dt = half ? dnn::kHalf : dnn::kFloat;
+    for (const C& c : cases) {
+      const int64_t cg = c.c / c.groups, pad = c.r / 2;
+      const int64_t ho = (c.hw + 2 * pad - c.r) / c.stride + 1;
+      Buf x(n * c.c * c.hw * c.hw, half, rng, 1.f), w(c.k * cg * c.r * c.r, half, rng, 1.f / std::sqrt(float(cg * c.r * c.r))),
+          bias(c.k, half, rng, 0.5f), y(n * c.k * ho * ho, half);
+      for (bool nhwc : {false, true}) {
+        auto strides = [&](int64_t ch, int64_t h) -> std::vector<int64_t> {
+          if (nhwc) return {h * h * ch, 1, h * ch, ch};
+          return {ch * h * h, h * h, h, 1};
+        };
+        for (std::string epi : {"none", "bias", "bias_relu", "bias_hardswish"}) {
+          if (!nhwc && epi != "none") continue;
+          const bool has_bias = epi != "none";
+          std::vector<int64_t> uids = {1, 2, 9};
+          std::vector<void*> ptrs = {x.p(), w.p(), y.p()};
+          if (has_bias) { uids.push_back(3); ptrs.push_back(bias.p()); }
+          if (epi == "bias_hardswish") {
+            uids.insert(uids.end(), {50, 51});
+            ptrs.insert(ptrs.end(), {const_cast<float*>(&three), const_cast<float*>(&sixth)});
+          }
+          int nplans = 0;
+          auto r = RunGraph(
+              [&](dnn::Graph& g) {
+                auto T = [&](int64_t uid, int dtype, int64_t ch, int64_t h, bool virt) {
+                  return g.Tensor({uid, dtype, {n, ch, h, h}, strides(ch, h), virt, 16});
+                };
+                auto tx = T(1, dt, c.c, c.hw, false);
+                auto tw = g.Tensor({2, dt, {c.k, cg, c.r, c.r}, nhwc ? std::vector<int64_t>{cg * c.r * c.r, 1, c.r * cg, cg}
+                                                                     : dnn::PackedStrides({c.k, cg, c.r, c.r}), false, 16});
+                const bool last = !has_bias;
+                auto cur = T(last ? 9 : 100, last ? dt : dnn::kFloat, c.k, ho, !last);
+                g.ConvForward(tx, tw, cur, {pad, pad}, {pad, pad}, {c.stride, c.stride}, {1, 1});
+                if (!has_bias) return;
+                auto tb = T(3, dt, c.k, 1, false);
+                const bool bias_last = epi == "bias";
+                auto nb = T(bias_last ? 9 : 101, bias_last ? dt : dnn::kFloat, c.k, ho, !bias_last);
+                g.Pointwise(dnn::kPointwiseAdd, cur, tb, nb);
+                cur = nb;
+                if (epi == "bias_relu") {
+                  g.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, T(9, dt, c.k, ho, false));
+                } else if (epi == "bias_hardswish") {
+                  auto s3 = g.Tensor(dnn::ScalarSpec(50)), s6 = g.Tensor(dnn::ScalarSpec(51));
+                  auto t1 = T(102, dnn::kFloat, c.k, ho, true), t2 = T(103, dnn::kFloat, c.k, ho, true),
+                       t3 = T(104, dnn::kFloat, c.k, ho, true);
+                  g.Pointwise(dnn::kPointwiseAdd, cur, s3, t1);
+                  g.Pointwise(dnn::kPointwiseReluFwd, t1, nullptr, t2,
+                              {{dnn::kAttrPointwiseReluLowerClip, 0.0}, {dnn::kAttrPointwiseReluUpperClip, 6.0}});
+                  g.Pointwise(dnn::kPointwiseMul, t2, s6, t3);
+                  g.Pointwise(dnn::kPointwiseMul, cur, t3, T(9, dt, c.k, ho, false));
+                }
+              },
+              uids, ptrs, &nplans);
+          double err = -1;
+          if (r.first > 0) {  // 256 sampled outputs against a float64 reference
+            std::vector<float> out = y.Read();
+            std::uniform_int_distribution<int64_t> dn(0, n - 1), dk(0, c.k - 1), dh(0, ho - 1);
+            err = 0;
+            for (int i = 0; i < 256; ++i) {
+              const int64_t b = dn(rng), k = dk(rng), oh = dh(rng), ow = dh(rng);
+              double v = 0, mag = 0;
+              for (int64_t ci = 0; ci < cg; ++ci)
+                for (int64_t u = 0; u < c.r; ++u)
+                  for (int64_t q = 0; q < c.r; ++q) {
+                    const int64_t ih = oh * c.stride - pad + u, iw = ow * c.stride - pad + q;
+                    if (ih < 0 || iw < 0 || ih >= c.hw || iw >= c.hw) continue;
+                    const int64_t cin = (k / (c.k / c.groups)) * cg + ci;
+                    const double xv = x.host[nhwc ? ((b * c.hw + ih) * c.hw + iw) * c.c + cin : ((b * c.c + cin) * c.hw + ih) * c.hw + iw];
+                    const double wv = w.host[((k * cg + ci) * c.r + u) * c.r + q];
+                    v += xv * wv;
+                    mag += std::fabs(xv * wv);
+                  }
+              if (has_bias) v += bias.host[k];
+              if (epi == "bias_relu") v = v > 0 ? v : 0;
+              if (epi == "bias_hardswish") v = v * std::min(std::max(v + 3, 0.0), 6.0) / 6;
+              const int64_t at = nhwc ? ((b * ho + oh) * ho + ow) * c.k + k : ((b * c.k + k) * ho + oh) * ho + ow;
+              err = std::max(err, std::fabs(out[at] - v) / (mag + 1));
+            }
+          }
+          std::printf("{\"gpu\": \"%s\", \"op\": \"conv\", \"model\": \"mobilenetv3\", \"dtype\": \"%s\", \"layout\": \"%s\", "
+                      "\"c\": %ld, \"hw\": %ld, \"k\": %ld, \"r\": %ld, \"stride\": %ld, \"groups\": %ld, \"epilogue\": \"%s\", "
+                      "\"us\": %.2f, \"plans\": %d, \"err\": %.3g, \"why\": \"%s\"}\n",
+                      gpu, half ? "float16" : "float32", nhwc ? "NHWC" : "NCHW", c.c, c.hw, c.k, c.r, c.stride, c.groups,
+                      epi.c_str(), r.first, nplans, err, r.second.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -372,5 +478,6 @@ int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
   if (what == "all" || what == "matmul") Matmuls(rng, name);
   if (what == "all" || what == "conv") Convs(rng, name);
+  if (what == "all" || what == "mobilenet") MobileNet(rng, name);
   return 0;
 }

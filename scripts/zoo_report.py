@@ -42,14 +42,16 @@ def _entry(label: str, res: bench.BenchResult | None, err: str = "") -> dict:
 
 
 def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: bool = True,
-            attention: bool = True) -> dict:
-    """Optimize one zoo model and time it every way; errors are recorded, not raised."""
-    row: dict = {"model": item["name"], "dtype": item["dtype"], "shapes": item["shapes"]}
+            attention: bool = True, epilogues: bool = False, modes: tuple[str, ...] = ("plain", "graphs"),
+            peers: bool = True) -> dict:
+    """Optimize one zoo model and time it in each of `modes` (plain, graphs: with CUDA graphs),
+    ORT's transformers optimizer too where it applies and `peers`; errors are recorded, not raised."""
+    row: dict = {"model": item["name"], "dtype": item["dtype"], "shapes": item["shapes"], "epilogues": epilogues}
     shapes = {k: [v] for k, v in item["shapes"].items()}
     try:
         t0 = time.perf_counter()
         res = onnxstitch.optimize(item["path"], shapes=shapes, reductions=reductions, merge=merge,
-                                    attention=attention)
+                                    attention=attention, epilogues=epilogues)
         row["optimize_s"] = time.perf_counter() - t0
         row["plan"] = {"kernels_before": res.report.plan.kernels_before, "kernels_after": res.report.plan.kernels_after,
                        "groups": len(res.report.plan.groups)}
@@ -60,7 +62,7 @@ def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: b
         row["error"] = f"optimize: {type(e).__name__}: {first_line(e)}"
         return row
     peers = {}
-    model_type = ORT_MODEL_TYPES.get(item["name"])
+    model_type = ORT_MODEL_TYPES.get(item["name"]) if peers else None
     if model_type:
         try:
             peers["ORT transformers optimizer"] = str(bench.ort_transformers_optimized(
@@ -68,7 +70,7 @@ def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: b
         except Exception as e:
             row["peer_error"] = f"{type(e).__name__}: {first_line(e)}"
     row["runs"] = []
-    for graphs in (False, True):
+    for graphs in [m == "graphs" for m in modes]:
         label = "cuda graphs" if graphs else "plain"
         try:
             cfg = bench.BenchConfig(warmup=5, iters=iters, cuda_graph=graphs, profile_runs=2)
@@ -88,7 +90,9 @@ def markdown(rows: list[dict], gpu: str, driver: str, ort_version: str) -> str:
     lines = [f"# onnxstitch zoo report — {gpu}", "",
              f"driver {driver}, onnxruntime {ort_version}, onnxstitch {onnxstitch.__version__}, "
              f"{time.strftime('%Y-%m-%d')}. Median latency in ms; speedup = stock / onnxstitch; "
-             "launches = CUDA EP node executions per run.", "",
+             "launches = CUDA EP node executions per run."
+             + (" Optimized with `--epilogues` (GEMMs and convolutions through cuBLASLt/cuDNN)."
+                if any(r.get("epilogues") for r in rows) else ""), "",
              "| model | dtype | mode | stock ms | onnxstitch ms | speedup | ORT optimizer ms | launches stock → stitched | note |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     speedups: dict[str, list[float]] = {"plain": [], "cuda graphs": []}
@@ -155,7 +159,14 @@ def main() -> int:
                     help="keep sibling MatMuls apart (optimize --no-merge-matmuls)")
     ap.add_argument("--no-attention", dest="attention", action="store_false",
                     help="leave attention chains to the other stages (optimize --no-attention)")
+    ap.add_argument("--epilogues", action="store_true",
+                    help="run GEMMs and convolutions with their epilogues through cuBLASLt/cuDNN (optimize --epilogues)")
+    ap.add_argument("--modes", default="plain,graphs", help="comma-separated: plain, graphs (with CUDA graphs)")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip ORT's transformers optimizer")
     args = ap.parse_args()
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or set(modes) - {"plain", "graphs"}:
+        ap.error(f"--modes {args.modes}: plain and/or graphs")
     started = time.monotonic()
     bench.require_gpu("the zoo report")
     if args.build:
@@ -184,7 +195,7 @@ def main() -> int:
             print(f"… {item['name']} {item['dtype']}", flush=True)
             try:
                 rows.append(measure(item, args.iters, Path(tmp), args.reductions, args.merge,
-                                    args.attention))
+                                    args.attention, args.epilogues, modes, args.peers))
             except Exception:
                 traceback.print_exc()
                 rows.append({"model": item["name"], "dtype": item["dtype"], "error": "crashed (see log)"})

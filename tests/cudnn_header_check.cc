@@ -58,6 +58,7 @@ static_assert(dnn::kAttrPointwiseYDesc == CUDNN_ATTR_OPERATION_POINTWISE_YDESC, 
 static_assert(dnn::kAttrOperationGraphHandle == CUDNN_ATTR_OPERATIONGRAPH_HANDLE, "graph");
 static_assert(dnn::kAttrOperationGraphOps == CUDNN_ATTR_OPERATIONGRAPH_OPS, "graph");
 static_assert(dnn::kAttrTensorByteAlignment == CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, "tensor");
+static_assert(dnn::kAttrTensorIsByValue == CUDNN_ATTR_TENSOR_IS_BY_VALUE, "tensor");
 static_assert(dnn::kAttrTensorDataType == CUDNN_ATTR_TENSOR_DATA_TYPE, "tensor");
 static_assert(dnn::kAttrTensorDimensions == CUDNN_ATTR_TENSOR_DIMENSIONS, "tensor");
 static_assert(dnn::kAttrTensorStrides == CUDNN_ATTR_TENSOR_STRIDES, "tensor");
@@ -70,6 +71,7 @@ static_assert(dnn::kAttrMatmulCompType == CUDNN_ATTR_MATMUL_COMP_TYPE, "matmul")
 static_assert(dnn::kAttrMatmulADesc == CUDNN_ATTR_OPERATION_MATMUL_ADESC && dnn::kAttrMatmulBDesc == CUDNN_ATTR_OPERATION_MATMUL_BDESC, "mm");
 static_assert(dnn::kAttrMatmulCDesc == CUDNN_ATTR_OPERATION_MATMUL_CDESC && dnn::kAttrMatmulDesc == CUDNN_ATTR_OPERATION_MATMUL_DESC, "mm");
 static_assert(dnn::kPointwiseAdd == CUDNN_POINTWISE_ADD && dnn::kPointwiseMul == CUDNN_POINTWISE_MUL, "modes");
+static_assert(dnn::kPointwiseMin == CUDNN_POINTWISE_MIN && dnn::kPointwiseMax == CUDNN_POINTWISE_MAX, "modes");
 static_assert(dnn::kPointwiseIdentity == CUDNN_POINTWISE_IDENTITY && dnn::kPointwiseReluFwd == CUDNN_POINTWISE_RELU_FWD, "modes");
 static_assert(dnn::kPointwiseTanhFwd == CUDNN_POINTWISE_TANH_FWD && dnn::kPointwiseSigmoidFwd == CUDNN_POINTWISE_SIGMOID_FWD, "modes");
 static_assert(dnn::kPointwiseGeluFwd == CUDNN_POINTWISE_GELU_FWD && dnn::kPointwiseSwishFwd == CUDNN_POINTWISE_SWISH_FWD, "modes");

@@ -48,12 +48,13 @@ constexpr int kAttrPointwisePwDescriptor = 750, kAttrPointwiseXDesc = 751, kAttr
               kAttrPointwiseYDesc = 753;
 constexpr int kAttrOperationGraphHandle = 800, kAttrOperationGraphOps = 801;
 constexpr int kAttrTensorByteAlignment = 900, kAttrTensorDataType = 901, kAttrTensorDimensions = 902,
-              kAttrTensorStrides = 903, kAttrTensorUniqueId = 906, kAttrTensorIsVirtual = 907;
+              kAttrTensorStrides = 903, kAttrTensorUniqueId = 906, kAttrTensorIsVirtual = 907,
+              kAttrTensorIsByValue = 908;
 constexpr int kAttrVariantPackUniqueIds = 1000, kAttrVariantPackDataPointers = 1001, kAttrVariantPackWorkspace = 1003;
 constexpr int kAttrMatmulCompType = 1500;
 constexpr int kAttrMatmulADesc = 1520, kAttrMatmulBDesc = 1521, kAttrMatmulCDesc = 1522, kAttrMatmulDesc = 1523;
 // cudnnPointwiseMode_t
-constexpr int kPointwiseAdd = 0, kPointwiseMul = 1, kPointwiseIdentity = 21, kPointwiseReluFwd = 100,
+constexpr int kPointwiseAdd = 0, kPointwiseMul = 1, kPointwiseMin = 2, kPointwiseMax = 3, kPointwiseIdentity = 21, kPointwiseReluFwd = 100,
               kPointwiseTanhFwd = 101, kPointwiseSigmoidFwd = 102, kPointwiseGeluFwd = 104, kPointwiseSwishFwd = 106,
               kPointwiseGeluApproxTanhFwd = 107;
 // cudnnBackendHeurMode_t, cudnnConvolutionMode_t

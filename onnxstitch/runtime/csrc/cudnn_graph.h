@@ -51,7 +51,13 @@ struct TensorSpec {
   std::vector<int64_t> dims, strides;
   bool is_virtual = false;
   int64_t alignment = 16;
+  // A scalar passed by value: bound in the variant pack to a host pointer to its value, which
+  // cuDNN copies into the kernel's parameters at execution (so CUDA graphs capture it).
+  bool by_value = false;
 };
+
+// A float32 scalar passed by value, uid `uid`.
+inline TensorSpec ScalarSpec(int64_t uid) { return TensorSpec{uid, kFloat, {1, 1, 1, 1}, {1, 1, 1, 1}, false, 16, true}; }
 
 // Packed (row-major) strides of dims.
 inline std::vector<int64_t> PackedStrides(const std::vector<int64_t>& dims) {
@@ -84,6 +90,7 @@ class Graph {
     Set(d, kAttrTensorStrides, kTypeInt64, rank, t.strides.data(), "tensor strides");
     Set(d, kAttrTensorByteAlignment, kTypeInt64, 1, &t.alignment, "tensor alignment");
     Set(d, kAttrTensorIsVirtual, kTypeBoolean, 1, &virt, "tensor virtual flag");
+    if (t.by_value) Set(d, kAttrTensorIsByValue, kTypeBoolean, 1, &t.by_value, "tensor by-value flag");
     Finalize(d, "tensor");
     return d;
   }
