@@ -27,7 +27,9 @@ nodes: the plan takes at most one, or none.
 
 Price (`group_of`): the roofline of the GEMM — its flops at the tensor rate of its dtype
 against the bytes it moves at the device's bandwidth (cost.py's) — with the epilogue's extra
-reads (bias, residual) and no second write. The plan prices ORT's own GEMM by its bytes only
+reads (bias, residual) and no second write, plus the measured slowdown of cuBLASLt's epilogue
+kernels over its plain ones (EPILOGUE_OVERHEAD: up to +26% in float16 at BERT's shapes, which
+made BERT-base float16 8% slower with every epilogue it could take). The plan prices ORT's own GEMM by its bytes only
 (cost.node_us: the same in every plan), so the group is priced as that GEMM plus what the
 epilogue adds to the roofline: compute-bound GEMMs hide their epilogue, memory-bound ones pay
 for the residual's read. The ILP weighs it against ORT's GEMM with the elementwise or rows
@@ -57,6 +59,15 @@ FP32_TFLOPS = 66.9  # float32 without TF32 (CUDA cores)
 # ONNX Runtime's CUDA EP runs float32 GEMMs in TF32 unless a session passes use_tf32=0
 # (CUDAExecutionProviderInfo::use_tf32 defaults to true); the epilogue GEMM does as it does.
 TF32 = True
+# What cuBLASLt's epilogue adds to the same GEMM without one, as a fraction of its time: the mean
+# over BERT-base's four shapes (M 1024; K×N 768×768, 768×3072, 3072×768, 768×2304) measured by
+# scripts/bench_gemm.py on the H100 (bench/results/nvidia-h100/gemm/bench_gemm.json). The
+# heuristic's epilogue kernels are slower ones in float16 (+4–26%); in float32 only GELU and the
+# residual cost anything.
+EPILOGUE_OVERHEAD = {
+    (TP.FLOAT, "bias"): 0.0, (TP.FLOAT, "relu"): 0.0, (TP.FLOAT, "gelu"): 0.24, (TP.FLOAT, "residual"): 0.08,
+    (TP.FLOAT16, "bias"): 0.09, (TP.FLOAT16, "relu"): 0.10, (TP.FLOAT16, "gelu"): 0.17, (TP.FLOAT16, "residual"): 0.19,
+}
 # Nodes of an activation written out (GELU's tanh form takes 7 to 9).
 MAX_ACTIVATION_NODES = 12
 _ACTIVATION_OPS = frozenset({"Mul", "Add", "Sub", "Div", "Pow", "Tanh", "Erf", "Sqrt", "Neg"})
@@ -354,10 +365,19 @@ def roofline_us(g: FusionGraph, cost: CostModel, m: Match, epilogue: bool = True
     return max(flops / (_tflops(m.dtype) * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))
 
 
+def overhead(m: Match) -> float:
+    """The measured slowdown of chain `m`'s GEMM over the same call without epilogue, as a
+    fraction (EPILOGUE_OVERHEAD: the costliest of its parts)."""
+    parts = ["bias"] + ([m.activation] if m.activation else []) + (["residual"] if m.residual else [])
+    return max(EPILOGUE_OVERHEAD.get((m.dtype, p), 0.0) for p in parts)
+
+
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:
     """The plan's group for chain `m`: ORT's GEMM as the plan prices it, plus what the epilogue
-    adds to the GEMM's roofline (module docstring)."""
-    extra = roofline_us(g, cost, m) - roofline_us(g, cost, m, epilogue=False)
+    adds to the GEMM's roofline and the measured slowdown of cuBLASLt's epilogue kernels
+    (`overhead`; module docstring)."""
+    plain = roofline_us(g, cost, m, epilogue=False)
+    extra = roofline_us(g, cost, m) - plain + overhead(m) * plain
     moved = sum(g.tensor_bytes(t) for t in dict.fromkeys(m.inputs + (m.output,)))
     return Group(name, m.nodes, m.inputs, (m.output,), None, moved, node_us(g, cost, m.nodes[0]) + max(extra, 0.0),
                  tuple(g.nodes[i].label for i in m.nodes), tf32=m.spec.tf32, scheme=GEMM, payload=m)
