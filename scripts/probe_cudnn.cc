@@ -363,7 +363,7 @@ void MobileNet(std::mt19937& rng, const char* gpu) {
                      {960, 7, 960, 5, 1, 960},   {16, 112, 64, 1, 1, 1},      {40, 28, 240, 1, 1, 1},
                      {240, 14, 80, 1, 1, 1},     {112, 14, 672, 1, 1, 1},     {160, 7, 960, 1, 1, 1}};
   const int64_t n = 8;
-  const float three = 3.f, sixth = 1.f / 6.f;
+  const float three = 3.f, sixth = 1.f / 6.f, zero = 0.f, one = 1.f;
   for (bool half : {false, true}) {
     const int dt = half ? dnn::kHalf : dnn::kFloat;
     for (const C& c : cases) {
@@ -376,7 +376,9 @@ void MobileNet(std::mt19937& rng, const char* gpu) {
           if (nhwc) return {h * h * ch, 1, h * ch, ch};
           return {ch * h * h, h * h, h, 1};
         };
-        for (std::string epi : {"none", "bias", "bias_relu", "bias_hardswish"}) {
+        // bias_max: ReLU as MAX(x, 0) with a by-value 0; bias_mul1: the bias, then MUL by a
+        // by-value 1 (does a scalar operand alone move the graph to another engine?).
+        for (std::string epi : {"none", "bias", "bias_relu", "bias_hardswish", "bias_max", "bias_mul1"}) {
           if (!nhwc && epi != "none") continue;
           const bool has_bias = epi != "none";
           std::vector<int64_t> uids = {1, 2, 9};
@@ -385,6 +387,9 @@ void MobileNet(std::mt19937& rng, const char* gpu) {
           if (epi == "bias_hardswish") {
             uids.insert(uids.end(), {50, 51});
             ptrs.insert(ptrs.end(), {const_cast<float*>(&three), const_cast<float*>(&sixth)});
+          } else if (epi == "bias_max" || epi == "bias_mul1") {
+            uids.push_back(52);
+            ptrs.push_back(const_cast<float*>(epi == "bias_max" ? &zero : &one));
           }
           int nplans = 0;
           auto r = RunGraph(
@@ -399,13 +404,16 @@ void MobileNet(std::mt19937& rng, const char* gpu) {
                 auto cur = T(last ? 9 : 100, last ? dt : dnn::kFloat, c.k, ho, !last);
                 g.ConvForward(tx, tw, cur, {pad, pad}, {pad, pad}, {c.stride, c.stride}, {1, 1});
                 if (!has_bias) return;
-                auto tb = T(3, dt, c.k, 1, false);
+                auto tb = g.Tensor({3, dt, {1, c.k, 1, 1}, {c.k, 1, c.k, c.k}, false, 16});
                 const bool bias_last = epi == "bias";
                 auto nb = T(bias_last ? 9 : 101, bias_last ? dt : dnn::kFloat, c.k, ho, !bias_last);
                 g.Pointwise(dnn::kPointwiseAdd, cur, tb, nb);
                 cur = nb;
                 if (epi == "bias_relu") {
                   g.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, T(9, dt, c.k, ho, false));
+                } else if (epi == "bias_max" || epi == "bias_mul1") {
+                  auto s = g.Tensor(dnn::ScalarSpec(52));
+                  g.Pointwise(epi == "bias_max" ? dnn::kPointwiseMax : dnn::kPointwiseMul, cur, s, T(9, dt, c.k, ho, false));
                 } else if (epi == "bias_hardswish") {
                   auto s3 = g.Tensor(dnn::ScalarSpec(50)), s6 = g.Tensor(dnn::ScalarSpec(51));
                   auto t1 = T(102, dnn::kFloat, c.k, ho, true), t2 = T(103, dnn::kFloat, c.k, ho, true),
@@ -438,7 +446,7 @@ void MobileNet(std::mt19937& rng, const char* gpu) {
                     mag += std::fabs(xv * wv);
                   }
               if (has_bias) v += bias.host[k];
-              if (epi == "bias_relu") v = v > 0 ? v : 0;
+              if (epi == "bias_relu" || epi == "bias_max") v = v > 0 ? v : 0;
               if (epi == "bias_hardswish") v = v * std::min(std::max(v + 3, 0.0), 6.0) / 6;
               const int64_t at = nhwc ? ((b * ho + oh) * ho + ow) * c.k + k : ((b * c.k + k) * ho + oh) * ho + ow;
               err = std::max(err, std::fabs(out[at] - v) / (mag + 1));

@@ -84,6 +84,10 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
             for name, v in ((f"lo{k}", 0.0), (f"hi{k}", 6.0)):
                 inits.append(numpy_helper.from_array(np.array(v, np_dtype), name))
             nodes.append(helper.make_node("Clip", [t, f"lo{k}", f"hi{k}"], [f"act{k}"]))
+        elif a == "hardswish":
+            nodes.append(helper.make_node("HardSwish", [t], [f"act{k}"]))
+        elif a == "hard_sigmoid":
+            nodes.append(helper.make_node("HardSigmoid", [t], [f"act{k}"], alpha=1 / 6, beta=0.5))
         elif a == "leaky_relu":
             nodes.append(helper.make_node("LeakyRelu", [t], [f"act{k}"], alpha=0.1))
         elif a == "silu":

@@ -38,11 +38,14 @@ def found(net: Net) -> match.Found:
     return match.find(graph_mod.build(inferred, tensors))
 
 
-@pytest.mark.parametrize("activation", [a for a in ("relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh")])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh", "hardswish",
+                                        "hard_sigmoid"])
 def test_each_activation_is_matched(activation: str) -> None:
     f = found(Net(8, (Layer(8, residual=True, activation=activation),)))
     longest = f.matches[-1]
     assert longest.residual == "x" and longest.activation == {"relu6": "clip"}.get(activation, activation)
+    if activation in ("hardswish", "hard_sigmoid"):  # ONNX's HardSwish is HardSigmoid(1/6, 1/2) · x
+        assert longest.params == pytest.approx((1 / 6, 0.5))
     assert longest.output == "y" and longest.bias == "b0"
     # every prefix is proposed: the Conv alone, with its residual, with its activation
     assert [bool(m.residual) for m in f.matches] == [False, True, True]
@@ -77,19 +80,23 @@ def test_refusals_say_why() -> None:
     assert not f.matches and "auto_pad SAME_UPPER" in f.refusals[0]
 
 
-def test_grouped_convolutions_are_refused() -> None:
+def test_depthwise_convolutions_are_matched_other_grouped_ones_refused() -> None:
     f = found(RESNETISH)
-    assert {m.conv for m in f.matches} == {"conv0", "conv1", "conv2"}
-    assert any("conv3" in r and "grouped convolution (16 groups)" in r for r in f.refusals)
+    assert {m.conv for m in f.matches} == {"conv0", "conv1", "conv2", "conv3"}
+    assert [m.spec.group for m in f.matches if m.conv == "conv3"] == [16, 16]
+    f = found(Net(12, (Layer(12, group=2, activation="tanh"), Layer(12, group=12, activation="hardswish"))))
+    assert {m.conv for m in f.matches} == {"conv1"}
+    assert any("conv0" in r and "grouped convolution (2 groups of 6 channels)" in r for r in f.refusals)
 
 
 def test_layouts_stay_nhwc_between_conv_groups() -> None:
     res = onnxstitch.optimize(model(RESNETISH), epilogues=True, shapes={"n": [2], "h": [32], "w": [32]}, verify=False,
                               cost=FREE_LAYOUTS)
     convs = [g.payload for g in res.report.plan.groups if g.scheme == "conv"]
-    assert len(convs) == 3
-    # x comes from the graph (NCHW), the depthwise layer is ORT's (NCHW); everything between is NHWC.
-    assert [c.layouts for c in convs] == [(False, True, False), (True, True, True), (True, False, False)]
+    assert len(convs) == 4
+    # x comes from the graph and y goes to it (NCHW); everything between is NHWC.
+    assert [c.layouts for c in convs] == [(False, True, False), (True, True, True), (True, True, False),
+                                          (True, False, False)]
     nodes = {n.name: n for n in res.model.graph.node}
     second = [g for g in res.report.plan.groups if g.scheme == "conv"][1]
     attrs = {a.name: helper.get_attribute_value(a) for a in nodes["stitch_" + second.name].attribute}
@@ -112,7 +119,10 @@ def test_layouts_stay_nhwc_between_conv_groups() -> None:
                                      seed=7),
                                  Net(8, (Layer(16, bn=True, activation="relu"), Layer(16, bias=False, bn=True, residual=True,
                                                                                       activation="relu")), seed=9),
-                                 Net(8, (Layer(16, bn=True, activation="silu"),), dtype=TP.FLOAT16, seed=10)],
+                                 Net(8, (Layer(16, bn=True, activation="silu"),), dtype=TP.FLOAT16, seed=10),
+                                 Net(8, (Layer(24, kernel=1, activation="hardswish"),
+                                         Layer(24, kernel=5, stride=2, group=24, activation="hardswish"),
+                                         Layer(24, kernel=1, activation="hard_sigmoid")), seed=18)],
                          ids=lambda n: n.id)
 def test_stitched_model_runs_its_fallbacks_on_the_cpu(net: Net) -> None:
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)

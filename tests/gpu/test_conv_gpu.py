@@ -41,6 +41,14 @@ NETS += [
              Layer(16, activation="silu", shortcut=True)), seed=16),  # YOLO's bottlenecks
     Net(8, (Layer(16, bn=True, activation="relu"), Layer(16, bias=False, bn=True, residual=True, activation="relu")),
         seed=17),  # BatchNormalization folded into the weights
+    # MobileNetV3's: depthwise convolutions with ReLU, HardSwish or nothing, 1×1 ones with
+    # HardSwish, the squeeze-excite's HardSigmoid
+    Net(16, (Layer(64, kernel=1, activation="relu"), Layer(64, group=64, stride=2, activation="relu"),
+             Layer(24, kernel=1)), seed=19),
+    Net(16, (Layer(48, kernel=1, activation="hardswish"), Layer(48, kernel=5, group=48, activation="hardswish"),
+             Layer(16, kernel=1, residual=False), Layer(16, group=16)), seed=20),
+    Net(8, (Layer(32, kernel=1, activation="hard_sigmoid"), Layer(32, group=32, residual=True, activation="relu6")),
+        seed=21),
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 
@@ -51,11 +59,12 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 def stitched(net: Net):
     """The network optimized with epilogues, layout changes priced at nothing so that every
-    ungrouped Conv is a conv group (grouped ones stay ORT's), verified on the GPU."""
+    ungrouped or depthwise Conv is a conv group (other grouped ones stay ORT's), verified on the
+    GPU."""
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]},
                               cost=CostModel(layout_changes=False))
     convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
-    assert len(convs) == sum(l.group == 1 for l in net.layers) and not res.report.dropped, res.report.dropped
+    assert len(convs) == sum(l.group in (1, l.out) for l in net.layers) and not res.report.dropped, res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     return res
 

@@ -36,10 +36,13 @@ constexpr int64_t kFloat = 1, kFloat16 = 10;  // TensorProto element types
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
 // conv_activation codes (schemes/conv/spec.py ACTIVATIONS).
-enum Activation { kNone = 0, kRelu, kClip, kLeakyRelu, kSilu, kSigmoid, kTanh, kGelu, kGeluTanh, kActivations };
-const char* const kActivationNames[] = {"none", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_tanh"};
-// Tensor ids in the cuDNN graph.
-constexpr int64_t kX = 1, kW = 2, kB = 3, kR = 4, kY = 5;
+enum Activation {
+  kNone = 0, kRelu, kClip, kLeakyRelu, kSilu, kSigmoid, kTanh, kGelu, kGeluTanh, kHardSwish, kHardSigmoid, kActivations
+};
+const char* const kActivationNames[] = {"none", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh",
+                                        "gelu", "gelu_tanh", "hardswish", "hard_sigmoid"};
+// Tensor ids in the cuDNN graph; by-value scalars from kScalar on.
+constexpr int64_t kX = 1, kW = 2, kB = 3, kR = 4, kY = 5, kScalar = 10;
 
 // cuDNN and cuBLASLt, and their handles per context.
 struct Library {
@@ -144,6 +147,16 @@ class Conv final : public Scheme {
     y_nhwc_ = layouts[1] != 0;
     r_nhwc_ = layouts[2] != 0;
     half_ = dtypes[0] == kFloat16;
+    // Scalars the graph takes by value (`Build`). A grouped convolution's graph always has one:
+    // cuDNN 9.19's heuristic sends depthwise conv + bias (+ ReLU) to an engine 6–16× slower than
+    // the plain convolution, and a graph with a by-value operand to its runtime-fusion engines,
+    // as fast as the plain one (scripts/probe_cudnn.cc mobilenet, H100).
+    scalars_.clear();
+    if (activation_ == kHardSwish || activation_ == kHardSigmoid) {
+      scalars_ = {static_cast<float>(params_[0]), static_cast<float>(params_[1])};  // alpha, beta
+    } else if (group_ > 1) {
+      scalars_ = {activation_ == kRelu ? 0.0f : 1.0f};  // ReLU as MAX(x, 0); else a final MUL by 1
+    }
     return {};
   }
 
@@ -194,19 +207,22 @@ class Conv final : public Scheme {
     const void* x = b->args.in[0];
     const void* r = residual_ ? b->args.in[b->n_in - 1] : nullptr;
     void* y_nhwc = y;
-    if (!x_nhwc_) {
+    // At 1×1 pixels NCHW and NHWC are the same bytes: nothing to change.
+    const bool x_nhwc = x_nhwc_ || g.h * g.w == 1, y_out_nhwc = y_nhwc_ || g.ho * g.wo == 1,
+               r_nhwc = r_nhwc_ || g.ho * g.wo == 1;
+    if (!x_nhwc) {
       void* t = nullptr;
       if (Error e = call.Scratch(static_cast<size_t>(g.n * g.c * g.h * g.w) * elem, &t)) return e;
       if (Error e = Transpose(lib.lt, h->lt, x, t, g.n, g.c, g.h * g.w, stream)) return e;
       x = t;
     }
-    if (residual_ && !r_nhwc_) {
+    if (residual_ && !r_nhwc) {
       void* t = nullptr;
       if (Error e = call.Scratch(static_cast<size_t>(g.n * g.k * g.ho * g.wo) * elem, &t)) return e;
       if (Error e = Transpose(lib.lt, h->lt, r, t, g.n, g.k, g.ho * g.wo, stream)) return e;
       r = t;
     }
-    if (!y_nhwc_) {
+    if (!y_out_nhwc) {
       if (Error e = call.Scratch(static_cast<size_t>(g.n * g.k * g.ho * g.wo) * elem, &y_nhwc)) return e;
     }
     std::vector<int64_t> uids = {kX, kW, kY};
@@ -219,6 +235,10 @@ class Conv final : public Scheme {
       uids.push_back(kR);
       ptrs.push_back(const_cast<void*>(r));
     }
+    for (size_t i = 0; i < scalars_.size(); ++i) {  // host pointers: cuDNN copies the values at execution
+      uids.push_back(kScalar + static_cast<int64_t>(i));
+      ptrs.push_back(const_cast<float*>(&scalars_[i]));
+    }
     dnn::Status s = lib.dnn.SetStream(h->dnn, stream);
     if (s != dnn::kSuccess) return Fail(ORT_FAIL, "cudnnSetStream: " + lib.dnn.StatusText(s));
     const dnn::Plan* plan = nullptr;
@@ -226,7 +246,7 @@ class Conv final : public Scheme {
     if (Error e = PlanFor(call, lib.dnn, h->dnn, g, uids, ptrs, stream, &plan, &workspace)) return e;
     const std::string err = dnn::Execute(lib.dnn, h->dnn, *plan, uids, ptrs, workspace);
     if (!err.empty()) return Fail(ORT_FAIL, err + " (" + What(g) + ")");
-    if (!y_nhwc_) {
+    if (!y_out_nhwc) {
       if (Error e = Transpose(lib.lt, h->lt, y_nhwc, y, g.n, g.ho * g.wo, g.k, stream)) return e;
     }
     return {};
@@ -351,65 +371,84 @@ class Conv final : public Scheme {
     return Transpose(api, handle, w, reinterpret_cast<void*>(p), g.k, g.cg, g.r * g.s, stream);
   }
 
-  // The graph's tensors and operations in NHWC.
+  // One pointwise operation after the convolution: y = mode(a, b) where a is the value before
+  // it and b a fixed tensor, the value after step `b_step` (-1: the convolution's), or none.
+  struct Step {
+    int mode;
+    dnn::Descriptor b = nullptr;
+    int b_step = -2;
+    std::vector<std::pair<int, double>> params = {};
+  };
+
+  // The graph's tensors and operations in NHWC: the convolution, then its steps, the last one
+  // writing Y.
   void Build(dnn::Graph& graph, const Geometry& g) const {
     const int dt = half_ ? dnn::kHalf : dnn::kFloat;
     auto nhwc = [&](int64_t uid, int type, int64_t n, int64_t c, int64_t h, int64_t w, bool virt) {
       return graph.Tensor({uid, type, {n, c, h, w}, {h * w * c, 1, w * c, c}, virt, 16});
     };
+    std::vector<dnn::Descriptor> scalar;
+    for (size_t i = 0; i < scalars_.size(); ++i) scalar.push_back(graph.Tensor(dnn::ScalarSpec(kScalar + static_cast<int64_t>(i))));
+    std::vector<Step> steps;
+    if (bias_) steps.push_back({dnn::kPointwiseAdd, nhwc(kB, dt, 1, g.k, 1, 1, false)});
+    if (residual_ && !residual_after_) steps.push_back({dnn::kPointwiseAdd, nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false)});
+    const bool scalar_tail = group_ > 1 && activation_ != kRelu && activation_ != kHardSwish && activation_ != kHardSigmoid;
+    switch (activation_) {
+      case kNone:
+        break;
+      case kRelu:
+        if (group_ > 1) {
+          steps.push_back({dnn::kPointwiseMax, scalar[0]});
+        } else {
+          steps.push_back({dnn::kPointwiseReluFwd});
+        }
+        break;
+      case kClip:
+        steps.push_back({dnn::kPointwiseReluFwd, nullptr, -2,
+                         {{dnn::kAttrPointwiseReluLowerClip, params_[0]}, {dnn::kAttrPointwiseReluUpperClip, params_[1]}}});
+        break;
+      case kLeakyRelu:
+        steps.push_back({dnn::kPointwiseReluFwd, nullptr, -2, {{dnn::kAttrPointwiseReluLowerClipSlope, params_[0]}}});
+        break;
+      case kSilu:
+        steps.push_back({dnn::kPointwiseSwishFwd, nullptr, -2, {{dnn::kAttrPointwiseSwishBeta, 1.0}}});
+        break;
+      case kSigmoid:
+        steps.push_back({dnn::kPointwiseSigmoidFwd});
+        break;
+      case kTanh:
+        steps.push_back({dnn::kPointwiseTanhFwd});
+        break;
+      case kGelu:
+        steps.push_back({dnn::kPointwiseGeluFwd});
+        break;
+      case kGeluTanh:
+        steps.push_back({dnn::kPointwiseGeluApproxTanhFwd});
+        break;
+      default: {  // HardSigmoid: clip(alpha·v + beta, 0, 1); HardSwish: v · HardSigmoid(v)
+        const int v = static_cast<int>(steps.size()) - 1;  // the step whose value is activated
+        steps.push_back({dnn::kPointwiseMul, scalar[0]});
+        steps.push_back({dnn::kPointwiseAdd, scalar[1]});
+        steps.push_back({dnn::kPointwiseReluFwd, nullptr, -2,
+                         {{dnn::kAttrPointwiseReluLowerClip, 0.0}, {dnn::kAttrPointwiseReluUpperClip, 1.0}}});
+        if (activation_ == kHardSwish) steps.push_back({dnn::kPointwiseMul, nullptr, v});
+        break;
+      }
+    }
+    if (residual_after_) steps.push_back({dnn::kPointwiseAdd, nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false)});
+    if (scalar_tail) steps.push_back({dnn::kPointwiseMul, scalar[0]});
     int64_t next = 100;  // virtual tensors' ids
-    const bool epilogue = bias_ || residual_ || activation_ != kNone;
     auto out = [&](bool last) {
       return last ? nhwc(kY, dt, g.n, g.k, g.ho, g.wo, false) : nhwc(next++, dnn::kFloat, g.n, g.k, g.ho, g.wo, true);
     };
-    dnn::Descriptor x = nhwc(kX, dt, g.n, g.c, g.h, g.w, false);
-    dnn::Descriptor w = nhwc(kW, dt, g.k, g.cg, g.r, g.s, false);
-    dnn::Descriptor cur = out(!epilogue);
-    graph.ConvForward(x, w, cur, {pads_[0], pads_[1]}, {pads_[2], pads_[3]}, strides_, dilations_);
-    if (bias_) {
-      dnn::Descriptor bias = nhwc(kB, dt, 1, g.k, 1, 1, false);
-      dnn::Descriptor next_t = out(!residual_ && activation_ == kNone);
-      graph.Pointwise(dnn::kPointwiseAdd, cur, bias, next_t);
-      cur = next_t;
-    }
-    if (residual_ && !residual_after_) {
-      dnn::Descriptor res = nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false);
-      dnn::Descriptor next_t = out(activation_ == kNone);
-      graph.Pointwise(dnn::kPointwiseAdd, cur, res, next_t);
-      cur = next_t;
-    }
-    if (activation_ == kNone) return;
-    dnn::Descriptor y = out(!residual_after_);
-    switch (activation_) {
-      case kRelu:
-        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y);
-        break;
-      case kClip:
-        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y,
-                        {{dnn::kAttrPointwiseReluLowerClip, params_[0]}, {dnn::kAttrPointwiseReluUpperClip, params_[1]}});
-        break;
-      case kLeakyRelu:
-        graph.Pointwise(dnn::kPointwiseReluFwd, cur, nullptr, y, {{dnn::kAttrPointwiseReluLowerClipSlope, params_[0]}});
-        break;
-      case kSilu:
-        graph.Pointwise(dnn::kPointwiseSwishFwd, cur, nullptr, y, {{dnn::kAttrPointwiseSwishBeta, 1.0}});
-        break;
-      case kSigmoid:
-        graph.Pointwise(dnn::kPointwiseSigmoidFwd, cur, nullptr, y);
-        break;
-      case kTanh:
-        graph.Pointwise(dnn::kPointwiseTanhFwd, cur, nullptr, y);
-        break;
-      case kGelu:
-        graph.Pointwise(dnn::kPointwiseGeluFwd, cur, nullptr, y);
-        break;
-      default:
-        graph.Pointwise(dnn::kPointwiseGeluApproxTanhFwd, cur, nullptr, y);
-        break;
-    }
-    if (residual_after_) {
-      dnn::Descriptor res = nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false);
-      graph.Pointwise(dnn::kPointwiseAdd, y, res, out(true));
+    std::vector<dnn::Descriptor> values = {out(steps.empty())};  // values[i + 1]: after step i
+    graph.ConvForward(nhwc(kX, dt, g.n, g.c, g.h, g.w, false), nhwc(kW, dt, g.k, g.cg, g.r, g.s, false), values[0],
+                      {pads_[0], pads_[1]}, {pads_[2], pads_[3]}, strides_, dilations_);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Step& st = steps[i];
+      const dnn::Descriptor b = st.b_step >= -1 ? values[static_cast<size_t>(st.b_step + 1)] : st.b;
+      values.push_back(out(i + 1 == steps.size()));
+      graph.Pointwise(st.mode, values[i], b, values.back(), st.params);
     }
   }
 
@@ -524,6 +563,7 @@ class Conv final : public Scheme {
   bool bias_ = false, residual_ = false, residual_after_ = false, half_ = false, x_nhwc_ = false, y_nhwc_ = false, r_nhwc_ = false;
   int activation_ = kNone;
   double params_[2] = {0, 0};
+  std::vector<float> scalars_;  // by-value operands, bound by address at each execution
   mutable std::mutex mu_;
   mutable std::map<Geometry, std::shared_ptr<const dnn::Plan>> plans_;
   mutable std::map<const void*, std::pair<cu::Context, cu::DevicePtr>> filters_;  // by the weight's address

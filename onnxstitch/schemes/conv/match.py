@@ -19,7 +19,13 @@ optionally
 - a residual: an Add of a runtime tensor of the convolution's shape, before the activation (as
   ResNet's blocks and MobileNet's inverted residuals write it) or after it (YOLO's bottlenecks);
 - an activation: Relu; Clip with constant bounds (ReLU6); LeakyRelu; Sigmoid; Tanh; Gelu; SiLU as
-  exporters write it, x · Sigmoid(x).
+  exporters write it, x · Sigmoid(x); HardSwish; HardSigmoid (MobileNetV3's).
+
+Depthwise convolutions (one input channel a group) are legal; other grouped ones are refused.
+cuDNN's heuristic sends a depthwise conv + bias (+ ReLU) graph to an engine 6–16× slower than
+the plain convolution, but one with a by-value scalar operand to its runtime-fusion engines,
+which run it as fast as the plain NHWC call — 2× faster than ORT's NCHW one in float32 — so the
+runtime gives every depthwise graph such an operand (launch.cc).
 
 Each chain is proposed with every legal prefix, the Conv alone included, all sharing its nodes: the
 plan takes at most one, or none; the refusals say why a chain stops.
@@ -165,9 +171,9 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
         return "pads, strides or dilations not of a 2-D convolution"
     if sx[1] != sw[1] * group:
         return f"'{x}' has {sx[1]} channels, the weight {sw[1]} × {group} groups"
-    if group > 1:
-        return (f"a grouped convolution ({group} groups): cuDNN's fused NHWC engines for them measured up to "
-                f"10× slower than ORT's call (scripts/probe_cudnn.cc, depthwise + bias + ReLU on the H100)")
+    if group > 1 and not (group == sx[1] and sw[1] == 1):
+        return (f"a grouped convolution ({group} groups of {sw[1]} channels): only depthwise ones (one channel a "
+                f"group) were measured with cuDNN's fused NHWC engines (scripts/probe_cudnn.cc)")
     if b is not None and (g.shape(b) != (sw[0],) or g.tensors[b].dtype != g.tensors[y].dtype):
         return f"its bias '{b}' is not [{sw[0]}] of its type"
     return dict(x=x, w=w, bias=b, pads=pads, strides=strides, dilations=dilations, group=group,
@@ -200,6 +206,10 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
         return None
     if n.op_type in ("Relu", "Sigmoid", "Tanh"):
         return n.op_type.lower(), (0.0, 0.0), (n.index,), n.outputs[0]
+    if n.op_type == "HardSwish":
+        return "hardswish", (1.0 / 6.0, 0.5), (n.index,), n.outputs[0]
+    if n.op_type == "HardSigmoid":
+        return "hard_sigmoid", (float(n.attrs.get("alpha", 0.2)), float(n.attrs.get("beta", 0.5))), (n.index,), n.outputs[0]
     if n.op_type == "LeakyRelu":
         return "leaky_relu", (float(n.attrs.get("alpha", 0.01)), 0.0), (n.index,), n.outputs[0]
     if n.op_type == "Gelu":
@@ -340,9 +350,17 @@ def conv_us(g: FusionGraph, cost: CostModel, m: Match) -> float:
     return cost.launch_us + max(flops / (rate * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))
 
 
+def one_pixel(g: FusionGraph, t: str) -> bool:
+    """Whether rank-4 `t` is [N, C, 1, 1]: its NCHW and NHWC forms are the same bytes (a
+    squeeze-excite's pooled vector), so changing its layout costs nothing (launch.cc skips it)."""
+    s = g.shape(t)
+    return s is not None and len(s) == 4 and s[2] == 1 and s[3] == 1
+
+
 def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
     """The plan's conv groups (by Conv name) whose layout changes cost more than they save, with
-    why: each NCHW end (X, Y or R changed by a transform in scratch memory) costs a launch and a
+    why: each NCHW end (X, Y or R changed by a transform in scratch memory, except at one pixel:
+    `one_pixel`) costs a launch and a
     read and write of its tensor; a group saves the NHWC engine's share of the convolution and
     the stitched kernel its epilogue nodes would otherwise be."""
     out: dict[str, str] = {}
@@ -351,7 +369,7 @@ def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
             continue
         m: Match = grp.payload
         ends = [t for t, nhwc in ((m.x, m.layouts[0]), (m.output, m.layouts[1]), (m.residual, m.layouts[2]))
-                if t and not nhwc]
+                if t and not nhwc and not one_pixel(g, t)]
         paid = sum(cost.launch_us + 2 * g.tensor_bytes(t) / (cost.bandwidth_gbs * 1e3) for t in ends)
         # Without the group its epilogue nodes would be one stitched kernel reading the
         # convolution's output (and R) and writing the result.

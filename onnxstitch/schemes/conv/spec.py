@@ -14,8 +14,10 @@ from ..source import Spec
 ATTRIBUTE_PREFIX = "conv_"
 # The activations cuDNN's pointwise modes run after the convolution, by the code the node carries
 # (conv_activation): clip is ReLU's mode with both clips, leaky_relu its lower-clip slope, silu
-# its Swish with β = 1.
-ACTIVATIONS = ("", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_tanh")
+# its Swish with β = 1; hard_sigmoid (params alpha, beta) is clip(alpha·x + beta, 0, 1) and
+# hardswish x · hard_sigmoid(x) with alpha 1/6, beta 1/2, as pointwise ops with by-value scalars.
+ACTIVATIONS = ("", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_tanh", "hardswish",
+               "hard_sigmoid")
 DTYPES = (TP.FLOAT, TP.FLOAT16)
 
 
@@ -40,7 +42,7 @@ class ConvSpec(Spec):
     bias: bool
     residual: bool
     activation: str  # one of ACTIVATIONS
-    params: tuple[float, float] = (0.0, 0.0)  # clip's min and max; leaky_relu's slope first
+    params: tuple[float, float] = (0.0, 0.0)  # clip's min and max; leaky_relu's slope first; hard_sigmoid's alpha, beta
     layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC
     residual_after: bool = False  # R added after the activation rather than before
 
