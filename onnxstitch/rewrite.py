@@ -209,23 +209,34 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
 def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup],
             nhwc_nodes: Collection[int] = ()) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
-    with every group replaced by its FusedKernel node and function, and the `nhwc_nodes` (channel
-    Concat/Split between conv groups, schemes/conv) over NHWC tensors."""
+    with every group replaced by its FusedKernel node and function, and the `nhwc_nodes` (ONNX
+    Runtime's layout-neutral nodes between conv groups, schemes/conv) over NHWC tensors, one-pixel
+    tensors bridged between the layouts where read in the other."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     first = {min(grp.nodes): grp for grp in groups}
     fused_members = {i for grp in groups for i in grp.nodes}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     new_nodes: list[onnx.NodeProto] = []
+    nhwc_constants: dict[str, onnx.TensorProto] = {}
     for i, node in enumerate(model.graph.node):
         if i in first:
             new_nodes.append(_fused_node(first[i]))
         elif i in nhwc_nodes:
-            new_nodes.append(conv_match.nhwc_node(node))
+            made = conv_match.nhwc_node(graph, i, node, opset)
+            new_nodes.append(made.node)
+            nhwc_constants.update((c.name, c) for c in made.constants)
         elif i not in fused_members:
             new_nodes.append(node)
+    # One-pixel tensors read in the other layout than made (schemes/conv's layouts).
+    available = {x.name for x in g.input} | {t.name for t in g.initializer} | set(graph.constants)
+    bridges, shapes = conv_match.bridge(new_nodes, available)
+    new_nodes += bridges
+    nhwc_constants.update((c.name, c) for c in shapes)
     del g.node[:]
     g.node.extend(_topo(_drop_orphans(model.graph, new_nodes), {x.name for x in g.input}))
+    g.initializer.extend(nhwc_constants.values())
     out.functions.extend(_function(model, graph, grp) for grp in groups)
 
     used = {t for n in g.node for t in list(n.input) + implicit_inputs(n)} | {o.name for o in g.output}

@@ -30,6 +30,9 @@ class Layer:
     activation: str = ""
     shortcut: bool = False  # adds the layer's input after the activation (YOLO's bottleneck)
     bn: bool = False  # a BatchNormalization after the Conv (exports that do not fold it)
+    # MobileNetV3's squeeze-excite after the activation: the pixels' mean → 1×1 Conv → ReLU → 1×1
+    # Conv → HardSigmoid, scaling the channels (ReduceMean's axes an input from opset 18 on)
+    se: bool = False
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,11 @@ class Net:
     dtype: int = TP.FLOAT
     seed: int = 0
     name: str = field(default="")
+    opset: int = 17
 
     @property
     def id(self) -> str:
-        acts = "-".join(f"{'bn/' if l.bn else ''}{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{f'/g{l.group}' if l.group > 1 else ''}"
+        acts = "-".join(f"{'bn/' if l.bn else ''}{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{'+se' if l.se else ''}{f'/g{l.group}' if l.group > 1 else ''}"
                         f"{f'/s{l.stride}' if l.stride > 1 else ''}{f'/d{l.dilation}' if l.dilation > 1 else ''}"
                         for l in self.layers)
         return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
@@ -94,6 +98,25 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
             nodes.append(helper.make_node("Sigmoid", [t], [f"sig{k}"]))
             nodes.append(helper.make_node("Mul", [t, f"sig{k}"], [f"act{k}"]))
         t = f"act{k}" if a else t
+        if l.se:
+            squeeze = max(8, l.out // 4)
+            for name, shape in ((f"se_w1_{k}", (squeeze, l.out, 1, 1)), (f"se_w2_{k}", (l.out, squeeze, 1, 1))):
+                inits.append(numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np_dtype), name))
+            for name, size in ((f"se_b1_{k}", squeeze), (f"se_b2_{k}", l.out)):
+                inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(size)).astype(np_dtype), name))
+            if net.opset >= 18:
+                inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), f"se_axes{k}"))
+                nodes.append(helper.make_node("ReduceMean", [t, f"se_axes{k}"], [f"se_mean{k}"], keepdims=1))
+            else:
+                nodes.append(helper.make_node("ReduceMean", [t], [f"se_mean{k}"], axes=[2, 3], keepdims=1))
+            nodes += [helper.make_node("Conv", [f"se_mean{k}", f"se_w1_{k}", f"se_b1_{k}"], [f"se_fc1_{k}"], name=f"se_fc1_{k}",
+                                       kernel_shape=[1, 1]),
+                      helper.make_node("Relu", [f"se_fc1_{k}"], [f"se_relu{k}"]),
+                      helper.make_node("Conv", [f"se_relu{k}", f"se_w2_{k}", f"se_b2_{k}"], [f"se_fc2_{k}"], name=f"se_fc2_{k}",
+                                       kernel_shape=[1, 1]),
+                      helper.make_node("HardSigmoid", [f"se_fc2_{k}"], [f"se_gate{k}"], alpha=1 / 6, beta=0.5),
+                      helper.make_node("Mul", [t, f"se_gate{k}"], [f"se{k}"])]
+            t = f"se{k}"
         if l.shortcut:
             nodes.append(helper.make_node("Add", [x, t], [f"short{k}"]))
             t = f"short{k}"
@@ -101,7 +124,7 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, ["n", net.channels, "h", "w"])],
                               [helper.make_tensor_value_info("y", dtype, [None] * 4)], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", net.opset)])
     m.ir_version = 9
     return m
 
@@ -118,6 +141,7 @@ def reference(net: Net, given: dict[str, np.ndarray]) -> np.ndarray:
     double = model(net, TP.DOUBLE)
     weights = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in m.graph.initializer}
     for t in double.graph.initializer:
-        t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
+        if t.data_type == TP.DOUBLE:  # not ReduceMean's axes
+            t.CopyFrom(numpy_helper.from_array(weights[t.name], t.name))
     (y,) = ReferenceEvaluator(double).run(None, {"x": given["x"].astype(np.float64)})
     return np.asarray(y)

@@ -186,3 +186,41 @@ def test_cudnn_values_match_the_real_header() -> None:
                           *(f"-I{d}" for d in _cudnn_includes()), f"-I{ROOT / 'onnxstitch/runtime/csrc'}",
                           str(ROOT / "tests/cudnn_header_check.cc")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_squeeze_excite_runs_in_nhwc_between_conv_groups(opset: int) -> None:
+    # MobileNetV3's block: 1×1 → depthwise → squeeze-excite (pixels' mean, two 1×1 convs,
+    # HardSigmoid, Mul) → 1×1. The mean and the Mul run in NHWC, every tensor between the first
+    # and last conv stays NHWC.
+    net = Net(8, (Layer(32, kernel=1, activation="hardswish"),
+                  Layer(32, kernel=5, group=32, activation="relu", se=True), Layer(8, kernel=1)), seed=19, opset=opset)
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
+    convs = {g.payload.conv: g.payload for g in res.report.plan.groups if g.scheme == "conv"}
+    assert set(convs) == {"conv0", "conv1", "se_fc1_1", "se_fc2_1", "conv2"}
+    assert convs["conv0"].layouts == (False, True, False) and convs["conv2"].layouts == (True, False, False)
+    assert convs["se_fc2_1"].activation == "hard_sigmoid" and all(convs[c].layouts[:2] == (True, True)
+                                                                   for c in ("conv1", "se_fc1_1", "se_fc2_1"))
+    ops = {n.op_type: n for n in res.model.graph.node if n.op_type != "FusedKernel"}
+    assert set(ops) == {"ReduceMean", "Mul"} and all(t.endswith("~nhwc") for n in ops.values() for t in n.output)
+    mean = ops["ReduceMean"]
+    axes = ([a.ints for a in mean.attribute if a.name == "axes"] or
+            [onnx.numpy_helper.to_array(i).tolist() for i in res.model.graph.initializer if i.name == mean.input[1]])[0]
+    assert list(axes) == [1, 2]
+    onnx.checker.check_model(res.model)
+    given = feeds(net, 3, 13, 11, np.random.default_rng(fresh_seed()))
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
+    want = reference(net, given)
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= 1e-5
+
+
+def test_one_pixel_tensors_are_bridged_between_layouts() -> None:
+    # A one-pixel tensor made in one layout and read in the other gets a Reshape ([N, C, 1, 1] and
+    # [N, 1, 1, C] are the same bytes); what the graph gives is never bridged.
+    nodes = [helper.make_node("Relu", ["x"], ["a~nhwc"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Relu", ["b~nhwc"], ["c~nhwc"]), helper.make_node("Relu", ["x~nhwc"], ["d"])]
+    extra, shapes = match.bridge(nodes, {"x", "x~nhwc"})
+    made = {n.output[0]: (n.op_type, list(n.input)) for n in extra}
+    assert made == {"a": ("Reshape", ["a~nhwc", match.TO_NCHW]), "b~nhwc": ("Reshape", ["b", match.TO_NHWC])}
+    assert {t.name: onnx.numpy_helper.to_array(t).tolist() for t in shapes} == {match.TO_NCHW: [0, -1, 1, 1],
+                                                                                  match.TO_NHWC: [0, 1, 1, -1]}

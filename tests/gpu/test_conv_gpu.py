@@ -49,6 +49,8 @@ NETS += [
              Layer(16, kernel=1, residual=False), Layer(16, group=16)), seed=20),
     Net(8, (Layer(32, kernel=1, activation="hard_sigmoid"), Layer(32, group=32, residual=True, activation="relu6")),
         seed=21),
+    Net(8, (Layer(32, kernel=1, activation="hardswish"), Layer(32, kernel=5, group=32, activation="relu", se=True),
+            Layer(8, kernel=1, residual=True)), seed=22, opset=18),  # squeeze-excite in NHWC
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 
@@ -64,7 +66,8 @@ def stitched(net: Net):
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]},
                               cost=CostModel(layout_changes=False))
     convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
-    assert len(convs) == sum(l.group in (1, l.out) for l in net.layers) and not res.report.dropped, res.report.dropped
+    want = sum(l.group in (1, l.out) for l in net.layers) + 2 * sum(l.se for l in net.layers)  # SE: two 1×1 convs
+    assert len(convs) == want and not res.report.dropped, res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     return res
 

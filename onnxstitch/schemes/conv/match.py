@@ -382,29 +382,79 @@ def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
     return out
 
 
-# Nodes that run in either layout: a channel Concat or Split is a last-axis one in NHWC.
-NEUTRAL = frozenset({"Concat", "Split"})
+# Nodes ONNX Runtime runs in either layout (`_neutral`): a channel Concat or Split is a
+# last-axis one in NHWC; elementwise work is the same over permuted operands (broadcasts
+# included, every rank-4 operand permuted alike); a reduction over the pixels (a squeeze-excite's
+# pooling) reduces axes 1 and 2 of the NHWC tensor instead of 2 and 3.
+CHANNEL_OPS = frozenset({"Concat", "Split"})
+ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "HardSwish", "HardSigmoid", "Sigmoid",
+                             "Tanh", "Clip", "LeakyRelu"})
+POOL_OPS = frozenset({"ReduceMean", "ReduceMax", "ReduceSum", "GlobalAveragePool", "GlobalMaxPool"})
+_SPATIAL_AXES = ({2, 3}, {-2, -1}, {2, -1}, {-2, 3})
+
+
+def _pools_pixels(g: FusionGraph, n) -> bool:
+    """A reduction of a rank-4 tensor over its pixels alone, keeping the reduced dims."""
+    if n.op_type.startswith("Global"):
+        return True
+    if not int(n.attrs.get("keepdims", 1)):
+        return False
+    if len(n.inputs) > 1 and n.inputs[1]:  # opset 18's axes input
+        axes = onnx.numpy_helper.to_array(g.constants[n.inputs[1]]) if n.inputs[1] in g.constants else None
+        axes = None if axes is None else [int(v) for v in axes.reshape(-1)]
+    else:
+        axes = n.attrs.get("axes")
+        axes = None if axes is None else [int(v) for v in axes]
+    return axes is not None and set(axes) in _SPATIAL_AXES
 
 
 def _neutral(g: FusionGraph, i: int) -> bool:
-    """A Concat or Split of rank-4 tensors along the channels (axis 1)."""
+    """A node of CHANNEL_OPS, ELEMENTWISE_OPS or POOL_OPS that runs as well over NHWC tensors:
+    rank-4 tensors; a channel Concat/Split; elementwise operands all rank 4 or constant scalars;
+    a pooling over the pixels only."""
     n = g.nodes[i]
-    if n.op_type not in NEUTRAL or n.domain not in ("", "ai.onnx"):
+    if n.domain not in ("", "ai.onnx"):
         return False
     shape = g.shape(n.outputs[0])
-    return shape is not None and len(shape) == 4 and int(n.attrs.get("axis", 0)) in (1, -3)
+    if shape is None or len(shape) != 4:
+        return False
+    if n.op_type in CHANNEL_OPS:
+        return int(n.attrs.get("axis", 0)) in (1, -3)
+    if n.op_type in ELEMENTWISE_OPS:
+        for t in n.inputs:
+            if not t:
+                continue
+            s = g.shape(t)
+            if t in g.constants:
+                if s is None or int(np.prod(s)) != 1:
+                    return False
+            elif s is None or len(s) != 4:
+                return False
+        return bool(_data_inputs(g, i))
+    if n.op_type in POOL_OPS:
+        s = g.shape(n.inputs[0])
+        return s is not None and len(s) == 4 and _pools_pixels(g, n)
+    return False
 
 
 def _data_inputs(g: FusionGraph, i: int) -> tuple[str, ...]:
+    """The rank-4 tensors a layout-neutral node reads (renamed to their NHWC form)."""
     n = g.nodes[i]
-    return tuple(t for t in (n.inputs if n.op_type == "Concat" else n.inputs[:1]) if t)
+    if n.op_type == "Concat":
+        return tuple(t for t in n.inputs if t)
+    if n.op_type in ELEMENTWISE_OPS:
+        return tuple(dict.fromkeys(t for t in n.inputs if t and t not in g.constants))
+    return (n.inputs[0],) if n.inputs[0] else ()
 
 
 def layouts(g: FusionGraph, plan: Plan) -> Plan:
-    """`plan` with the tensors that pass between its conv groups alone held NHWC: an output of a
-    conv group, or of a channel Concat/Split ONNX Runtime runs (ungrouped, or the only node of its
-    group), every reader of which is a conv group reading it as X or R, or such a Concat/Split whose
-    tensors are all NHWC too (the largest such set, found by removing what breaks it)."""
+    """`plan` with the tensors that pass between its conv groups and layout-neutral nodes
+    (`_neutral`, run by ONNX Runtime: ungrouped, or the only node of its group) held NHWC: an
+    output of a conv group or such a node, every reader of which is a conv group reading it as X
+    or R, or such a node whose data inputs and outputs are all NHWC too (the largest such set,
+    found by removing what breaks it). At one pixel ([N, C, 1, 1], `one_pixel`) both layouts are
+    the same bytes: such a tensor may also have readers of the other layout, and a neutral node
+    may read one held NCHW — the rewrite bridges them by Reshapes (`bridge`)."""
     convs = [grp for grp in plan.groups if grp.scheme == CONV]
     if not convs:
         return plan
@@ -423,8 +473,12 @@ def layouts(g: FusionGraph, plan: Plan) -> Plan:
     nhwc = set(made)
     while True:
         keep = {t for t in nhwc if t not in g.graph_outputs and g.consumers.get(t)
-                and all(reads_nhwc(t, r) for r in g.consumers[t])}
-        kept_nodes = {i for i in nodes if all(t in keep for t in _data_inputs(g, i))
+                and (one_pixel(g, t) or all(reads_nhwc(t, r) for r in g.consumers[t]))}
+        # A neutral node stays where it reads at least one NHWC tensor of more than one pixel
+        # and every other tensor it reads or writes is NHWC or one pixel.
+        kept_nodes = {i for i in nodes
+                      if all(t in keep or one_pixel(g, t) for t in _data_inputs(g, i))
+                      and any(t in keep and not one_pixel(g, t) for t in _data_inputs(g, i))
                       and all(t in keep for t in g.nodes[i].outputs if t)}
         keep = {t for t in keep if made[t] is None or made[t] in kept_nodes}
         if keep == nhwc and kept_nodes == nodes:
@@ -444,22 +498,66 @@ def layouts(g: FusionGraph, plan: Plan) -> Plan:
     return dataclasses.replace(plan, groups=tuple(groups), nhwc_nodes=tuple(sorted(nodes)))
 
 
-def nhwc_node(node: onnx.NodeProto) -> onnx.NodeProto:
-    """A channel Concat/Split of `layouts` as it runs between conv groups: over the NHWC tensors,
-    along their last axis."""
+@dataclass(frozen=True)
+class NhwcNode:
+    """A layout-neutral node as it runs over NHWC tensors, and the constants it reads."""
+
+    node: onnx.NodeProto
+    constants: tuple[onnx.TensorProto, ...] = ()
+
+
+PIXEL_AXES = "onnxstitch~nhwc_pixel_axes"  # [1, 2]: the pixels of an NHWC tensor
+
+
+def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto, opset: int) -> NhwcNode:
+    """Node `i` of `layouts` (`node` in the model) over the NHWC tensors: its data inputs and outputs renamed
+    (`nhwc_name`), a channel Concat/Split along the last axis, a pooling over axes 1 and 2 (a
+    Global*Pool as the Reduce* of the same kind); `opset` is the model's (Reduce*'s axes are an
+    input from 18 on)."""
+    n = g.nodes[i]
     out = onnx.NodeProto()
     out.CopyFrom(node)
-    data = len(node.input) if node.op_type == "Concat" else 1
-    for k in range(data):
-        if out.input[k]:
-            out.input[k] = nhwc_name(out.input[k])
-    for k, t in enumerate(node.output):
+    data = set(_data_inputs(g, i))
+    for k, t in enumerate(out.input):
+        if t in data:
+            out.input[k] = nhwc_name(t)
+    for k, t in enumerate(out.output):
         if t:
             out.output[k] = nhwc_name(t)
-    for a in out.attribute:
-        if a.name == "axis":
-            a.i = 3
-    return out
+    if n.op_type in CHANNEL_OPS:
+        for a in out.attribute:
+            if a.name == "axis":
+                a.i = 3
+        return NhwcNode(out)
+    if n.op_type not in POOL_OPS:
+        return NhwcNode(out)
+    op = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}.get(n.op_type, n.op_type)
+    attrs = {a.name: helper.get_attribute_value(a) for a in out.attribute if a.name not in ("axes", "keepdims")}
+    if opset >= 18:
+        made = helper.make_node(op, [out.input[0], PIXEL_AXES], list(out.output), name=out.name, keepdims=1, **attrs)
+        return NhwcNode(made, (onnx.numpy_helper.from_array(np.array([1, 2], np.int64), PIXEL_AXES),))
+    return NhwcNode(helper.make_node(op, [out.input[0]], list(out.output), name=out.name, axes=[1, 2], keepdims=1, **attrs))
+
+
+# Reshapes between the layouts of a one-pixel tensor: [N, C, 1, 1] ↔ [N, 1, 1, C].
+TO_NHWC, TO_NCHW = "onnxstitch~one_pixel_nhwc", "onnxstitch~one_pixel_nchw"
+
+
+def bridge(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Reshapes making each tensor `nodes` read but nothing makes from its other layout's form
+    (`layouts` allows this at one pixel only), and the shapes they read. `available`: the graph's
+    inputs and initializers."""
+    made = {t for n in nodes for t in n.output if t} | available
+    read = dict.fromkeys(t for n in nodes for t in n.input if t and t not in made)
+    extra: list[onnx.NodeProto] = []
+    for t in read:
+        if t.endswith(NHWC_SUFFIX) and t[:-len(NHWC_SUFFIX)] in made:
+            extra.append(helper.make_node("Reshape", [t[:-len(NHWC_SUFFIX)], TO_NHWC], [t], name=f"stitch_bridge_{t}"))
+        elif nhwc_name(t) in made:
+            extra.append(helper.make_node("Reshape", [nhwc_name(t), TO_NCHW], [t], name=f"stitch_bridge_{t}"))
+    shapes = {TO_NHWC: [0, 1, 1, -1], TO_NCHW: [0, -1, 1, 1]}
+    used = {n.input[1] for n in extra}
+    return extra, [onnx.numpy_helper.from_array(np.array(v, np.int64), k) for k, v in shapes.items() if k in used]
 
 
 def linked(plan_groups) -> set[str]:
