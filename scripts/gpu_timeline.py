@@ -137,13 +137,20 @@ def main() -> int:
     ap.add_argument("--corpus", type=Path, required=True, help="folder with manifest.json and the models")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--epilogues", action="store_true", help="optimize with --epilogues")
     args = ap.parse_args()
     import torch  # noqa: F401  (its profiler; imported before any session so that CUPTI sees them)
 
     import onnxstitch
 
     bench.require_gpu("gpu_timeline")
-    manifest = {e["name"]: e for e in json.loads((args.corpus / "manifest.json").read_text())["models"]}
+    manifest = {}
+    for e in json.loads((args.corpus / "manifest.json").read_text())["models"]:
+        # The corpus's entries (file, shapes) or the zoo's (path, inputs with dims), by name or
+        # file stem (the zoo's names repeat across dtypes).
+        e = dict(e, file=e.get("file") or e["path"])
+        e.setdefault("shapes", {d: [v] for i in e["inputs"] for d, v in zip(i["dims"], i["shape"]) if isinstance(d, str)})
+        manifest[e["name"]] = manifest[Path(e["file"]).stem] = e
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.names:
@@ -151,7 +158,7 @@ def main() -> int:
         path = args.corpus / entry["file"]
         stitched = args.out / f"{name}.stitched.onnx"
         t0 = time.perf_counter()
-        res = onnxstitch.optimize(path, shapes=entry["shapes"])
+        res = onnxstitch.optimize(path, shapes=entry["shapes"], epilogues=args.epilogues)
         res.save(stitched)
         print(f"{name}: optimized in {time.perf_counter() - t0:.1f} s, {len(res.report.kernels)} kernels", flush=True)
         names = {i["name"] for i in entry["inputs"]}

@@ -50,7 +50,7 @@ NETS += [
     Net(8, (Layer(32, kernel=1, activation="hard_sigmoid"), Layer(32, group=32, residual=True, activation="relu6")),
         seed=21),
     Net(8, (Layer(32, kernel=1, activation="hardswish"), Layer(32, kernel=5, group=32, activation="relu", se=True),
-            Layer(8, kernel=1, residual=True)), seed=22, opset=18),  # squeeze-excite in NHWC
+            Layer(32, kernel=1, residual=True)), seed=22, opset=18),  # squeeze-excite in NHWC
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 
