@@ -225,7 +225,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
             new_nodes.append(_fused_node(first[i]))
         elif i in nhwc_nodes:
             made = conv_match.nhwc_node(graph, i, node, opset)
-            new_nodes.append(made.node)
+            new_nodes.extend(made.nodes)
             nhwc_constants.update((c.name, c) for c in made.constants)
         elif i not in fused_members:
             new_nodes.append(node)

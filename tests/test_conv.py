@@ -188,25 +188,35 @@ def test_cudnn_values_match_the_real_header() -> None:
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("opset", [17, 18])
-def test_squeeze_excite_runs_in_nhwc_between_conv_groups(opset: int) -> None:
+@pytest.mark.parametrize("opset,fixed", [(17, False), (18, False), (18, True)])
+def test_squeeze_excite_runs_in_nhwc_between_conv_groups(opset: int, fixed: bool) -> None:
     # MobileNetV3's block: 1×1 → depthwise → squeeze-excite (pixels' mean, two 1×1 convs,
     # HardSigmoid, Mul) → 1×1. The mean and the Mul run in NHWC, every tensor between the first
     # and last conv stays NHWC.
     net = Net(8, (Layer(32, kernel=1, activation="hardswish"),
                   Layer(32, kernel=5, group=32, activation="relu", se=True), Layer(8, kernel=1)), seed=19, opset=opset)
-    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
+    given_model = model(net)
+    if fixed:  # pixels fixed: the pooling is a product by a constant row
+        for d, v in zip(given_model.graph.input[0].type.tensor_type.shape.dim, (3, 8, 13, 11)):
+            d.dim_value = v
+    res = onnxstitch.optimize(given_model, epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
     convs = {g.payload.conv: g.payload for g in res.report.plan.groups if g.scheme == "conv"}
     assert set(convs) == {"conv0", "conv1", "se_fc1_1", "se_fc2_1", "conv2"}
     assert convs["conv0"].layouts == (False, True, False) and convs["conv2"].layouts == (True, False, False)
     assert convs["se_fc2_1"].activation == "hard_sigmoid" and all(convs[c].layouts[:2] == (True, True)
                                                                    for c in ("conv1", "se_fc1_1", "se_fc2_1"))
     ops = {n.op_type: n for n in res.model.graph.node if n.op_type != "FusedKernel"}
-    assert set(ops) == {"ReduceMean", "Mul"} and all(t.endswith("~nhwc") for n in ops.values() for t in n.output)
-    mean = ops["ReduceMean"]
-    axes = ([a.ints for a in mean.attribute if a.name == "axes"] or
-            [onnx.numpy_helper.to_array(i).tolist() for i in res.model.graph.initializer if i.name == mean.input[1]])[0]
-    assert list(axes) == [1, 2]
+    assert ops["Mul"].output[0].endswith("~nhwc")
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in res.model.graph.initializer}
+    if fixed:  # a product by a row of 1/HW over the NHWC pixels, between free Reshapes
+        assert set(ops) == {"Reshape", "MatMul", "Mul"}
+        row = inits[ops["MatMul"].input[0]]
+        assert row.shape == (1, 13 * 11) and np.allclose(row, 1 / 143)
+    else:  # the mean over axes 1 and 2
+        assert set(ops) == {"ReduceMean", "Mul"}
+        mean = ops["ReduceMean"]
+        axes = [a.ints for a in mean.attribute if a.name == "axes"] or [inits[mean.input[1]].tolist()]
+        assert list(axes[0]) == [1, 2]
     onnx.checker.check_model(res.model)
     given = feeds(net, 3, 13, 11, np.random.default_rng(fresh_seed()))
     (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
