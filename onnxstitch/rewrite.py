@@ -206,6 +206,20 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
                 g.value_info.append(helper.make_tensor_value_info(t, info.dtype, shape))
 
 
+def _forget_derived_dims(g: onnx.GraphProto) -> None:
+    """value_info dims named by anything but the graph inputs' symbols made unknown. Shape
+    inference names derived dims by expressions of the inputs' (`floor(h/2 - 1/2) + 1`); two
+    tensors it gives one expression may still differ at sizes where the model only runs by
+    broadcasting (PP-OCR's detector at 3×3 pixels: an upsampled [1, 96, 1, 1] added to a
+    [1, 96, 4, 4]), and ORT, taking equal names for equal sizes, then reuses a buffer of the
+    wrong size and fails."""
+    symbols = {d.dim_param for i in g.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    for v in g.value_info:
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param and d.dim_param not in symbols:
+                d.ClearField("dim_param")
+
+
 def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup],
             nhwc_nodes: Collection[int] = ()) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
@@ -252,6 +266,7 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     del g.value_info[:]
     g.value_info.extend(keep_vi)
     _declare_fused_outputs(g, graph, groups)
+    _forget_derived_dims(g)
     if groups:
         out.ir_version = max(out.ir_version, IR_VERSION)
         if not any(o.domain == DOMAIN for o in out.opset_import):

@@ -234,3 +234,15 @@ def test_one_pixel_tensors_are_bridged_between_layouts() -> None:
     assert made == {"a": ("Reshape", ["a~nhwc", match.TO_NCHW]), "b~nhwc": ("Reshape", ["b", match.TO_NHWC])}
     assert {t.name: onnx.numpy_helper.to_array(t).tolist() for t in shapes} == {match.TO_NCHW: [0, -1, 1, 1],
                                                                                   match.TO_NHWC: [0, 1, 1, -1]}
+
+
+def test_written_dims_are_named_only_by_the_inputs_symbols() -> None:
+    # Derived dims (floor(h/2 - 1/2) + 1) are left unknown in value_info: ORT takes two equal names
+    # for equal sizes, which need not hold where a model only runs by broadcasting (PP-OCR's
+    # detector verified at 3×3 pixels failed in ORT's buffer reuse).
+    net = Net(8, (Layer(8, stride=2, activation="relu"), Layer(8, kernel=1, activation="silu")), seed=23)
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
+    named = {d.dim_param for v in res.model.graph.value_info for d in v.type.tensor_type.shape.dim if d.dim_param}
+    assert named <= {"n", "h", "w"}
+    nhwc = [v for v in res.model.graph.value_info if v.name.endswith("~nhwc")]
+    assert nhwc and all(v.type.tensor_type.shape.dim[0].dim_param == "n" for v in nhwc)
