@@ -6,6 +6,8 @@
 # /tmp/site, the library built here in .carry/); carry .carry and the stripped models.
 #   there: PARTS=tests bash scripts/gpu_conv.sh
 #          PARTS=bench CORPUS=build/zooc bash scripts/gpu_conv.sh resnet50-float32 yolo-float16 ...
+# PARTS=kernels times each conv group the plan takes against the same cuDNN call without its
+# epilogue (scripts/bench_conv.py, the kernel-level criterion).
 set -uo pipefail
 source scripts/gpu_env.sh
 log="$OUT/gpu_conv.log"
@@ -16,13 +18,18 @@ if [[ ",${PARTS:-tests,bench}," == *,tests,* ]]; then
     tests/test_gemm.py -k "conv or header" -n 4 --junitxml="$OUT/conv_tests.xml" 2>&1 | tee -a "$log" | tail -25
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
-if [[ ",${PARTS:-tests,bench}," == *,bench,* ]]; then
+if [[ ",${PARTS:-tests,bench}," == *,bench,* || ",${PARTS:-}," == *,kernels,* ]]; then
   corpus=${CORPUS:-build/zooc}
   for name in "$@"; do
     m="/tmp/zoo/$name.onnx"
     [ -f "$m" ] || python3 scripts/carry_weights.py fill "$corpus/$name.onnx" /tmp/zoo 2>&1 | tail -1 | tee -a "$log"
     shape=$(python3 -c "import json; e=[m for m in json.load(open('$corpus/manifest.json'))['models'] if m['path'] == '$name.onnx'][0]
 print(' '.join(f'--shape {d}={v}' for i in e['inputs'] for d, v in zip(i['dims'], i['shape']) if isinstance(d, str)))")
+    if [[ ",${PARTS:-tests,bench}," == *,kernels,* ]]; then
+      python3 scripts/bench_conv.py "$m" $shape --out "$OUT/$name-bench-conv.json" 2>&1 | grep -v "shape massaging" \
+        | tail -40 | tee -a "$log" || status=1
+    fi
+    [[ ",${PARTS:-tests,bench}," == *,bench,* ]] || continue
     for variant in ${VARIANTS:-plain epilogues}; do
       flag=--no-epilogues; [ $variant = epilogues ] && flag=--epilogues
       python3 -m onnxstitch.cli optimize "$m" -o "/tmp/$name-$variant.onnx" $shape $flag \

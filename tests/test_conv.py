@@ -20,6 +20,7 @@ from onnxstitch import graph as graph_mod
 from onnxstitch.cost import CostModel
 from onnxstitch import shapes
 from onnxstitch.schemes.conv import match
+from onnxstitch.schemes.conv.spec import ACTIVATIONS
 
 from .conv_models import Layer, Net, feeds, model, reference
 from .stitching import fresh_seed
@@ -246,3 +247,24 @@ def test_written_dims_are_named_only_by_the_inputs_symbols() -> None:
     assert named <= {"n", "h", "w"}
     nhwc = [v for v in res.model.graph.value_info if v.name.endswith("~nhwc")]
     assert nhwc and all(v.type.tensor_type.shape.dim[0].dim_param == "n" for v in nhwc)
+
+
+def test_bench_conv_times_each_planned_conv_against_its_plain_twin() -> None:
+    # scripts/bench_conv.py (the kernel-level criterion on a GPU): each distinct conv node as
+    # planned, with its shapes, and the same convolution without bias, residual or activation.
+    import scripts.bench_conv as bench_conv
+
+    net = Net(8, (Layer(16, activation="hardswish"), Layer(16, residual=True, activation="relu"),
+                  Layer(16, group=16, activation="relu")), seed=24)
+    given = model(net)
+    res = onnxstitch.optimize(given, epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
+    found = bench_conv.cases(given, res.model, {"n": 2, "h": 16, "w": 16})
+    assert [c.attrs["conv_activation"] for c in found] == [ACTIVATIONS.index(a) for a in ("hardswish", "relu", "relu")]
+    assert found[0].shapes[0] == (2, 8, 16, 16) and found[1].shapes[0] == (2, 16, 16, 16)  # X NCHW, then NHWC
+    assert found[1].shapes[-1] == (2, 16, 16, 16) and found[2].shapes[1] == (16, 1, 3, 3)
+    twin = bench_conv.plain(found[1])
+    assert len(twin.node.input) == 2 and not any(twin.attrs[k] for k in ("conv_bias", "conv_residual", "conv_activation"))
+    assert twin.attrs["conv_layouts"] == found[1].attrs["conv_layouts"] and twin.attrs["input_kinds"] == [1, 1]
+    built = bench_conv.node_model(found[1], copies=3)
+    assert [n.input[:] for n in built.graph.node][2] == ["x", "w2", "b2", "r"]
+    assert {i.name for i in built.graph.input} == {"x", "r"}
