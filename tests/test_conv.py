@@ -268,3 +268,31 @@ def test_bench_conv_times_each_planned_conv_against_its_plain_twin() -> None:
     built = bench_conv.node_model(found[1], copies=3)
     assert [n.input[:] for n in built.graph.node][2] == ["x", "w2", "b2", "r"]
     assert {i.name for i in built.graph.input} == {"x", "r"}
+
+
+@pytest.mark.parametrize("op,opset,as_input", [("ReduceSum", 13, True), ("ReduceSum", 12, False), ("ReduceMean", 17, False),
+                                               ("ReduceMean", 18, True), ("GlobalAveragePool", 18, True)])
+def test_a_pooling_over_free_pixels_reduces_nhwc_axes_1_and_2(op: str, opset: int, as_input: bool) -> None:
+    # Pixels not fixed: the Reduce* over axes 1 and 2, its axes an input from the opset that
+    # made them one (ReduceSum 13, ReduceMean 18).
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["n", 8, "h", "w"])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, 1, 1])
+    inits, ins, attrs = [], ["x"], {} if op.startswith("Global") else {"keepdims": 1}
+    if not op.startswith("Global"):
+        if opset >= match.AXES_INPUT_FROM[op]:
+            inits.append(onnx.numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
+            ins.append("axes")
+        else:
+            attrs["axes"] = [2, 3]
+    m = helper.make_model(helper.make_graph([helper.make_node(op, ins, ["y"], **attrs)], "pool", [x], [y], inits),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    inferred, tensors = shapes.infer(m)
+    g = graph_mod.build(inferred, tensors)
+    assert match._neutral(g, 0)
+    made = match.nhwc_node(g, 0, m.graph.node[0], opset).nodes
+    assert len(made) == 1 and made[0].input[0] == "x~nhwc" and made[0].output[0] == "y~nhwc"
+    if as_input:
+        assert len(made[0].input) == 2 and [a.name for a in made[0].attribute] == ["keepdims"]
+    else:
+        assert len(made[0].input) == 1 and helper.get_attribute_value(
+            [a for a in made[0].attribute if a.name == "axes"][0]) == [1, 2]

@@ -390,6 +390,7 @@ CHANNEL_OPS = frozenset({"Concat", "Split"})
 ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "HardSwish", "HardSigmoid", "Sigmoid",
                              "Tanh", "Clip", "LeakyRelu"})
 POOL_OPS = frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"})
+AXES_INPUT_FROM = {"ReduceSum": 13, "ReduceMean": 18}  # the opset whose Reduce* takes its axes as an input
 _SPATIAL_AXES = ({2, 3}, {-2, -1}, {2, -1}, {-2, 3})
 
 
@@ -515,7 +516,7 @@ def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto, opset: int) -> NhwcN
     cuDNN's reduction, 25 µs a squeeze-excite in MobileNetV3 float16 against ~4 µs for the NCHW
     pooling (H200 timeline), while the product is one GEMM reading it once. Where the pixels are
     not fixed, it is the Reduce* over axes 1 and 2 (`opset`: the model's; the axes are an input from
-    18 on)."""
+    AXES_INPUT_FROM on)."""
     n = g.nodes[i]
     out = onnx.NodeProto()
     out.CopyFrom(node)
@@ -539,7 +540,7 @@ def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto, opset: int) -> NhwcN
         # Pixels not fixed: the reduction over axes 1 and 2 (slower, but any size).
         op = "ReduceMean" if n.op_type == "GlobalAveragePool" else n.op_type
         attrs = {a.name: helper.get_attribute_value(a) for a in out.attribute if a.name not in ("axes", "keepdims")}
-        if opset >= 18:
+        if opset >= AXES_INPUT_FROM[op]:
             axes = f"{out.output[0]}~axes"
             return NhwcNode((helper.make_node(op, [out.input[0], axes], list(out.output), name=out.name, keepdims=1, **attrs),),
                             (onnx.numpy_helper.from_array(np.array([1, 2], np.int64), axes),))
