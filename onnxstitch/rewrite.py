@@ -231,14 +231,13 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     g = out.graph
     first = {min(grp.nodes): grp for grp in groups}
     fused_members = {i for grp in groups for i in grp.nodes}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     new_nodes: list[onnx.NodeProto] = []
     nhwc_constants: dict[str, onnx.TensorProto] = {}
     for i, node in enumerate(model.graph.node):
         if i in first:
             new_nodes.append(_fused_node(first[i]))
         elif i in nhwc_nodes:
-            made = conv_match.nhwc_node(graph, i, node, opset)
+            made = conv_match.nhwc_node(graph, i, node)
             new_nodes.extend(made.nodes)
             nhwc_constants.update((c.name, c) for c in made.constants)
         elif i not in fused_members:

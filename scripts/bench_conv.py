@@ -27,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch import bench, load, shapes  # noqa: E402
+from onnxstitch import graph as graph_mod  # noqa: E402
+from onnxstitch.graph import FusionGraph  # noqa: E402
 from onnxstitch.runtime import session as stitch_session  # noqa: E402
-from onnxstitch.schemes.conv.match import NHWC_SUFFIX  # noqa: E402
+from onnxstitch.schemes.conv.match import nhwc_info  # noqa: E402
 from onnxstitch.schemes.conv.spec import ACTIVATIONS  # noqa: E402
 
 WITHIN = 1.05  # the issue's criterion: an epilogue costs at most 5% over the plain call
@@ -57,28 +59,27 @@ class Case:
                 f"{'+'.join(parts) or 'no epilogue'}")
 
 
-def _shape(tensors: dict, name: str, dims: dict[str, int]) -> tuple[int, ...]:
-    """`name`'s shape with its symbols given (NHWC names: their NCHW tensor's, permuted)."""
-    nhwc = name.endswith(NHWC_SUFFIX)
-    info = tensors[name[:-len(NHWC_SUFFIX)] if nhwc else name]
+def _shape(g: FusionGraph, name: str, dims: dict[str, int]) -> tuple[int, ...]:
+    """`name`'s shape with its symbols given (an NHWC name's as the rewrite declares it)."""
+    info = g.tensors.get(name) or nhwc_info(g, name)
     if info.shape is None:
         raise SystemExit(f"bench_conv: '{name}' has no inferred shape")
     got = tuple(d if isinstance(d, int) else dims.get(d) for d in info.shape)
     if any(d is None for d in got):
         raise SystemExit(f"bench_conv: '{name}' has dims {info.shape}: give every symbol with --shape")
-    return tuple(got[k] for k in (0, 2, 3, 1)) if nhwc else got
+    return got
 
 
 def cases(model: str | onnx.ModelProto, stitched: onnx.ModelProto, dims: dict[str, int]) -> list[Case]:
     """Every distinct conv node of `stitched` (optimized from `model`) with its shapes."""
-    _, tensors = shapes.infer(load.load_detached(model)[0])
+    g = graph_mod.build(*shapes.infer(load.load_detached(model)[0]))
     inits = {t.name: tuple(t.dims) for t in stitched.graph.initializer}
     seen, out = set(), []
     for n in stitched.graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         if n.domain != "com.onnxstitch" or attrs.get("shape_rule", b"") not in (b"conv", "conv"):
             continue
-        ins = [inits[t] if t in inits else _shape(tensors, t, dims) for t in n.input]
+        ins = [inits[t] if t in inits else _shape(g, t, dims) for t in n.input]
         key = (tuple(sorted((k, str(v)) for k, v in attrs.items() if k.startswith("conv_"))), tuple(ins))
         if key not in seen:
             seen.add(key)

@@ -27,6 +27,7 @@ import onnx  # noqa: E402
 
 from onnxstitch import bench, profile  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
+from scripts.zoo_report import symbol_values  # noqa: E402
 
 
 def _session(path: Path, stitched: bool, graphs: bool, so=None):
@@ -149,7 +150,7 @@ def main() -> int:
         # The corpus's entries (file, shapes) or the zoo's (path, inputs with dims), by name or
         # file stem (the zoo's names repeat across dtypes).
         e = dict(e, file=e.get("file") or e["path"])
-        e.setdefault("shapes", {d: [v] for i in e["inputs"] for d, v in zip(i["dims"], i["shape"]) if isinstance(d, str)})
+        e.setdefault("shapes", {d: [v] for d, v in symbol_values(e).items()})
         manifest[e["name"]] = manifest[Path(e["file"]).stem] = e
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}

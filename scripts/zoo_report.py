@@ -81,6 +81,11 @@ def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: b
     return row
 
 
+def symbol_values(entry: dict) -> dict[str, int]:
+    """A zoo manifest entry's default benchmark shape, as values of its inputs' symbolic dims."""
+    return {d: v for i in entry["inputs"] for d, v in zip(i["dims"], i["shape"]) if isinstance(d, str)}
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -180,9 +185,8 @@ def main() -> int:
     for m in manifest["models"]:
         if (wanted and m["name"] not in wanted) or m["dtype"] not in args.dtypes.split(","):
             continue
-        # The manifest's default benchmark shape, as values of the symbolic dims.
-        shapes = {d: v for i in m["inputs"] for d, v in zip(i["dims"], i["shape"]) if isinstance(d, str)}
-        items.append({"name": m["name"], "dtype": m["dtype"], "path": str(args.zoo / m["path"]), "shapes": shapes})
+        items.append({"name": m["name"], "dtype": m["dtype"], "path": str(args.zoo / m["path"]),
+                      "shapes": symbol_values(m)})
     gpu = bench.gpu_name()
     out = args.out / _slug(gpu)
     out.mkdir(parents=True, exist_ok=True)

@@ -54,8 +54,8 @@ constexpr int kAttrVariantPackUniqueIds = 1000, kAttrVariantPackDataPointers = 1
 constexpr int kAttrMatmulCompType = 1500;
 constexpr int kAttrMatmulADesc = 1520, kAttrMatmulBDesc = 1521, kAttrMatmulCDesc = 1522, kAttrMatmulDesc = 1523;
 // cudnnPointwiseMode_t
-constexpr int kPointwiseAdd = 0, kPointwiseMul = 1, kPointwiseMin = 2, kPointwiseMax = 3, kPointwiseIdentity = 21, kPointwiseReluFwd = 100,
-              kPointwiseTanhFwd = 101, kPointwiseSigmoidFwd = 102, kPointwiseGeluFwd = 104, kPointwiseSwishFwd = 106,
+constexpr int kPointwiseAdd = 0, kPointwiseMul = 1, kPointwiseMin = 2, kPointwiseMax = 3, kPointwiseIdentity = 21,
+              kPointwiseReluFwd = 100, kPointwiseTanhFwd = 101, kPointwiseSigmoidFwd = 102, kPointwiseGeluFwd = 104, kPointwiseSwishFwd = 106,
               kPointwiseGeluApproxTanhFwd = 107;
 // cudnnBackendHeurMode_t, cudnnConvolutionMode_t
 constexpr int kHeurModeFallback = 2, kHeurModeA = 3;

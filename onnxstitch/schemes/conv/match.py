@@ -47,7 +47,8 @@ from onnx import helper
 
 from ...cost import CostModel, node_us
 from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS, library_operands, residual_add
-from ...graph import FusionGraph, TensorInfo, constant_value
+from ... import ops
+from ...graph import FusionGraph, TensorInfo, constant_value, row_axes
 from ...plan import Group, Plan
 from ...weights import Weights
 from .. import CONV
@@ -391,22 +392,12 @@ ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "
                              "Tanh", "Clip", "LeakyRelu"})
 POOL_OPS = frozenset({"ReduceMean", "ReduceSum", "GlobalAveragePool"})
 AXES_INPUT_FROM = {"ReduceSum": 13, "ReduceMean": 18}  # the opset whose Reduce* takes its axes as an input
-_SPATIAL_AXES = ({2, 3}, {-2, -1}, {2, -1}, {-2, 3})
 
 
 def _pools_pixels(g: FusionGraph, n) -> bool:
     """A reduction of a rank-4 tensor over its pixels alone, keeping the reduced dims."""
-    if n.op_type.startswith("Global"):
-        return True
-    if not int(n.attrs.get("keepdims", 1)):
-        return False
-    if len(n.inputs) > 1 and n.inputs[1]:  # opset 18's axes input
-        axes = onnx.numpy_helper.to_array(g.constants[n.inputs[1]]) if n.inputs[1] in g.constants else None
-        axes = None if axes is None else [int(v) for v in axes.reshape(-1)]
-    else:
-        axes = n.attrs.get("axes")
-        axes = None if axes is None else [int(v) for v in axes]
-    return axes is not None and set(axes) in _SPATIAL_AXES
+    keeps = n.op_type in ops.GLOBAL_POOLS or bool(int(n.attrs.get("keepdims", 1)))
+    return keeps and row_axes(n, n.attrs, g.constants, g.opset, 4) == [2, 3]
 
 
 def _neutral(g: FusionGraph, i: int) -> bool:
@@ -508,15 +499,15 @@ class NhwcNode:
     constants: tuple[onnx.TensorProto, ...] = ()
 
 
-def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto, opset: int) -> NhwcNode:
+def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto) -> NhwcNode:
     """Node `i` of `layouts` (`node` in the model) over the NHWC tensors: its data inputs and
     outputs renamed (`nhwc_name`), a channel Concat/Split along the last axis. A pooling over the
     pixels becomes a batched product [1, HW] · [N, HW, C] by a constant row (1/HW for a mean,
     ones for a sum) between two free Reshapes: ORT reduces an NHWC tensor's middle axes through
     cuDNN's reduction, 25 µs a squeeze-excite in MobileNetV3 float16 against ~4 µs for the NCHW
     pooling (H200 timeline), while the product is one GEMM reading it once. Where the pixels are
-    not fixed, it is the Reduce* over axes 1 and 2 (`opset`: the model's; the axes are an input from
-    AXES_INPUT_FROM on)."""
+    not fixed, it is the Reduce* over axes 1 and 2 (its axes an input from AXES_INPUT_FROM on, by the
+    model's opset)."""
     n = g.nodes[i]
     out = onnx.NodeProto()
     out.CopyFrom(node)
@@ -538,9 +529,9 @@ def nhwc_node(g: FusionGraph, i: int, node: onnx.NodeProto, opset: int) -> NhwcN
     dtype = g.tensors[n.inputs[0]].dtype
     if not all(isinstance(d, int) for d in (c, h, w)) or dtype not in DTYPES:
         # Pixels not fixed: the reduction over axes 1 and 2 (slower, but any size).
-        op = "ReduceMean" if n.op_type == "GlobalAveragePool" else n.op_type
+        op = ops.GLOBAL_POOLS.get(n.op_type, n.op_type)
         attrs = {a.name: helper.get_attribute_value(a) for a in out.attribute if a.name not in ("axes", "keepdims")}
-        if opset >= AXES_INPUT_FROM[op]:
+        if g.opset >= AXES_INPUT_FROM[op]:
             axes = f"{out.output[0]}~axes"
             return NhwcNode((helper.make_node(op, [out.input[0], axes], list(out.output), name=out.name, keepdims=1, **attrs),),
                             (onnx.numpy_helper.from_array(np.array([1, 2], np.int64), axes),))

@@ -29,11 +29,11 @@ Price (`group_of`): the roofline of the GEMM — its flops at the tensor rate of
 against the bytes it moves at the device's bandwidth (cost.py's) — with the epilogue's extra
 reads (bias, residual) and no second write, plus the measured slowdown of cuBLASLt's epilogue
 kernels over its plain ones (EPILOGUE_OVERHEAD: up to +26% in float16 at BERT's shapes, which
-made BERT-base float16 8% slower with every epilogue it could take). The plan prices ORT's own GEMM by its bytes only
-(cost.node_us: the same in every plan), so the group is priced as that GEMM plus what the
-epilogue adds to the roofline: compute-bound GEMMs hide their epilogue, memory-bound ones pay
-for the residual's read. The ILP weighs it against ORT's GEMM with the elementwise or rows
-kernel over the same nodes.
+made BERT-base float16 8% slower with every epilogue it could take). The plan prices ORT's own
+GEMM by its bytes only (cost.node_us: the same in every plan), so the group is priced as that
+GEMM plus what the epilogue adds to the roofline: compute-bound GEMMs hide their epilogue,
+memory-bound ones pay for the residual's read. The ILP weighs it against ORT's GEMM with the
+elementwise or rows kernel over the same nodes.
 
 Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
 (`chosen`).
