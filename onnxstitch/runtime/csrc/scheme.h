@@ -9,6 +9,7 @@
 #include <onnxruntime_c_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,6 +138,59 @@ inline Error GetEntry(const cu::Driver& d, const Loaded* l, const std::string& e
   if (r == cu::kSuccess) return {};
   *fn = nullptr;
   return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + d.ErrorText(r));
+}
+
+// The index of the fastest of `count` candidates on `stream`: each runs once to warm up (one whose
+// run(i) fails is skipped), then `rounds` times `reps` runs timed with events, the rounds
+// interleaved across candidates so a clock change does not favour one. 0 (the library
+// heuristic's first) where timing is not possible: the stream is being captured into a CUDA graph
+// (ORT's warm-up runs come before the capture, so plans are made then), the driver lacks events,
+// or nothing ran; *timed says whether the choice was timed. The conv and gemm schemes choose
+// among their library's top candidates with it.
+inline size_t Fastest(const cu::Driver& d, cu::Stream stream, size_t count, int rounds, int reps,
+                      const std::function<bool(size_t)>& run, bool* timed = nullptr) {
+  if (timed != nullptr) *timed = false;
+  if (count < 2 || d.StreamIsCapturing == nullptr || d.EventCreate == nullptr || d.EventRecord == nullptr ||
+      d.EventSynchronize == nullptr || d.EventElapsedTime == nullptr || d.EventDestroy == nullptr) {
+    return 0;
+  }
+  int capturing = 1;
+  if (d.StreamIsCapturing(stream, &capturing) != cu::kSuccess || capturing != 0) return 0;
+  cu::Event start = nullptr, stop = nullptr;
+  if (d.EventCreate(&start, 0) != cu::kSuccess) return 0;
+  if (d.EventCreate(&stop, 0) != cu::kSuccess) {
+    d.EventDestroy(start);
+    return 0;
+  }
+  std::vector<float> total(count, 0.0f);
+  std::vector<bool> ok(count, false);
+  for (size_t i = 0; i < count; ++i) ok[i] = run(i);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!ok[i]) continue;
+      d.EventRecord(start, stream);
+      for (int k = 0; k < reps; ++k) ok[i] = run(i) && ok[i];
+      d.EventRecord(stop, stream);
+      float ms = 0;
+      if (d.EventSynchronize(stop) != cu::kSuccess || d.EventElapsedTime(&ms, start, stop) != cu::kSuccess) {
+        ok[i] = false;
+        continue;
+      }
+      total[i] += ms;
+    }
+  }
+  d.EventDestroy(start);
+  d.EventDestroy(stop);
+  size_t best = 0;
+  bool any = false;
+  for (size_t i = 0; i < count; ++i) {
+    if (ok[i] && (!any || total[i] < total[best])) {
+      best = i;
+      any = true;
+    }
+  }
+  if (timed != nullptr) *timed = any;
+  return best;
 }
 
 }  // namespace onnxstitch

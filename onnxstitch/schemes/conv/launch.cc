@@ -492,7 +492,10 @@ class Conv final : public Scheme {
         if (most > 0) {
           if (Error e = call.Scratch(static_cast<size_t>(most), workspace)) return e;
         }
-        const size_t best = Fastest(call.Driver(), api, handle, plans, uids, ptrs, *workspace, stream);
+        // The fastest on this call's tensors (3 runs each, as the heuristic's order is often wrong).
+        const size_t best = Fastest(call.Driver(), stream, plans.size(), 1, 3, [&](size_t i) {
+          return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
+        });
         shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
         std::lock_guard<std::mutex> lock(lib.plans_mu);
         shared = lib.plans.emplace(key, shared).first->second;  // another node may have made it meanwhile
@@ -504,44 +507,6 @@ class Conv final : public Scheme {
       return call.Scratch(static_cast<size_t>(it->second->workspace), workspace);
     }
     return {};
-  }
-
-  // The index of the fastest plan on this call's tensors, each timed over a few runs on the
-  // stream; 0 (the heuristic's first) where timing is not possible (the stream is being captured
-  // into a CUDA graph, or the driver lacks events).
-  size_t Fastest(const cu::Driver& d, const dnn::Api& api, dnn::Handle handle, const std::vector<dnn::Plan>& plans,
-                 const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* ws, cu::Stream stream) const {
-    if (plans.size() < 2 || d.StreamIsCapturing == nullptr || d.EventCreate == nullptr || d.EventRecord == nullptr ||
-        d.EventSynchronize == nullptr || d.EventElapsedTime == nullptr || d.EventDestroy == nullptr) {
-      return 0;
-    }
-    int capturing = 1;
-    if (d.StreamIsCapturing(stream, &capturing) != cu::kSuccess || capturing != 0) return 0;
-    cu::Event start = nullptr, stop = nullptr;
-    if (d.EventCreate(&start, 0) != cu::kSuccess) return 0;
-    if (d.EventCreate(&stop, 0) != cu::kSuccess) {
-      d.EventDestroy(start);
-      return 0;
-    }
-    size_t best = 0;
-    float best_ms = 0;
-    bool timed = false;
-    for (size_t i = 0; i < plans.size(); ++i) {
-      if (!dnn::Execute(api, handle, plans[i], uids, ptrs, ws).empty()) continue;  // warm-up; a failing plan is skipped
-      d.EventRecord(start, stream);
-      for (int k = 0; k < 3; ++k) dnn::Execute(api, handle, plans[i], uids, ptrs, ws);
-      d.EventRecord(stop, stream);
-      float ms = 0;
-      if (d.EventSynchronize(stop) != cu::kSuccess || d.EventElapsedTime(&ms, start, stop) != cu::kSuccess) continue;
-      if (!timed || ms < best_ms) {
-        best = i;
-        best_ms = ms;
-        timed = true;
-      }
-    }
-    d.EventDestroy(start);
-    d.EventDestroy(stop);
-    return best;
   }
 
   // Frees the filters this node made.

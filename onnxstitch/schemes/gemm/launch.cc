@@ -17,10 +17,16 @@
 // Per CUDA context a cuBLASLt handle, per (context, stream) one workspace allocated with the
 // driver at the first call — ORT's warm-up runs come before a CUDA graph's capture, so nothing is
 // allocated during one — shared by every gemm node of that stream (they run one after another on
-// it) and freed with the last node using it. Per node and shape the matmul descriptor, the four
-// layouts and the heuristic's algorithm are made once and kept.
+// it) and freed with the last node using it. Per node and shape the matmul descriptor and the
+// layouts are made once and kept, with the algorithm: the fastest of the heuristic's first
+// kAlgos, timed on the node's own tensors at its first call (the heuristic's first is often not
+// the fastest: at BERT-base's TF32 shapes its choices leave most SMs idle), chosen once per
+// process for each shape, epilogue and alignment and shared by the nodes that have them. A call
+// made while the stream is captured into a CUDA graph cannot be timed and takes the heuristic's
+// first (ORT's warm-up runs come before a capture, so that is rare).
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,8 +44,28 @@ namespace {
 constexpr const char* kRule = "gemm";
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kFloat = 1, kFloat16 = 10;           // TensorProto element types
+constexpr int kAlgos = 16;                             // heuristic candidates timed per shape
 const uint32_t kEpilogues[] = {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueReluBias, lt::kEpilogueGeluBias};
 const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias"};
+
+// The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
+// algorithm needing more.
+uint32_t Alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+struct ShapeKey {
+  unsigned long long ctx;
+  int64_t m, k, n;
+  uint32_t align[5];  // A, B, bias, C, D
+  bool operator<(const ShapeKey& o) const {
+    return std::tie(ctx, m, k, n, align[0], align[1], align[2], align[3], align[4]) <
+           std::tie(o.ctx, o.m, o.k, o.n, o.align[0], o.align[1], o.align[2], o.align[3], o.align[4]);
+  }
+};
 
 // What the process shares: cuBLASLt itself, a handle per context, a workspace per stream.
 struct Library {
@@ -58,29 +84,13 @@ struct Library {
   };
   std::map<unsigned long long, Handle> handles;                                  // by context key
   std::map<std::pair<unsigned long long, cu::Stream>, Workspace> workspaces;     // by (context, stream)
+  // The timed choice per shape and kind of node (Gemm::Kind), shared by nodes alike.
+  std::mutex chosen_mu;
+  std::map<std::pair<int, ShapeKey>, std::pair<lt::MatmulAlgo, size_t>> chosen;
 
   static Library& Get() {
     static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
     return *lib;
-  }
-};
-
-// The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
-// algorithm needing more.
-uint32_t Alignment(const void* p) {
-  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 256;
-  while (a > 1 && v % a != 0) a /= 2;
-  return a;
-}
-
-struct ShapeKey {
-  unsigned long long ctx;
-  int64_t m, k, n;
-  uint32_t align[5];  // A, B, bias, C, D
-  bool operator<(const ShapeKey& o) const {
-    return std::tie(ctx, m, k, n, align[0], align[1], align[2], align[3], align[4]) <
-           std::tie(o.ctx, o.m, o.k, o.n, o.align[0], o.align[1], o.align[2], o.align[3], o.align[4]);
   }
 };
 
@@ -179,16 +189,20 @@ class Gemm final : public Scheme {
     const void* residual = residual_ ? b->args.in[b->n_in - 1] : out;
     const ShapeKey key{ctx, m, k, n, {Alignment(b->args.in[0]), Alignment(b->args.in[1]), Alignment(bias),
                                       Alignment(residual), Alignment(out)}};
-    std::lock_guard<std::mutex> lock(mu_);  // the descriptor's bias pointer is set per call
-    const Plan* plan = nullptr;
-    if (Error e = PlanFor(lib.api, handle, key, &plan)) return e;
     const lt::Api& api = lib.api;
-    lt::Status s = lt::kSuccess;
-    if (bias != nullptr) s = api.MatmulDescSetAttribute(plan->desc, lt::kDescBiasPointer, &bias, sizeof(bias));
-    if (s != lt::kSuccess) return Failed(api, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", s);
     const float alpha = 1.0f, beta = residual_ ? 1.0f : 0.0f;
-    s = api.Matmul(handle, plan->desc, &alpha, b->args.in[1], plan->a, b->args.in[0], plan->b, &beta, residual,
-                   plan->c, out, plan->c, &plan->algo, reinterpret_cast<void*>(workspace), plan->workspace, stream);
+    // One product with `algo` on this call's tensors (the descriptor's bias pointer is set per call).
+    auto matmul = [&](const Plan& plan, const lt::MatmulAlgo& algo, size_t algo_workspace) {
+      lt::Status s = lt::kSuccess;
+      if (bias != nullptr) s = api.MatmulDescSetAttribute(plan.desc, lt::kDescBiasPointer, &bias, sizeof(bias));
+      if (s != lt::kSuccess) return s;
+      return api.Matmul(handle, plan.desc, &alpha, b->args.in[1], plan.a, b->args.in[0], plan.b, &beta, residual,
+                        plan.c, out, plan.c, &algo, reinterpret_cast<void*>(workspace), algo_workspace, stream);
+    };
+    std::lock_guard<std::mutex> lock(mu_);  // the descriptor is this node's, its bias pointer set per call
+    const Plan* plan = nullptr;
+    if (Error e = PlanFor(d, api, handle, key, stream, matmul, &plan)) return e;
+    const lt::Status s = matmul(*plan, plan->algo, plan->workspace);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatmul", s, &key);
     return {};
   }
@@ -267,8 +281,16 @@ class Gemm final : public Scheme {
     return {};
   }
 
+  using Matmul = std::function<lt::Status(const Plan&, const lt::MatmulAlgo&, size_t)>;
+
+  // What, besides its shape, makes nodes' algorithms interchangeable.
+  int Kind() const {
+    return epilogue_ * 32 + residual_ * 16 + half_ * 8 + tf32_ * 4 + trans_a_ * 2 + trans_b_;
+  }
+
   // The descriptors and algorithm of one shape, made at its first call (mu_ held).
-  Error PlanFor(const lt::Api& api, lt::Handle handle, const ShapeKey& key, const Plan** out) const {
+  Error PlanFor(const cu::Driver& d, const lt::Api& api, lt::Handle handle, const ShapeKey& key, cu::Stream stream,
+                const Matmul& matmul, const Plan** out) const {
     auto it = plans_.find(key);
     if (it != plans_.end()) {
       *out = it->second.get();
@@ -294,14 +316,26 @@ class Gemm final : public Scheme {
     }
     if (s == lt::kSuccess) s = api.MatrixLayoutCreate(&p->c, type, n, m, n);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatrixLayoutCreate", s, &key);
-    if (Error e = Choose(api, handle, key, p.get())) return e;
+    if (Error e = Choose(d, api, handle, key, stream, matmul, p.get())) return e;
     *out = p.get();
     plans_.emplace(key, std::move(p));
     return {};
   }
 
-  // The heuristic's first algorithm for this shape and these alignments.
-  Error Choose(const lt::Api& api, lt::Handle handle, const ShapeKey& key, Plan* p) const {
+  // The fastest of the heuristic's first kAlgos algorithms for this shape and these alignments,
+  // or the one chosen before for a node alike.
+  Error Choose(const cu::Driver& d, const lt::Api& api, lt::Handle handle, const ShapeKey& key, cu::Stream stream,
+               const Matmul& matmul, Plan* p) const {
+    Library& lib = Library::Get();
+    {
+      std::lock_guard<std::mutex> lock(lib.chosen_mu);
+      auto it = lib.chosen.find({Kind(), key});
+      if (it != lib.chosen.end()) {
+        p->algo = it->second.first;
+        p->workspace = it->second.second;
+        return {};
+      }
+    }
     lt::Preference pref = nullptr;
     lt::Status s = api.MatmulPreferenceCreate(&pref);
     const uint64_t max_workspace = kWorkspaceBytes;
@@ -313,15 +347,26 @@ class Gemm final : public Scheme {
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentB, &align_b, sizeof(align_b));
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentC, &align_c, sizeof(align_c));
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentD, &align_d, sizeof(align_d));
-    lt::HeuristicResult result;
-    std::memset(&result, 0, sizeof(result));
+    lt::HeuristicResult results[kAlgos];
+    std::memset(results, 0, sizeof(results));
     int found = 0;
-    if (s == lt::kSuccess) s = api.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+    if (s == lt::kSuccess) {
+      s = api.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, kAlgos, results, &found);
+    }
     if (pref != nullptr) api.MatmulPreferenceDestroy(pref);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatmulAlgoGetHeuristic", s, &key);
     if (found < 1) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
-    p->algo = result.algo;
-    p->workspace = result.workspaceSize;
+    // 2 rounds of 5: a product takes 5-50 µs here, and the candidates differ by a few percent.
+    bool timed = false;
+    const size_t best = Fastest(d, stream, static_cast<size_t>(found), 2, 5, [&](size_t i) {
+      return matmul(*p, results[i].algo, results[i].workspaceSize) == lt::kSuccess;
+    }, &timed);
+    p->algo = results[best].algo;
+    p->workspace = results[best].workspaceSize;
+    if (timed || found == 1) {
+      std::lock_guard<std::mutex> lock(lib.chosen_mu);
+      lib.chosen.emplace(std::make_pair(Kind(), key), std::make_pair(p->algo, p->workspace));
+    }
     return {};
   }
 
