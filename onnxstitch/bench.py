@@ -168,7 +168,13 @@ class _Bound:
         self.sess = sess
         self.io = sess.io_binding()
         self.keep = []
-        device = "cuda" if CUDA in sess.get_providers() else "cpu"
+        self.device = device = "cuda" if CUDA in sess.get_providers() else "cpu"
+        # Outputs ORT allocates whose computed shape is not the one the model declares (ddddocr's
+        # old recognizer declares [1, seqlen] and gives [w/8, 1, 8210]): ORT keeps the first run's
+        # buffer bound and then refuses it as a wrong preallocated output, so they are bound anew
+        # before every run. Stock ORT's plain run accepts such a model with a warning.
+        self.rebind: list[str] = []
+        self.allocated = outputs_like is None  # ORT allocates the outputs: checked after the first run
         for name, arr in feeds.items():
             ov = ortio.to_ortvalue(arr, device, 0)
             self.keep.append(ov)
@@ -182,13 +188,28 @@ class _Bound:
                 self.io.bind_ortvalue_output(out.name, ov)
 
     def run(self) -> None:
+        for name in self.rebind:
+            self.io.bind_output(name, self.device, 0)
         self.sess.run_with_iobinding(self.io)
+        if self.allocated:
+            self.allocated = False
+            for out, got in zip(self.sess.get_outputs(), self.io.get_outputs()):
+                if not _fits(out.shape, got.shape()):
+                    self.rebind.append(out.name)
 
     def end_profiling(self) -> str:
         return self.sess.end_profiling()
 
     def outputs(self) -> list[np.ndarray]:
         return [ortio.to_numpy(o) for o in self.io.get_outputs()]
+
+
+def _fits(declared, shape: Sequence[int]) -> bool:
+    """Whether a computed shape is what the model declares (an unknown or symbolic dim fits
+    anything; an undeclared shape fits every shape)."""
+    if declared is None:
+        return True
+    return len(declared) == len(shape) and all(not isinstance(d, int) or d == n for d, n in zip(declared, shape))
 
 
 def _provider_list(config: BenchConfig) -> list:

@@ -158,3 +158,24 @@ def test_bench_profiles_stock_and_stitched_on_the_cpu(tmp_path: Path) -> None:
     assert set(doc["profiles"]) == {bench.STOCK_CPU, bench.STITCHED}
     assert len(doc["profiles"][bench.STOCK_CPU]["by_op"]) == 3
     json.dumps(doc)  # machine-readable as it is
+
+
+def test_bench_runs_a_model_whose_declared_output_shape_is_wrong(tmp_path: Path) -> None:
+    # ddddocr's old recognizer declares its output [1, seqlen] and computes [w/8, 1, 8210]:
+    # stock ORT runs it with a warning, and so must the benchmark, run after run.
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["batch", "w"])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, [1, "n"])  # wrong: rank 3 comes out
+    # The target shape's length is data (w - 4 ones after a -1): no shape inference knows the rank.
+    consts = [helper.make_tensor("one", TP.INT64, [1], [1]), helper.make_tensor("two", TP.INT64, [1], [2]),
+              helper.make_tensor("minus", TP.INT64, [1], [-1]), helper.make_tensor("four", TP.INT64, [1], [4])]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "one", "two"], ["w"]), helper.make_node("Sub", ["w", "four"], ["k"]),
+             helper.make_node("ConstantOfShape", ["k"], ["ones"], value=helper.make_tensor("v", TP.INT64, [1], [1])),
+             helper.make_node("Concat", ["minus", "ones"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    g = helper.make_graph(nodes, "misdeclared", [x], [y], consts)
+    src = tmp_path / "misdeclared.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    config = bench.BenchConfig(warmup=2, iters=3, providers=(CPU,), profile_runs=2)
+    res = bench.run(src, src, config=config, dim_values={"batch": 4, "w": 6})
+    assert res.stitched.iters == 3 and res.stitched.max_abs_err == 0.0
