@@ -6,7 +6,9 @@ Legality is decided here and nowhere else; whether a legal group is worth fusing
 business (plan.py). A node set is legal when
 
 1. every node is fusible (ops.py's lattice: elementwise/broadcast ops with supported dtypes);
-2. it has at least two nodes and is connected through tensors passed between its members;
+2. it is connected through tensors passed between its members. One node alone is legal (the
+   same kernel as with neighbours), but enumeration offers one alone only where ORT's own
+   kernel for it is measured slower than the roofline (cost.ORT_BANDWIDTH_SHARE);
 3. it is convex: no path leaves the set and comes back. Such a path would run through an
    outside node that both needs the kernel's result and feeds the kernel — a cycle;
 4. its iteration shape (broadcast of all member output shapes) is provable, every boundary
@@ -44,6 +46,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from .cost import ORT_BANDWIDTH_SHARE
 from .folds import concats, views
 from .schemes.rows import geometry as rows_mod
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
@@ -360,8 +363,8 @@ def legality(graph: FusionGraph, nodes: frozenset[int] | set[int],
         n = graph.nodes[i]
         if not n.fusible:
             return f"{n.label} is not fusible: {n.reason}"
-    if len(members) < 2:
-        return "a fused group needs at least two nodes"
+    if not members:
+        return "a fused group needs a node"
     apart = _unconnected_part(graph, members)
     if apart:
         return f"not connected: {_labels(graph, apart)} share no tensor with the rest of the group"
@@ -370,6 +373,13 @@ def legality(graph: FusionGraph, nodes: frozenset[int] | set[int],
 
 # ---------------------------------------------------------------------------------------------
 # Enumeration.
+
+
+def _slow_in_ort(graph: FusionGraph, i: int) -> bool:
+    """A node whose ORT kernel is measured slower than the roofline (cost.ORT_BANDWIDTH_SHARE):
+    worth a kernel of ours even with nothing to fuse it with."""
+    n = graph.nodes[i]
+    return n.op_type in ORT_BANDWIDTH_SHARE and n.domain in ("", "ai.onnx")
 
 
 def _fusible_neighbours(graph: FusionGraph) -> list[tuple[int, ...]]:
@@ -547,4 +557,6 @@ def enumerate_candidates(graph: FusionGraph, max_size: int = 6, per_seed: int = 
         rejections += rej
         for seed in comp:
             groups.update(dict.fromkeys(_small_groups(graph, reach, nbrs, seed, max_size, per_seed)))
+            if _slow_in_ort(graph, seed) and legality(graph, {seed}, reach) is None:
+                groups[(seed,)] = None
     return Candidates(tuple(groups), tuple(dict.fromkeys(rejections)), reach)

@@ -92,8 +92,21 @@ def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[in
 # A reshape-like node left to ONNX Runtime launches nothing but is still dispatched on the host.
 RELABEL_US = 0.5
 
+# Ops whose CUDA kernel in ONNX Runtime moves its bytes at a fraction of the copy bandwidth that
+# the roofline assumes. LayerNormalization (cuApplyLayerNorm) over BERT-base's [1024, 768] float32
+# rows took 6.8 µs in a CUDA graph where the rows kernel doing a bias, a residual and the same
+# LayerNorm (twice its bytes) took 4.2 µs (H200, bench/results/nvidia-h200/bert-timeline): about
+# 0.3 of the bandwidth. Without it the plan saw a lone LayerNormalization as free to leave to ORT
+# and left one per BERT layer there, 31 µs of the run.
+ORT_BANDWIDTH_SHARE = {"LayerNormalization": 0.3}
+
 
 def node_us(graph: FusionGraph, cost: CostModel, node: int) -> float:
     """Predicted time of a node left as it is (one launch of its own; for the reshape-like
-    ops, which ONNX Runtime runs by relabelling the buffer, only a host dispatch)."""
-    return RELABEL_US if _relabels(graph, node) else cost.kernel_us(node_bytes(graph, node))
+    ops, which ONNX Runtime runs by relabelling the buffer, only a host dispatch; for the ops of
+    ORT_BANDWIDTH_SHARE, their bytes at that share of the bandwidth)."""
+    if _relabels(graph, node):
+        return RELABEL_US
+    n = graph.nodes[node]
+    share = ORT_BANDWIDTH_SHARE.get(n.op_type, 1.0) if n.domain in ("", "ai.onnx") else 1.0
+    return cost.kernel_us(int(node_bytes(graph, node) / share))

@@ -103,9 +103,20 @@ def test_unconnected_set_is_refused():
     assert "not connected" in legality(g, frozenset({0, 1}))
 
 
-def test_single_node_is_not_a_group():
+def test_single_node_is_legal_but_offered_only_where_ort_is_slow():
+    # One node alone is a legal kernel; enumeration offers it only for ops whose ORT kernel is
+    # measured slow (cost.ORT_BANDWIDTH_SHARE: LayerNormalization), never a lone Relu.
     g = from_text(CHAIN)
-    assert "at least two" in legality(g, frozenset({1}))
+    assert legality(g, frozenset({1})) is None
+    assert "needs a node" in legality(g, frozenset())
+    assert all(len(c) > 1 for c in enumerate_candidates(g).groups)
+    ln = from_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[64,32] x, float[32] s, float[32] b, float[32,32] w) => (float[64,32] p) {
+      y = LayerNormalization<axis = -1>(x, s, b)
+      p = MatMul(y, w)
+    }""")
+    assert (0,) in enumerate_candidates(ln).groups
 
 
 def test_baked_constant_that_widens_the_shape_is_refused():

@@ -154,10 +154,18 @@ class Conv final : public Scheme {
     scalars_.clear();
     if (activation_ == kHardSwish || activation_ == kHardSigmoid) {
       scalars_ = {static_cast<float>(params_[0]), static_cast<float>(params_[1])};  // alpha, beta
-    } else if (group_ > 1) {
-      scalars_ = {activation_ == kRelu ? 0.0f : 1.0f};  // ReLU as MAX(x, 0); else a final MUL by 1
+    } else if (group_ > 1 && activation_ == kRelu) {
+      scalars_ = {0.0f};  // ReLU as MAX(x, 0)
+    } else if (ScalarTail()) {
+      scalars_ = {1.0f};  // a final MUL by 1
     }
     return {};
+  }
+
+  // Whether the graph ends with a MUL by a by-value 1: a grouped convolution whose activation
+  // brings no by-value operand of its own (ReLU is MAX(x, 0), HardSwish/HardSigmoid have theirs).
+  bool ScalarTail() const {
+    return group_ > 1 && activation_ != kRelu && activation_ != kHardSwish && activation_ != kHardSigmoid;
   }
 
   bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
@@ -392,7 +400,6 @@ class Conv final : public Scheme {
     std::vector<Step> steps;
     if (bias_) steps.push_back({dnn::kPointwiseAdd, nhwc(kB, dt, 1, g.k, 1, 1, false)});
     if (residual_ && !residual_after_) steps.push_back({dnn::kPointwiseAdd, nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false)});
-    const bool scalar_tail = group_ > 1 && activation_ != kRelu && activation_ != kHardSwish && activation_ != kHardSigmoid;
     switch (activation_) {
       case kNone:
         break;
@@ -436,7 +443,7 @@ class Conv final : public Scheme {
       }
     }
     if (residual_after_) steps.push_back({dnn::kPointwiseAdd, nhwc(kR, dt, g.n, g.k, g.ho, g.wo, false)});
-    if (scalar_tail) steps.push_back({dnn::kPointwiseMul, scalar[0]});
+    if (ScalarTail()) steps.push_back({dnn::kPointwiseMul, scalar[0]});
     int64_t next = 100;  // virtual tensors' ids
     auto out = [&](bool last) {
       return last ? nhwc(kY, dt, g.n, g.k, g.ho, g.wo, false) : nhwc(next++, dnn::kFloat, g.n, g.k, g.ho, g.wo, true);

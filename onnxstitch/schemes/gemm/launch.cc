@@ -18,12 +18,12 @@
 // driver at the first call — ORT's warm-up runs come before a CUDA graph's capture, so nothing is
 // allocated during one — shared by every gemm node of that stream (they run one after another on
 // it) and freed with the last node using it. Per node and shape the matmul descriptor and the
-// layouts are made once and kept, with the algorithm: the fastest of the heuristic's first
-// kAlgos, timed on the node's own tensors at its first call (the heuristic's first is often not
-// the fastest: at BERT-base's TF32 shapes its choices leave most SMs idle), chosen once per
-// process for each shape, epilogue and alignment and shared by the nodes that have them. A call
-// made while the stream is captured into a CUDA graph cannot be timed and takes the heuristic's
-// first (ORT's warm-up runs come before a capture, so that is rare).
+// layouts are made once and kept, with the algorithm: with gemm_timed, the fastest of the
+// heuristic's first kAlgos, timed on the node's own tensors at its first call (the heuristic's
+// first is not always the fastest with an epilogue: scripts/bench_gemm.py times both), chosen
+// once per process for each shape, epilogue and alignment and shared by the nodes that have
+// them. A call made while the stream is captured into a CUDA graph cannot be timed and takes the
+// heuristic's first (ORT's warm-up runs come before a capture, so that is rare).
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -121,12 +121,18 @@ class Gemm final : public Scheme {
     if (Error e = a.RequiredInt("gemm_tf32", kRule, &tf32)) return e;
     if (Error e = a.RequiredInt("gemm_trans_a", kRule, &trans_a)) return e;
     if (Error e = a.RequiredInt("gemm_trans_b", kRule, &trans_b)) return e;
+    int64_t timed = 1;  // absent in models written before it: timed
+    bool timed_given = false;
+    if (Error e = a.Int("gemm_timed", &timed, &timed_given)) return e;
+    if (!timed_given) timed = 1;
     if (epilogue < 0 || epilogue > 3) {
       return Fail(ORT_INVALID_ARGUMENT, "gemm_epilogue must be 0 (none), 1 (bias), 2 (relu_bias) or 3 (gelu_bias), got " +
                                             std::to_string(epilogue));
     }
-    for (int64_t flag : {residual, tf32, trans_a, trans_b}) {
-      if (flag != 0 && flag != 1) return Fail(ORT_INVALID_ARGUMENT, "gemm_residual, gemm_tf32, gemm_trans_a and gemm_trans_b are 0 or 1");
+    for (int64_t flag : {residual, tf32, trans_a, trans_b, timed}) {
+      if (flag != 0 && flag != 1) {
+        return Fail(ORT_INVALID_ARGUMENT, "gemm_residual, gemm_tf32, gemm_trans_a, gemm_trans_b and gemm_timed are 0 or 1");
+      }
     }
     std::vector<int64_t> dtypes;
     bool present = false;
@@ -139,6 +145,7 @@ class Gemm final : public Scheme {
     tf32_ = tf32 != 0;
     trans_a_ = trans_a != 0;
     trans_b_ = trans_b != 0;
+    timed_ = timed != 0;
     half_ = dtypes[0] == kFloat16;
     const size_t want = 2 + (epilogue_ > 0) + residual_;
     if (n_in != want || n_out != 1) {
@@ -285,7 +292,7 @@ class Gemm final : public Scheme {
 
   // What, besides its shape, makes nodes' algorithms interchangeable.
   int Kind() const {
-    return epilogue_ * 32 + residual_ * 16 + half_ * 8 + tf32_ * 4 + trans_a_ * 2 + trans_b_;
+    return epilogue_ * 64 + timed_ * 32 + residual_ * 16 + half_ * 8 + tf32_ * 4 + trans_a_ * 2 + trans_b_;
   }
 
   // The descriptors and algorithm of one shape, made at its first call (mu_ held).
@@ -358,6 +365,7 @@ class Gemm final : public Scheme {
     if (found < 1) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
     // 2 rounds of 5: a product takes 5-50 µs here, and the candidates differ by a few percent.
     bool timed = false;
+    if (!timed_) found = 1;  // the heuristic's first
     const size_t best = Fastest(d, stream, static_cast<size_t>(found), 2, 5, [&](size_t i) {
       return matmul(*p, results[i].algo, results[i].workspaceSize) == lt::kSuccess;
     }, &timed);
@@ -408,7 +416,7 @@ class Gemm final : public Scheme {
   }
 
   int epilogue_ = 0;
-  bool residual_ = false, tf32_ = false, trans_a_ = false, trans_b_ = false, half_ = false;
+  bool residual_ = false, tf32_ = false, trans_a_ = false, trans_b_ = false, half_ = false, timed_ = true;
   mutable std::mutex mu_;
   mutable std::map<ShapeKey, std::unique_ptr<Plan>> plans_;
   mutable std::set<std::pair<unsigned long long, cu::Stream>> used_;  // (context, stream) this node holds

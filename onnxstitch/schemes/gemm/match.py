@@ -28,8 +28,8 @@ nodes: the plan takes at most one, or none.
 Price (`group_of`): the roofline of the GEMM — its flops at the tensor rate of its dtype
 against the bytes it moves at the device's bandwidth (cost.py's) — with the epilogue's extra
 reads (bias, residual) and no second write, plus the measured slowdown of cuBLASLt's epilogue
-kernels over its plain ones (EPILOGUE_OVERHEAD: up to +26% in float16 at BERT's shapes, which
-made BERT-base float16 8% slower with every epilogue it could take). The plan prices ORT's own
+kernels over its plain ones (EPILOGUE_OVERHEAD: up to +30% in float16 at BERT's shapes; unpriced,
+it made BERT-base float16 8% slower with every epilogue it could take). The plan prices ORT's own
 GEMM by its bytes only (cost.node_us: the same in every plan), so the group is priced as that
 GEMM plus what the epilogue adds to the roofline: compute-bound GEMMs hide their epilogue,
 memory-bound ones pay for the residual's read. The ILP weighs it against ORT's GEMM with the
@@ -61,12 +61,13 @@ FP32_TFLOPS = 66.9  # float32 without TF32 (CUDA cores)
 TF32 = True
 # What cuBLASLt's epilogue adds to the same GEMM without one, as a fraction of its time: the mean
 # over BERT-base's four shapes (M 1024; K×N 768×768, 768×3072, 3072×768, 768×2304) measured by
-# scripts/bench_gemm.py on the H100 (bench/results/nvidia-h100/gemm/bench_gemm.json). The
-# heuristic's epilogue kernels are slower ones in float16 (+4–26%); in float32 only GELU and the
-# residual cost anything.
+# scripts/bench_gemm.py on the H200, each node with the fastest of the heuristic's first 16
+# algorithms timed at its first call (bench/results/nvidia-h200/gemm/bench_gemm.json; negative
+# means read as 0). cuBLASLt's epilogue kernels are slower ones in float16 (+2–30%); in float32
+# only GELU and the residual cost anything.
 EPILOGUE_OVERHEAD = {
-    (TP.FLOAT, "bias"): 0.0, (TP.FLOAT, "relu"): 0.0, (TP.FLOAT, "gelu"): 0.24, (TP.FLOAT, "residual"): 0.08,
-    (TP.FLOAT16, "bias"): 0.09, (TP.FLOAT16, "relu"): 0.10, (TP.FLOAT16, "gelu"): 0.17, (TP.FLOAT16, "residual"): 0.19,
+    (TP.FLOAT, "bias"): 0.0, (TP.FLOAT, "relu"): 0.0, (TP.FLOAT, "gelu"): 0.19, (TP.FLOAT, "residual"): 0.03,
+    (TP.FLOAT16, "bias"): 0.04, (TP.FLOAT16, "relu"): 0.07, (TP.FLOAT16, "gelu"): 0.13, (TP.FLOAT16, "residual"): 0.20,
 }
 # Nodes of an activation written out (GELU's tanh form takes 7 to 9).
 MAX_ACTIVATION_NODES = 12

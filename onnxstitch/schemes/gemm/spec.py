@@ -32,6 +32,9 @@ class GemmSpec(Spec):
     tf32: bool  # float32 products on TF32 tensor cores (ONNX Runtime's CUDA EP default)
     trans_a: bool = False  # A stored [K, M] (Gemm's transA; rank 2 only)
     trans_b: bool = False  # B stored [N, K] (Gemm's transB)
+    # The algorithm: the fastest of cuBLASLt's heuristic's first 16, timed at the first call; off,
+    # the heuristic's first (the benchmark's baseline).
+    timed: bool = True
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -53,4 +56,5 @@ class GemmSpec(Spec):
         the epilogue by its index in EPILOGUES; the dtype travels as output_dtypes."""
         return {ATTRIBUTE_PREFIX + "epilogue": EPILOGUES.index(self.epilogue),
                 ATTRIBUTE_PREFIX + "residual": int(self.residual), ATTRIBUTE_PREFIX + "tf32": int(self.tf32),
-                ATTRIBUTE_PREFIX + "trans_a": int(self.trans_a), ATTRIBUTE_PREFIX + "trans_b": int(self.trans_b)}
+                ATTRIBUTE_PREFIX + "trans_a": int(self.trans_a), ATTRIBUTE_PREFIX + "trans_b": int(self.trans_b),
+                ATTRIBUTE_PREFIX + "timed": int(self.timed)}
