@@ -96,7 +96,8 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Candidates:
-    """Legal multi-node groups (sorted node ids, deduplicated) and the refusals met growing them."""
+    """Legal groups (sorted node ids, deduplicated; one node alone only where ORT's kernel for it
+    is slow, `_slow_in_ort`) and the refusals met growing them."""
 
     groups: tuple[tuple[int, ...], ...]
     rejections: tuple[Rejection, ...]
@@ -542,7 +543,8 @@ def _small_groups(graph: FusionGraph, reach: Reachability, nbrs: list[tuple[int,
 
 def enumerate_candidates(graph: FusionGraph, max_size: int = 6, per_seed: int = 8,
                          reach: Reachability | None = None) -> Candidates:
-    """The legal multi-node groups worth offering the plan, and the refusals met on the way.
+    """The legal groups worth offering the plan — multi-node ones, and single nodes whose ORT
+    kernel is measured slow (cost.ORT_BANDWIDTH_SHARE) — and the refusals met on the way.
 
     `max_size` bounds the small subgraphs grown from each seed (not the maximal groups, which
     are unbounded), `per_seed` how many of them each seed contributes.

@@ -2,10 +2,11 @@
 
 Design note
 -----------
-One binary per candidate group (candidates.py: legal, multi-node) and one per fusible node
-left alone (a singleton, run by ONNX Runtime as before). Every fusible node is covered exactly
-once; the objective is the predicted time of the whole graph (cost.py). Opaque nodes are fixed
-singletons: constant cost, but they carry paths, so they take part in the cycle check.
+One binary per candidate group (candidates.py: legal; multi-node, or one node whose ORT kernel is
+slow) and one per fusible node left alone (a singleton, run by ONNX Runtime as before). Every
+fusible node is covered exactly once; the objective is the predicted time of the whole graph
+(cost.py). Opaque nodes are fixed singletons: constant cost, but they carry paths, so they take
+part in the cycle check.
 
 Choosing legal groups independently can still produce a cyclic contracted graph: group A
 feeds B and B feeds A, each entering the other at a node unconnected, inside it, to where it
@@ -105,7 +106,7 @@ class Plan:
     `message` says why).
     """
 
-    groups: tuple[Group, ...]  # multi-node groups only, in a topological order of the contraction
+    groups: tuple[Group, ...]  # fused groups, in a topological order of the contraction
     status: str
     message: str
     solve_seconds: float
@@ -423,7 +424,7 @@ def make_plan(graph: FusionGraph, cost: CostModel = CostModel(), *, time_limit_s
     if every:
         out = _solve(graph, every, cost, time_limit_s, max_rounds, pairwise, prices)
     else:
-        out = _Outcome(message="no legal multi-node group: nothing to fuse")
+        out = _Outcome(message="no legal group: nothing to fuse")
     seconds = time.perf_counter() - start
     chosen = [every[c] for c in out.chosen]
     order = topological_groups(graph, chosen)
