@@ -137,6 +137,16 @@ def gpu_name() -> str:
         return "unknown"
 
 
+def read_us(nbytes: int, device: str) -> float:
+    """Microseconds to read `nbytes` at the measured copy bandwidth of `device` (a GPU name, as
+    gpu_name gives it; cost.py's anchors: H200, else H100) — what an epilogue's extra operand
+    (a residual, a bias) costs a memory-bound kernel at best, for the kernel benchmarks."""
+    from .cost import H100_BANDWIDTH_GBS, H200_BANDWIDTH_GBS
+
+    gbs = H200_BANDWIDTH_GBS if "H200" in device else H100_BANDWIDTH_GBS
+    return nbytes / (gbs * 1e3)
+
+
 def driver_version() -> str:
     """The NVIDIA driver's version from nvidia-smi, or 'unknown'."""
     try:

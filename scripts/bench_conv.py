@@ -7,7 +7,10 @@ Per distinct conv node of the stitched model (its attributes and input shapes), 
 twin — the same convolution, layouts and dtype with no bias, residual or activation (what the
 library would run if the epilogue were left to other kernels). Both run through the onnxstitch
 library with CUDA graphs, timed together round by round (onnxstitch.bench's loop); µs per node
-is the median run over the copies.
+is the median run over the copies. Beside the issue's criterion, each row also says whether the
+epilogue is within 5% of the plain call plus reading its extra operands (residual, bias) at the
+device's copy bandwidth: a residual is a tensor more to read, not elementwise work, and the
+unfused chain reads it too.
 
     python3 scripts/bench_conv.py MODEL --shape batch=8 [--out bench_conv.json] [--copies 8]
 """
@@ -130,7 +133,13 @@ def node_model(case: Case, copies: int, seed: int = 0) -> onnx.ModelProto:
     return helper.make_model(helper.make_graph(nodes, "convs", ins, outs, inits), opset_imports=opsets, ir_version=10)
 
 
-def measure(case: Case, copies: int, config: bench.BenchConfig) -> dict:
+def extra_bytes(case: Case) -> int:
+    """Bytes the epilogue reads beyond the plain call: its bias and residual."""
+    itemsize = helper.tensor_dtype_to_np_dtype(case.dtype).itemsize
+    return itemsize * sum(int(np.prod(s)) for s in case.shapes[2:])
+
+
+def measure(case: Case, copies: int, config: bench.BenchConfig, device: str = "") -> dict:
     """The node against its plain twin, timed together."""
     rng = np.random.default_rng(1)
     np_dtype = helper.tensor_dtype_to_np_dtype(case.dtype)
@@ -146,10 +155,13 @@ def measure(case: Case, copies: int, config: bench.BenchConfig) -> dict:
         bound.run()
         bounds[label] = bench._Bound(sess, given, bound.outputs())
     times = bench._time(bounds, config)
-    per = {label: float(np.median(t)) / copies for label, t in times.items()}
-    return {"conv": case.describe(), "epilogue_us": per["epilogue"] * 1e3, "plain_us": per["plain"] * 1e3,
+    per = {label: float(np.median(t)) * 1e3 / copies for label, t in times.items()}  # µs
+    reads = per["plain"] + bench.read_us(extra_bytes(case), device)
+    return {"conv": case.describe(), "epilogue_us": per["epilogue"], "plain_us": per["plain"],
             "epilogue_over_plain": per["epilogue"] / per["plain"],
-            "within_5pct": per["epilogue"] <= WITHIN * per["plain"]}
+            "within_5pct": per["epilogue"] <= WITHIN * per["plain"],
+            "plain_plus_reads_us": reads, "epilogue_over_plain_plus_reads": per["epilogue"] / reads,
+            "within_5pct_with_reads": per["epilogue"] <= WITHIN * reads}
 
 
 def main() -> int:
@@ -164,19 +176,23 @@ def main() -> int:
     dims = {k: int(v) for k, v in (s.split("=", 1) for s in args.shape)}
     res = onnxstitch.optimize(args.model, shapes={k: [v] for k, v in dims.items()}, epilogues=True)
     config = bench.BenchConfig(warmup=20, iters=args.iters, cuda_graph=True)
+    device = bench.gpu_name()
     rows = []
     for case in cases(args.model, res.model, dims):
         if not any(case.attrs[k] for k in _EPILOGUE_ATTRS):
             continue  # no epilogue: nothing to compare
-        row = measure(case, args.copies, config)
+        row = measure(case, args.copies, config, device)
         rows.append(row)
         print(f"{row['epilogue_us']:8.2f} µs against {row['plain_us']:8.2f} µs plain "
-              f"({row['epilogue_over_plain']:.3f}×{'' if row['within_5pct'] else ' > 1.05'})  {row['conv']}", flush=True)
+              f"({row['epilogue_over_plain']:.3f}×{'' if row['within_5pct'] else ' > 1.05'}; "
+              f"{row['epilogue_over_plain_plus_reads']:.3f}× with its reads)  {row['conv']}", flush=True)
     summary = {"convs": len(rows), "within_5pct": sum(r["within_5pct"] for r in rows),
-               "worst_epilogue_over_plain": max((r["epilogue_over_plain"] for r in rows), default=float("nan"))}
+               "worst_epilogue_over_plain": max((r["epilogue_over_plain"] for r in rows), default=float("nan")),
+               "within_5pct_with_reads": sum(r["within_5pct_with_reads"] for r in rows)}
     print(f"{summary['within_5pct']} of {summary['convs']} conv epilogues within 5% of the plain cuDNN call "
-          f"(worst {summary['worst_epilogue_over_plain']:.3f}×)")
-    args.out.write_text(json.dumps({"device": bench.gpu_name(), "driver": bench.driver_version(), "model": args.model,
+          f"(worst {summary['worst_epilogue_over_plain']:.3f}×); {summary['within_5pct_with_reads']} with "
+          f"their extra reads counted")
+    args.out.write_text(json.dumps({"device": device, "driver": bench.driver_version(), "model": args.model,
                                     "shapes": dims, "copies": args.copies, "iters": args.iters, "cuda_graph": True,
                                     "rows": rows, "summary": summary}, indent=2))
     return 0

@@ -16,6 +16,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import onnxstitch
+from onnxstitch import bench
 from onnxstitch import graph as graph_mod
 from onnxstitch.cost import CostModel
 from onnxstitch import shapes
@@ -268,6 +269,9 @@ def test_bench_conv_times_each_planned_conv_against_its_plain_twin() -> None:
     built = bench_conv.node_model(found[1], copies=3)
     assert [n.input[:] for n in built.graph.node][2] == ["x", "w2", "b2", "r"]
     assert {i.name for i in built.graph.input} == {"x", "r"}
+    # The epilogue's extra reads: bias [16] and residual [2, 16, 16, 16] in float32.
+    assert bench_conv.extra_bytes(found[1]) == 4 * (16 + 2 * 16 * 16 * 16) and bench_conv.extra_bytes(twin) == 0
+    assert bench.read_us(2_850_000, "NVIDIA H100 80GB HBM3") == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("op,opset,as_input", [("ReduceSum", 13, True), ("ReduceSum", 12, False), ("ReduceMean", 17, False),
