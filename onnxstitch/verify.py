@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 # Symbolic dims take this small odd value while verifying: fast on CPU, and it exercises the
 # kernels' broadcast and tail paths (the planning sizes stay what --shape said).
 VERIFY_DIM = 3
+# Symbolic image sizes (height and width of an input a convolution or pooling reads) run at up to
+# this on the CPU instead: at 3 × 3 a detector's feature maps collapse to one pixel and run only by
+# accident of broadcasting ([1, 96, 1, 1] against [1, 96, 4, 4] in PP-OCR's detector), hiding
+# faults that show at real sizes. 64 survives five stride-2 stages (64 / 32 = 2 pixels).
+VERIFY_SPATIAL_DIM = 64
+_SPATIAL_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample"})
 
 
 class VerifyError(StitchError):
@@ -281,15 +287,18 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     (normalize.py); the graph outputs are then compared against it as well. `weights`: the
     payloads of the models' stubs (weights.py).
 
-    Symbolic dims run small (VERIFY_DIM) on the CPU; where the original does not run at those
-    sizes (a CNN whose height and width must survive its strides), at the planning sizes.
-    Raises CannotVerify when the original runs at neither."""
+    Symbolic dims run small on the CPU (VERIFY_DIM; an image's height and width
+    VERIFY_SPATIAL_DIM); where the original does not run at those sizes (a CNN whose height and
+    width must survive its strides), at the planning sizes. Raises CannotVerify when the original
+    runs at neither."""
     if not groups:
         return Verification("none", 0, 0.0, skipped="nothing was fused")
     gpu = gpu_usable() if device == "auto" else device == "gpu"
     planned = {d: DEFAULT_SYMBOLIC_DIM for d in _symbolic_dims(original)}
     planned.update(dim_values or {})
-    small = planned if gpu else {d: min(v, VERIFY_DIM) for d, v in planned.items()}
+    spatial = _spatial_dims(original)
+    small = planned if gpu else {d: min(v, VERIFY_SPATIAL_DIM if d in spatial else VERIFY_DIM)
+                                 for d, v in planned.items()}
     sizes = [small] + ([planned] if planned != small else [])
     exposed = [t for grp in groups for t in grp.outputs]
     stitched_names = {t for n in stitched.graph.node for t in n.output} | {i.name for i in stitched.graph.input}
@@ -480,3 +489,16 @@ def _half_inputs(graph: FusionGraph, grp: Group) -> bool:
 
 def _symbolic_dims(model: onnx.ModelProto) -> set[str]:
     return {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _spatial_dims(model: onnx.ModelProto) -> set[str]:
+    """Symbolic dims that are an image's height or width: axes 2 and up of a graph input of
+    rank 3 to 5, in a model with a convolution, pooling or resize (NCHW, as ONNX's ops read)."""
+    if not any(n.op_type in _SPATIAL_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return set()
+    out = set()
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if 3 <= len(dims) <= 5:
+            out |= {d.dim_param for d in dims[2:] if d.dim_param}
+    return out

@@ -105,3 +105,23 @@ def test_cli_strict_writes_nothing_when_verification_fails(tmp_path: Path, monke
 def test_verification_is_reported() -> None:
     rep = onnxstitch.optimize(parser.parse_model(TWO_GROUPS)).report.to_json()["verification"]
     assert rep["device"] in ("cpu", "gpu") and rep["tensors_checked"] >= 2 and not rep["skipped"]
+
+
+def test_an_images_height_and_width_verify_larger_on_the_cpu() -> None:
+    # At VERIFY_DIM (3) a detector's feature maps collapse to a pixel; the dims a convolution
+    # reads as height and width verify at up to VERIFY_SPATIAL_DIM instead.
+    from onnx import TensorProto as TP, helper
+
+    from onnxstitch.verify import VERIFY_SPATIAL_DIM, _spatial_dims
+
+    x = helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3, "h", "w"])
+    s = helper.make_tensor_value_info("s", TP.FLOAT, ["n", "t", 8])
+    y = helper.make_tensor_value_info("y", TP.FLOAT, None)
+    w = helper.make_tensor("wt", TP.FLOAT, [4, 3, 3, 3], [0.0] * 108)
+    conv = helper.make_node("Conv", ["x", "wt"], ["y"], pads=[1, 1, 1, 1])
+    relu = helper.make_node("Relu", ["s"], ["z"])
+    z = helper.make_tensor_value_info("z", TP.FLOAT, None)
+    model = helper.make_model(helper.make_graph([conv, relu], "g", [x, s], [y, z], [w]))
+    assert _spatial_dims(model) == {"h", "w"} and VERIFY_SPATIAL_DIM >= 32
+    del model.graph.node[0]  # no convolution: nothing is an image
+    assert _spatial_dims(model) == set()
