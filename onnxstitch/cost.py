@@ -10,7 +10,9 @@ terms are needed.
 
 Nodes left to ONNX Runtime (unfused fusible nodes, and opaque nodes such as MatMul) are priced
 the same way from their own inputs and outputs. For opaque nodes that underestimates compute,
-but their cost is the same in every plan, so it never changes the choice.
+but their cost is the same in every plan, so it never changes the choice. The exceptions are
+ops whose ORT kernel was measured well below the bandwidth (ORT_BANDWIDTH_SHARE: LayerNorm),
+priced at that share.
 """
 from __future__ import annotations
 
