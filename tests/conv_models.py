@@ -90,6 +90,21 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
             nodes.append(helper.make_node("Clip", [t, f"lo{k}", f"hi{k}"], [f"act{k}"]))
         elif a == "hardswish":
             nodes.append(helper.make_node("HardSwish", [t], [f"act{k}"]))
+        elif a == "hardswish_written":  # as paddle2onnx writes it: t · Clip(t + 3, 0, 6) / 6
+            for name, v in ((f"three{k}", 3.0), (f"zero{k}", 0.0), (f"six{k}", 6.0)):
+                inits.append(numpy_helper.from_array(np.array([v], np_dtype), name))
+            nodes += [helper.make_node("Add", [t, f"three{k}"], [f"hs_add{k}"]),
+                      helper.make_node("Clip", [f"hs_add{k}", f"zero{k}", f"six{k}"], [f"hs_clip{k}"]),
+                      helper.make_node("Mul", [t, f"hs_clip{k}"], [f"hs_mul{k}"]),
+                      helper.make_node("Div", [f"hs_mul{k}", f"six{k}"], [f"act{k}"])]
+        elif a == "gelu_written":  # the erf form as torch.onnx's TorchScript exporter writes it
+            for name, v in ((f"sqrt2{k}", np.sqrt(2.0)), (f"one{k}", 1.0), (f"half{k}", 0.5)):
+                inits.append(numpy_helper.from_array(np.array(v, np_dtype), name))
+            nodes += [helper.make_node("Div", [t, f"sqrt2{k}"], [f"g_div{k}"]),
+                      helper.make_node("Erf", [f"g_div{k}"], [f"g_erf{k}"]),
+                      helper.make_node("Add", [f"g_erf{k}", f"one{k}"], [f"g_add{k}"]),
+                      helper.make_node("Mul", [t, f"g_add{k}"], [f"g_mul{k}"]),
+                      helper.make_node("Mul", [f"g_mul{k}", f"half{k}"], [f"act{k}"])]
         elif a == "hard_sigmoid":
             nodes.append(helper.make_node("HardSigmoid", [t], [f"act{k}"], alpha=1 / 6, beta=0.5))
         elif a == "leaky_relu":

@@ -41,12 +41,13 @@ def found(net: Net) -> match.Found:
 
 
 @pytest.mark.parametrize("activation", ["relu", "relu6", "leaky_relu", "silu", "sigmoid", "tanh", "hardswish",
-                                        "hard_sigmoid"])
+                                        "hard_sigmoid", "hardswish_written", "gelu_written"])
 def test_each_activation_is_matched(activation: str) -> None:
     f = found(Net(8, (Layer(8, residual=True, activation=activation),)))
     longest = f.matches[-1]
-    assert longest.residual == "x" and longest.activation == {"relu6": "clip"}.get(activation, activation)
-    if activation in ("hardswish", "hard_sigmoid"):  # ONNX's HardSwish is HardSigmoid(1/6, 1/2) · x
+    want = {"relu6": "clip", "hardswish_written": "hardswish", "gelu_written": "gelu"}.get(activation, activation)
+    assert longest.residual == "x" and longest.activation == want
+    if want in ("hardswish", "hard_sigmoid"):  # ONNX's HardSwish is HardSigmoid(1/6, 1/2) · x
         assert longest.params == pytest.approx((1 / 6, 0.5))
     assert longest.output == "y" and longest.bias == "b0"
     # every prefix is proposed: the Conv alone, with its residual, with its activation
@@ -300,3 +301,15 @@ def test_a_pooling_over_free_pixels_reduces_nhwc_axes_1_and_2(op: str, opset: in
     else:
         assert len(made[0].input) == 1 and helper.get_attribute_value(
             [a for a in made[0].attribute if a.name == "axes"][0]) == [1, 2]
+
+
+def test_written_out_activations_run_as_conv_epilogues_and_verify_on_the_cpu() -> None:
+    # paddle2onnx's HardSwish (t · Clip(t + 3, 0, 6) / 6) after a folded BatchNorm, on a plain
+    # and a depthwise conv, and the erf GELU as TorchScript writes it: each conv group carries
+    # the activation, and the stitched model (fallbacks, on the CPU) matches the original.
+    net = Net(8, (Layer(16, bn=True, activation="hardswish_written"), Layer(16, group=16, activation="hardswish_written"),
+                  Layer(16, residual=True, activation="gelu_written")), seed=23)
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [12], "w": [12]}, cost=FREE_LAYOUTS)
+    acts = [g.payload.activation for g in res.report.plan.groups if g.scheme == "conv"]
+    assert acts == ["hardswish", "hardswish", "gelu"] and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.tensors_checked > 0

@@ -51,6 +51,9 @@ NETS += [
         seed=21),
     Net(8, (Layer(32, kernel=1, activation="hardswish"), Layer(32, kernel=5, group=32, activation="relu", se=True),
             Layer(32, kernel=1, residual=True)), seed=22, opset=18),  # squeeze-excite in NHWC
+    # activations written out: paddle2onnx's HardSwish, the exporters' erf GELU
+    Net(8, (Layer(16, bn=True, activation="hardswish_written"), Layer(16, group=16, activation="hardswish_written"),
+            Layer(16, residual=True, activation="gelu_written")), seed=23),
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
 

@@ -19,7 +19,9 @@ optionally
 - a residual: an Add of a runtime tensor of the convolution's shape, before the activation (as
   ResNet's blocks and MobileNet's inverted residuals write it) or after it (YOLO's bottlenecks);
 - an activation: Relu; Clip with constant bounds (ReLU6); LeakyRelu; Sigmoid; Tanh; Gelu; SiLU as
-  exporters write it, x · Sigmoid(x); HardSwish; HardSigmoid (MobileNetV3's).
+  exporters write it, x · Sigmoid(x); HardSwish; HardSigmoid (MobileNetV3's); or SiLU, GELU (either
+  form), HardSwish or HardSigmoid written out as elementwise nodes, recognised by evaluating them
+  (schemes/written.py: paddle2onnx writes HardSwish as x · Clip(x + 3, 0, 6) / 6).
 
 Depthwise convolutions (one input channel a group) are legal; other grouped ones are refused.
 cuDNN's heuristic sends a depthwise conv + bias (+ ReLU) graph to an engine 6–16× slower than
@@ -51,7 +53,7 @@ from ... import ops
 from ...graph import FusionGraph, TensorInfo, constant_value, row_axes
 from ...plan import Group, Plan
 from ...weights import Weights
-from .. import CONV
+from .. import CONV, written
 from .spec import DTYPES, ConvSpec
 
 # cuDNN's fused NHWC engine against ORT's NCHW call, as measured on the H100
@@ -199,7 +201,7 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
         if sig.op_type == "Sigmoid" and mul.op_type == "Mul" and set(mul.inputs[:2]) == {t, sig.outputs[0]} \
                 and tuple(g.consumers.get(sig.outputs[0], ())) == (mul.index,) and sig.outputs[0] not in g.graph_outputs:
             return "silu", (0.0, 0.0), tuple(sorted((sig.index, mul.index))), mul.outputs[0]
-        return None
+        return _written(g, t)
     if len(readers) != 1:
         return None
     n = g.nodes[readers[0]]
@@ -225,6 +227,20 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
         if lo > 0:
             return f"its Clip '{n.name or n.outputs[0]}' has a positive lower bound (cuDNN's ReLU clips from ≤ 0)"
         return "clip", (lo, hi), (n.index,), n.outputs[0]
+    return _written(g, t)
+
+
+# The activations cuDNN's graph runs that exporters also write out as elementwise nodes.
+_WRITTEN = frozenset({"silu", "gelu", "gelu_tanh", "hardswish", "hard_sigmoid"})
+
+
+def _written(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple[int, ...], str] | None:
+    """(kind, params, nodes, output) of an activation written out after `t` (paddle2onnx's
+    HardSwish t·Clip(t + 3, 0, 6)/6, a GELU's formula), the smallest such node set; else None."""
+    for nodes, y in written.regions(g, t):
+        form = written.identify(g, t, nodes, y, _WRITTEN)
+        if form is not None:
+            return form[0], form[1], nodes, y
     return None
 
 

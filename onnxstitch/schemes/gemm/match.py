@@ -18,7 +18,8 @@ throughout, followed by
 - optionally a residual: an Add of a tensor of the product's shape (cuBLASLt's C with β = 1);
 - optionally an activation: Relu; Gelu(approximate="tanh"); or GELU's tanh form as exporters
   write it, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in any arrangement of its nodes,
-  recognised by evaluating the nodes between x and their one output (`_activation`).
+  recognised by evaluating the nodes between x and their one output (`_activation`, through
+  schemes/written.py).
 
 cuBLASLt's epilogue adds C before its activation, so a residual after the activation is
 refused, and so is the exact GELU (erf): it stays a stitched kernel. Each product is proposed
@@ -40,16 +41,15 @@ Legality only here; taking a chain is the plan's choice, and an untaken one is r
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto as TP, helper, numpy_helper
+from onnx import TensorProto as TP, helper
 
 from ...cost import CostModel, node_us
-from ...graph import FusionGraph, constant_value
+from ...graph import FusionGraph
 from ...plan import Group, Plan
-from .. import GEMM
+from .. import GEMM, written
 from .spec import DTYPES, GemmSpec
 
 # Dense tensor-core peaks of H100 SXM (NVIDIA's datasheet; H200 has the same SMs), TFLOP/s.
@@ -69,9 +69,6 @@ EPILOGUE_OVERHEAD = {
     (TP.FLOAT, "bias"): 0.0, (TP.FLOAT, "relu"): 0.0, (TP.FLOAT, "gelu"): 0.19, (TP.FLOAT, "residual"): 0.03,
     (TP.FLOAT16, "bias"): 0.04, (TP.FLOAT16, "relu"): 0.07, (TP.FLOAT16, "gelu"): 0.13, (TP.FLOAT16, "residual"): 0.20,
 }
-# Nodes of an activation written out (GELU's tanh form takes 7 to 9).
-MAX_ACTIVATION_NODES = 12
-_ACTIVATION_OPS = frozenset({"Mul", "Add", "Sub", "Div", "Pow", "Tanh", "Erf", "Sqrt", "Neg"})
 EXACT_GELU = "cuBLASLt's GELU epilogue is the tanh form"
 
 
@@ -205,60 +202,6 @@ def residual_add(g: FusionGraph, t: str) -> tuple[int, str] | None:
     return at, other
 
 
-def _regions(g: FusionGraph, x: str) -> list[tuple[tuple[int, ...], str]]:
-    """Each way, smallest first, of computing one tensor from `x` and scalar constants alone with
-    x and everything between read only by those nodes: (the nodes, their output). An activation
-    written out is one of them (GELU's x·(1 + tanh(..)) closes before its final ×0.5)."""
-    start = g.producer.get(x, -1)
-    region: list[int] = []
-    known = {x}
-    closed: list[tuple[tuple[int, ...], str]] = []
-    for i in range(start + 1, min(len(g.nodes), start + 1 + 4 * MAX_ACTIVATION_NODES)):
-        n = g.nodes[i]
-        ins = [t for t in n.inputs if t]
-        if not any(t in known for t in ins):
-            continue
-        if n.op_type not in _ACTIVATION_OPS or n.domain not in ("", "ai.onnx") or len(n.outputs) != 1 or \
-                not all(t in known or (t in g.constants and math.prod(g.constants[t].dims) == 1) for t in ins) or \
-                len(region) == MAX_ACTIVATION_NODES:
-            break
-        region.append(i)
-        known.add(n.outputs[0])
-        members = set(region)
-        inner = [x] + [g.nodes[j].outputs[0] for j in region[:-1]]
-        if all(t not in g.graph_outputs and all(c in members for c in g.consumers.get(t, ())) for t in inner):
-            closed.append((tuple(region), n.outputs[0]))
-    return closed
-
-
-def _gelu_form(g: FusionGraph, x: str, nodes: tuple[int, ...], y: str) -> str | None:
-    """"tanh" or "erf" when the nodes compute that form of GELU of `x`, else None. Evaluated in
-    float64 over [-6, 6] with the model's constants: the forms differ by up to 4.7e-4, float16's
-    rounding of the constants moves each by up to 3.2e-5."""
-    made = [helper.make_node(g.nodes[i].op_type, list(g.nodes[i].inputs), list(g.nodes[i].outputs),
-                             **dict(g.nodes[i].attrs)) for i in nodes]
-    consts = sorted({t for i in nodes for t in g.nodes[i].inputs if t in g.constants})
-    inits = [numpy_helper.from_array(np.asarray(constant_value(g, t), np.float64).reshape(()), t) for t in consts]
-    model = helper.make_model(helper.make_graph(made, "activation", [helper.make_tensor_value_info(x, TP.DOUBLE, [None])],
-                                                [helper.make_tensor_value_info(y, TP.DOUBLE, [None])], inits),
-                              opset_imports=[helper.make_opsetid("", max(g.opset, 13))])
-    from onnx.reference import ReferenceEvaluator
-
-    v = np.linspace(-6.0, 6.0, 241)
-    try:
-        got = np.asarray(ReferenceEvaluator(model).run(None, {x: v})[0], np.float64)
-    except Exception:  # an op the evaluator does not take in float64: not an activation we know
-        return None
-    if got.shape != v.shape:
-        return None
-    tanh = 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
-    erf = 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
-    for form, want in (("tanh", tanh), ("erf", erf)):
-        if np.max(np.abs(got - want)) <= 1e-4:
-            return form
-    return None
-
-
 def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[int, ...], str] | str | None:
     """(kind, nodes, output) of the activation applied to `t`, why it cannot be the epilogue's
     (the exact GELU), or None when `t` is not read by one."""
@@ -273,11 +216,11 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[int, ...], str] | st
         if n.attrs.get("approximate", "none") in ("tanh", b"tanh"):
             return "gelu", (at,), n.outputs[0]
         return f"the exact GELU '{n.name or n.outputs[0]}' stays a stitched kernel: {EXACT_GELU}"
-    for nodes, y in reversed(_regions(g, t)):
-        form = _gelu_form(g, t, nodes, y)
-        if form == "tanh":
+    for nodes, y in reversed(written.regions(g, t)):
+        form = written.identify(g, t, nodes, y, frozenset({"gelu_tanh", "gelu"}))
+        if form is not None and form[0] == "gelu_tanh":
             return "gelu", nodes, y
-        if form == "erf":
+        if form is not None:
             return f"the exact (erf) GELU into '{y}' stays a stitched kernel: {EXACT_GELU}"
     return None
 
