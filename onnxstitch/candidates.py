@@ -46,7 +46,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .cost import ORT_BANDWIDTH_SHARE
+from .cost import ort_share
 from .folds import concats, views
 from .schemes.rows import geometry as rows_mod
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
@@ -97,7 +97,7 @@ class Rejection:
 @dataclass(frozen=True)
 class Candidates:
     """Legal groups (sorted node ids, deduplicated; one node alone only where ORT's kernel for it
-    is slow, `_slow_in_ort`) and the refusals met growing them."""
+    is slow, cost.ort_share) and the refusals met growing them."""
 
     groups: tuple[tuple[int, ...], ...]
     rejections: tuple[Rejection, ...]
@@ -376,13 +376,6 @@ def legality(graph: FusionGraph, nodes: frozenset[int] | set[int],
 # Enumeration.
 
 
-def _slow_in_ort(graph: FusionGraph, i: int) -> bool:
-    """A node whose ORT kernel is measured slower than the roofline (cost.ORT_BANDWIDTH_SHARE):
-    worth a kernel of ours even with nothing to fuse it with."""
-    n = graph.nodes[i]
-    return n.op_type in ORT_BANDWIDTH_SHARE and n.domain in ("", "ai.onnx")
-
-
 def _fusible_neighbours(graph: FusionGraph) -> list[tuple[int, ...]]:
     return [tuple(sorted(j for j in graph.succs[i] | graph.preds[i] if graph.nodes[j].fusible))
             if graph.nodes[i].fusible else () for i in range(len(graph.nodes))]
@@ -559,6 +552,8 @@ def enumerate_candidates(graph: FusionGraph, max_size: int = 6, per_seed: int = 
         rejections += rej
         for seed in comp:
             groups.update(dict.fromkeys(_small_groups(graph, reach, nbrs, seed, max_size, per_seed)))
-            if _slow_in_ort(graph, seed) and legality(graph, {seed}, reach) is None:
+            # A node whose ORT kernel is measured slower than the roofline is worth a kernel
+            # of ours even with nothing to fuse it with.
+            if ort_share(graph, seed) < 1.0 and legality(graph, {seed}, reach) is None:
                 groups[(seed,)] = None
     return Candidates(tuple(groups), tuple(dict.fromkeys(rejections)), reach)

@@ -109,6 +109,11 @@ def node_us(graph: FusionGraph, cost: CostModel, node: int) -> float:
     ORT_BANDWIDTH_SHARE, their bytes at that share of the bandwidth)."""
     if _relabels(graph, node):
         return RELABEL_US
+    return cost.kernel_us(int(node_bytes(graph, node) / ort_share(graph, node)))
+
+
+def ort_share(graph: FusionGraph, node: int) -> float:
+    """The share of the bandwidth ORT's kernel for `node` reaches: ORT_BANDWIDTH_SHARE's for its
+    op, else 1 (the roofline)."""
     n = graph.nodes[node]
-    share = ORT_BANDWIDTH_SHARE.get(n.op_type, 1.0) if n.domain in ("", "ai.onnx") else 1.0
-    return cost.kernel_us(int(node_bytes(graph, node) / share))
+    return ORT_BANDWIDTH_SHARE.get(n.op_type, 1.0) if n.domain in ("", "ai.onnx") else 1.0

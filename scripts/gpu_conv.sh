@@ -23,8 +23,9 @@ if [[ ",${PARTS:-tests,bench}," == *,bench,* || ",${PARTS:-}," == *,kernels,* ]]
   for name in "$@"; do
     m="/tmp/zoo/$name.onnx"
     [ -f "$m" ] || python3 scripts/carry_weights.py fill "$corpus/$name.onnx" /tmp/zoo 2>&1 | tail -1 | tee -a "$log"
-    shape=$(python3 -c "import json; e=[m for m in json.load(open('$corpus/manifest.json'))['models'] if m['path'] == '$name.onnx'][0]
-print(' '.join(f'--shape {d}={v}' for i in e['inputs'] for d, v in zip(i['dims'], i['shape']) if isinstance(d, str)))")
+    shape=$(python3 -c "import json, sys; from scripts.zoo_report import symbol_values
+e = next(m for m in json.load(open(sys.argv[1]))['models'] if m['path'] == sys.argv[2])
+print(' '.join(f'--shape {d}={v}' for d, v in symbol_values(e).items()))" "$corpus/manifest.json" "$name.onnx")
     if [[ ",${PARTS:-tests,bench}," == *,kernels,* ]]; then
       python3 scripts/bench_conv.py "$m" $shape --out "$OUT/$name-bench-conv.json" 2>&1 | grep -v "shape massaging" \
         | tail -40 | tee -a "$log" || status=1

@@ -15,7 +15,8 @@ ATTRIBUTE_PREFIX = "conv_"
 # The activations cuDNN's pointwise modes run after the convolution, by the code the node carries
 # (conv_activation): clip is ReLU's mode with both clips, leaky_relu its lower-clip slope, silu
 # its Swish with β = 1; hard_sigmoid (params alpha, beta) is clip(alpha·x + beta, 0, 1) and
-# hardswish x · hard_sigmoid(x) with alpha 1/6, beta 1/2, as pointwise ops with by-value scalars.
+# hardswish x · hard_sigmoid(x) with its own alpha, beta (1/6, 1/2 for ONNX's HardSwish), as
+# pointwise ops with by-value scalars.
 ACTIVATIONS = ("", "relu", "clip", "leaky_relu", "silu", "sigmoid", "tanh", "gelu", "gelu_tanh", "hardswish",
                "hard_sigmoid")
 DTYPES = (TP.FLOAT, TP.FLOAT16)
