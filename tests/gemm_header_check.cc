@@ -29,6 +29,13 @@ static_assert(lt::kPrefMinAlignmentD == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYT
 static_assert(lt::kLayoutBatchCount == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, "batch count");
 static_assert(lt::kLayoutStridedBatchOffset == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, "batch stride");
 static_assert(lt::kTransformDescTransA == CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA, "transform trans A");
+static_assert(lt::kAlgoConfigId == CUBLASLT_ALGO_CONFIG_ID && lt::kAlgoConfigTileId == CUBLASLT_ALGO_CONFIG_TILE_ID, "id");
+static_assert(lt::kAlgoConfigSplitK == CUBLASLT_ALGO_CONFIG_SPLITK_NUM, "split-K");
+static_assert(lt::kAlgoConfigReduction == CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, "reduction");
+static_assert(lt::kAlgoCapSplitK == CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, "split-K cap");
+static_assert(lt::kAlgoCapReductionMask == CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, "reduction cap");
+static_assert(lt::kReductionInplace == CUBLASLT_REDUCTION_SCHEME_INPLACE, "inplace");
+static_assert(lt::kReductionComputeType == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, "compute type");
 static_assert(sizeof(lt::MatmulAlgo) == sizeof(cublasLtMatmulAlgo_t), "algo");
 static_assert(sizeof(lt::HeuristicResult) == sizeof(cublasLtMatmulHeuristicResult_t), "heuristic result");
 static_assert(offsetof(lt::HeuristicResult, workspaceSize) == offsetof(cublasLtMatmulHeuristicResult_t, workspaceSize), "ws");
@@ -45,4 +52,18 @@ static void Prototypes(lt::Api& a) {
                                                 const void*, const void*, cublasLtMatrixLayout_t, void*,
                                                 cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t,
                                                 cudaStream_t)>::value, "cublasLtMatmul");
+  static_assert(std::is_same<decltype(&cublasLtMatmulAlgoCheck),
+                             cublasStatus_t (*)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                                cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                                const cublasLtMatmulAlgo_t*, cublasLtMatmulHeuristicResult_t*)>::value,
+                "cublasLtMatmulAlgoCheck");
+  static_assert(std::is_same<decltype(&cublasLtMatmulAlgoCapGetAttribute),
+                             cublasStatus_t (*)(const cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoCapAttributes_t, void*,
+                                                size_t, size_t*)>::value, "cublasLtMatmulAlgoCapGetAttribute");
+  static_assert(std::is_same<decltype(&cublasLtMatmulAlgoConfigSetAttribute),
+                             cublasStatus_t (*)(cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t, const void*,
+                                                size_t)>::value, "cublasLtMatmulAlgoConfigSetAttribute");
+  static_assert(std::is_same<decltype(&cublasLtMatmulAlgoConfigGetAttribute),
+                             cublasStatus_t (*)(const cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t, void*,
+                                                size_t, size_t*)>::value, "cublasLtMatmulAlgoConfigGetAttribute");
 }

@@ -36,9 +36,10 @@ def test_every_half_core_is_one_chain_of_its_type(core: Core, dtype: str) -> Non
     assert m.dtype == HALVES[dtype] and f"attention in {dtype}" in m.describe()
     spec = codegen.generate(g, "k", m).spec
     assert spec.half and spec.attributes()["attention_dtype"] == HALVES[dtype]
-    # No probabilities' buffer: the K and V tiles of 2-byte elements only.
+    # The K and V tiles of 2-byte elements: half of float32's at the same tile of keys.
     g32, f32 = attention_graph(core_model(core))
-    assert spec.shared_bytes < codegen.generate(g32, "k", f32.matches[0]).spec.shared_bytes
+    keyed = codegen.AttentionOptions(keys=64)
+    assert codegen.generate(g, "k", m, keyed).spec.shared_bytes < codegen.generate(g32, "k", f32.matches[0], keyed).spec.shared_bytes
 
 
 @pytest.mark.parametrize("dtype", list(HALVES))

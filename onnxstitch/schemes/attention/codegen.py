@@ -2,18 +2,19 @@
 
 Kernel ABI: docs/abi.md, shape_rule "attention". A block of 4 warps owns 64 queries of one
 (batch, head); each warp holds its 16 queries as TF32 `mma.sync` m16n8k8 A fragments for the
-whole kernel. The keys go by in tiles staged in shared memory (Kᵀ and V, rows padded by 8 floats
-so the fragment reads hit 32 banks, rounded to TF32 once as they are staged): the warp computes
-its 16 × KT scores on tensor cores (head slices outside key blocks, so each step has KT/8
-independent products), scales them, adds the masks (up to two terms), and folds them into a running row maximum
-and sum (FlashAttention's online Softmax: earlier partial results are rescaled by
-exp(old max − new max)); the probabilities go through a per-warp shared buffer into A fragments
-for the second product. The context is normalised once and stored at [b, h, s, d], or
-[b, s, h, d] when the chain's Transpose was folded. Operands read from projections [b, s, w]
-(attention.Projection) are addressed at the head's columns with their biases added as they are
-loaded; K's tile is then staged as rows. Sequence lengths are runtime values (tiles
-are guarded); the head size is compiled in. Variants measured on an H100 (fewer warps, staged
-queries, two warp sets splitting the keys, tiles of 128 keys) are in docs/perf-notes.md.
+whole kernel. The keys go by in tiles staged in shared memory (Kᵀ and V, rows padded so the
+fragment reads hit 32 banks, rounded to TF32 once as they are staged): the warp computes its
+16 × KT scores on tensor cores (head slices outside key blocks, so each step has KT/8
+independent products), scales them, adds the masks (up to two terms), and folds them into a
+running row maximum and sum (FlashAttention's online Softmax: earlier partial results are
+rescaled by exp(old max − new max)); the probabilities stay in registers as the second
+product's A fragments, their keys in a permuted order (_float_body). The context is normalised
+once and stored at [b, h, s, d], or [b, s, h, d] when the chain's Transpose was folded.
+Operands read from projections [b, s, w] (attention.Projection) are addressed at the head's
+columns with their biases added as they are loaded; K's tile is then staged as rows. Sequence
+lengths are runtime values (tiles are guarded); the head size is compiled in. Variants measured
+on an H100 (fewer warps, staged queries, two warp sets splitting the keys, tiles of 128 keys)
+are in docs/perf-notes.md.
 
 float16 and bfloat16 chains get the same kernel on mma.sync m16n8k16 (float32 accumulation,
 float32 Softmax) with the probabilities kept in registers as the second product's operand
@@ -94,16 +95,25 @@ __device__ __forceinline__ float stitch_ex2(float x) {
 MMA_PRELUDE = TF32_PRELUDE + EX2_PRELUDE
 
 
+def v_stride(head_dim: int, half: bool) -> int:
+    """The V tile's row stride in elements. Half: D + 8 (ldmatrix rows 16 bytes apart, banks
+    spread). float32: the second product reads rows 2t and 2t + 1 (its permuted key order,
+    _float_body), so two rows apart must be 8 banks apart: the stride is 4 or 12 modulo 16."""
+    if half:
+        return head_dim + 8
+    return head_dim + 4 if head_dim % 8 == 0 else head_dim + 8
+
+
 def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False, half: bool = False) -> int:
     """Dynamic shared memory of one block: the K tile (as Kᵀ [D][KT + 8], or as rows [KT][D + 4]
-    when read from a projection), the V tile and each warp's probabilities. Half precision:
-    2-byte elements, K's rows [KT][D + 8], no probabilities (they stay in registers)."""
+    when read from a projection) and the V tile (rows v_stride apart); the probabilities stay in
+    registers. Half precision: 2-byte elements, K's rows [KT][D + 8]."""
     kt = options.keys
     if half:
         k_tile = kt * (head_dim + 8) if projected else head_dim * (kt + 8)
-        return 2 * (k_tile + kt * (head_dim + 8))
+        return 2 * (k_tile + kt * v_stride(head_dim, True))
     k_tile = kt * (head_dim + 4) if projected else head_dim * (kt + 8)
-    return 4 * (k_tile + kt * (head_dim + 8) + WARPS * 16 * (kt + 4))
+    return 4 * (k_tile + kt * v_stride(head_dim, False))
 
 
 def _literal(x: float) -> str:
@@ -162,7 +172,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 {_defines(fl, options)}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = D + 8{body.buffer_stride};
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = {v_stride(d, fl.half)};
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
@@ -183,7 +193,7 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
-{body.buffer}{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl))}"""
+{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl))}"""
     spec = AttentionSpec(d, queries, threads, tile_bytes + 4 * kt * len(staged), len(m.mask_inputs),
                          bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype,
                          kv_group=m.kv_group, causal=m.causal)
@@ -213,15 +223,14 @@ def _defines(fl: Flavor, options: AttentionOptions) -> str:
 
 
 def _tiles(fl: Flavor, projected: bool) -> str:
-    """The block's shared tiles: K, V and (float32) the warps' probabilities."""
+    """The block's shared tiles: K and V."""
     k = "[KT][KS]: the tile's rows of K" if projected else "[D][KS]: the tile's columns of Kᵀ"
     rows = "KT" if projected else "D"
     if fl.half:
         return f"""  {fl.elem}* Ks = reinterpret_cast<{fl.elem}*>(stitch_smem);  // {k}
   {fl.elem}* Vs = Ks + {rows} * KS;  // [KT][VS]: the tile's rows of V"""
     return f"""  float* Ks = stitch_smem;     // {k}
-  float* Vs = Ks + {rows} * KS;     // [KT][VS]: the tile's rows of V
-  float* Ps = Vs + KT * VS;    // [QT][PS]: probabilities, 16 rows per warp"""
+  float* Vs = Ks + {rows} * KS;     // [KT][VS]: the tile's rows of V"""
 
 
 @dataclass(frozen=True)
@@ -229,9 +238,7 @@ class _Body:
     """What the element type changes in the kernel's body (besides staging)."""
 
     constants: str  # more constexpr ints
-    buffer_stride: str  # the probabilities' row stride, float32 only
     queries: str  # the query fragments
-    buffer: str  # pointers into the probabilities' buffer, float32 only
     scores: str  # the first product over the tile
     probabilities: Callable[[str], str]  # from the exponentials' code: P and the second product
     out_type: str  # the context's element, the type of two, and the conversion making two
@@ -261,7 +268,7 @@ def _pair_products(count: str, mma: str, k_frag: str) -> str:
 
 
 def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
-    """float32: TF32 m16n8k8, the probabilities through each warp's shared rows."""
+    """float32: TF32 m16n8k8, the probabilities in registers in a permuted key order."""
     queries = f"""  // The warp's queries as A fragments, read once from global memory.
   unsigned qf[NT][4];
 #pragma unroll
@@ -274,26 +281,21 @@ def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
     scores = _scores("D/8 head slices (independent products per step)", _pair_products("NT", "stitch_mma_tf32", k_frag))
 
     def probabilities(exponentials: str) -> str:
+        # Block n's exponentials are this lane's C fragment: rows g and g + 8, keys 2t and 2t + 1.
+        # The m16n8k8 A fragment wants keys t and t + 4 instead; as the product sums over keys,
+        # their order is free: slice n's k = t stands for key 2t and k = t + 4 for key 2t + 1, and
+        # V's B fragment reads rows 2t and 2t + 1 to match. So P stays in registers (no shuffles,
+        # no shared buffer), as FlashAttention-2 keeps it in half precision.
         return f"""#pragma unroll
     for (int n = 0; n < KT / 8; ++n) {{
 {exponentials}
-      *reinterpret_cast<float2*>(p0 + n * 8 + 2 * tg) = make_float2(STAGE(e0), STAGE(e1));
-      *reinterpret_cast<float2*>(p1 + n * 8 + 2 * tg) = make_float2(STAGE(e2), STAGE(e3));
-    }}
-    __syncwarp();  // a warp reads back only its own rows
+      const unsigned pf[4] = {{stitch_tf32(e0), stitch_tf32(e2), stitch_tf32(e1), stitch_tf32(e3)}};
 #pragma unroll
-    for (int k = 0; k < KT / 8; ++k) {{
-      const unsigned pf[4] = {{FRAG(p0[k * 8 + tg]), FRAG(p1[k * 8 + tg]), FRAG(p0[k * 8 + tg + 4]), FRAG(p1[k * 8 + tg + 4])}};
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        stitch_mma_tf32(o[n], pf, FRAG(Vs[(k * 8 + tg) * VS + n * 8 + g]), FRAG(Vs[(k * 8 + tg + 4) * VS + n * 8 + g]));
-    }}
-    __syncwarp();  // the next tile's probabilities overwrite these rows"""
+      for (int j = 0; j < NT; ++j)
+        stitch_mma_tf32(o[j], pf, FRAG(Vs[(n * 8 + 2 * tg) * VS + j * 8 + g]), FRAG(Vs[(n * 8 + 2 * tg + 1) * VS + j * 8 + g]));
+    }}"""
 
-    buffer = """  float* p0 = Ps + (r0 + g) * PS;
-  float* p1 = p0 + 8 * PS;
-"""
-    return _Body("", ", PS = KT + 4", queries, buffer, scores, probabilities, "float", "float2", "make_float2")
+    return _Body("", queries, scores, probabilities, "float", "float2", "make_float2")
 
 
 def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = False, rows: bool = False) -> _Body:
@@ -303,11 +305,11 @@ def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = 
     out = ("float", "float2", "make_float2") if float_out else ("unsigned short", "unsigned", "PACK")
     queries = flavors.query_fragments(biased)
     if ldsm:
-        return _Body("NK = D / 16, ", "", queries + "\n" + flavors.ldsm_offsets(rows),
-                     "", _scores("NK head slices of 16 (B fragments by ldmatrix)", flavors.key_products_ldsm(rows)),
+        return _Body("NK = D / 16, ", queries + "\n" + flavors.ldsm_offsets(rows),
+                     _scores("NK head slices of 16 (B fragments by ldmatrix)", flavors.key_products_ldsm(rows)),
                      lambda e: flavors.probabilities(e, ldsm=True), *out)
     scores = _scores("NK head slices of 16 (independent products per step)", _pair_products("NK", "MMA", k_frag))
-    return _Body("NK = (D + 15) / 16, ", "", queries, "", scores, flavors.probabilities, *out)
+    return _Body("NK = (D + 15) / 16, ", queries, scores, flavors.probabilities, *out)
 
 
 def _query_broadcast(graph: FusionGraph, mask: str) -> bool:

@@ -50,6 +50,14 @@ constexpr int kPrefMinAlignmentA = 5;          // CUBLASLT_MATMUL_PREF_MIN_ALIGN
 constexpr int kPrefMinAlignmentB = 6;          // ..._B_BYTES
 constexpr int kPrefMinAlignmentC = 7;          // ..._C_BYTES
 constexpr int kPrefMinAlignmentD = 8;          // ..._D_BYTES
+constexpr int kAlgoConfigId = 0;               // CUBLASLT_ALGO_CONFIG_ID (int32_t)
+constexpr int kAlgoConfigTileId = 1;           // CUBLASLT_ALGO_CONFIG_TILE_ID (uint32_t)
+constexpr int kAlgoConfigSplitK = 2;           // CUBLASLT_ALGO_CONFIG_SPLITK_NUM (uint32_t)
+constexpr int kAlgoConfigReduction = 3;        // CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME (uint32_t)
+constexpr int kAlgoCapSplitK = 0;              // CUBLASLT_ALGO_CAP_SPLITK_SUPPORT (int32_t)
+constexpr int kAlgoCapReductionMask = 1;       // CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK (uint32_t)
+constexpr uint32_t kReductionInplace = 1;      // CUBLASLT_REDUCTION_SCHEME_INPLACE
+constexpr uint32_t kReductionComputeType = 2;  // CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
 
 struct MatmulAlgo {  // cublasLtMatmulAlgo_t
   uint64_t data[8];
@@ -84,6 +92,13 @@ struct Api {
   Status (*Matmul)(Handle, MatmulDesc, const void* alpha, const void* a, Layout, const void* b, Layout,
                    const void* beta, const void* c, Layout, void* d, Layout, const MatmulAlgo* algo,
                    void* workspace, size_t workspace_bytes, void* stream) = nullptr;
+
+  // The algorithm's configuration (split-K variants of the heuristic's results: gemm_algos.h).
+  Status (*MatmulAlgoCheck)(Handle, MatmulDesc, Layout a, Layout b, Layout c, Layout d, const MatmulAlgo*,
+                            HeuristicResult*) = nullptr;
+  Status (*MatmulAlgoCapGetAttribute)(const MatmulAlgo*, int attr, void* buf, size_t size, size_t* written) = nullptr;
+  Status (*MatmulAlgoConfigSetAttribute)(MatmulAlgo*, int attr, const void* buf, size_t size) = nullptr;
+  Status (*MatmulAlgoConfigGetAttribute)(const MatmulAlgo*, int attr, void* buf, size_t size, size_t* written) = nullptr;
 
   Status (*MatrixLayoutSetAttribute)(Layout, int, const void*, size_t) = nullptr;
   Status (*MatrixTransformDescCreate)(TransformDesc*, int scale_type) = nullptr;
@@ -128,6 +143,10 @@ struct Api {
         {"cublasLtMatmulPreferenceSetAttribute", reinterpret_cast<void**>(&MatmulPreferenceSetAttribute)},
         {"cublasLtMatmulAlgoGetHeuristic", reinterpret_cast<void**>(&MatmulAlgoGetHeuristic)},
         {"cublasLtMatmul", reinterpret_cast<void**>(&Matmul)},
+        {"cublasLtMatmulAlgoCheck", reinterpret_cast<void**>(&MatmulAlgoCheck)},
+        {"cublasLtMatmulAlgoCapGetAttribute", reinterpret_cast<void**>(&MatmulAlgoCapGetAttribute)},
+        {"cublasLtMatmulAlgoConfigSetAttribute", reinterpret_cast<void**>(&MatmulAlgoConfigSetAttribute)},
+        {"cublasLtMatmulAlgoConfigGetAttribute", reinterpret_cast<void**>(&MatmulAlgoConfigGetAttribute)},
         {"cublasLtMatrixLayoutSetAttribute", reinterpret_cast<void**>(&MatrixLayoutSetAttribute)},
         {"cublasLtMatrixTransformDescCreate", reinterpret_cast<void**>(&MatrixTransformDescCreate)},
         {"cublasLtMatrixTransformDescDestroy", reinterpret_cast<void**>(&MatrixTransformDescDestroy)},

@@ -19,7 +19,8 @@
 // allocated during one — shared by every gemm node of that stream (they run one after another on
 // it) and freed with the last node using it. Per node and shape the matmul descriptor and the
 // layouts are made once and kept, with the algorithm: with gemm_timed, the fastest of the
-// heuristic's first kAlgos, timed on the node's own tensors at its first call (the heuristic's
+// heuristic's first kAlgos (gemm_algos.h; split-K variants of them never won at BERT's shapes,
+// scripts/probe_gemm.cc), timed on the node's own tensors at its first call (the heuristic's
 // first is not always the fastest with an epilogue: scripts/bench_gemm.py times both), chosen
 // once per process for each shape, epilogue and alignment and shared by the nodes that have
 // them. A call made while the stream is captured into a CUDA graph cannot be timed and takes the
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "cublaslt_api.h"
+#include "gemm_algos.h"
 #include "scheme.h"
 
 namespace onnxstitch {
@@ -329,8 +331,8 @@ class Gemm final : public Scheme {
     return {};
   }
 
-  // The fastest of the heuristic's first kAlgos algorithms for this shape and these alignments,
-  // or the one chosen before for a node alike.
+  // The fastest of the heuristic's first kAlgos algorithms (gemm_algos.h) for this shape and
+  // these alignments, or the one chosen before for a node alike.
   Error Choose(const cu::Driver& d, const lt::Api& api, lt::Handle handle, const ShapeKey& key, cu::Stream stream,
                const Matmul& matmul, Plan* p) const {
     Library& lib = Library::Get();
@@ -354,24 +356,23 @@ class Gemm final : public Scheme {
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentB, &align_b, sizeof(align_b));
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentC, &align_c, sizeof(align_c));
     if (s == lt::kSuccess) s = api.MatmulPreferenceSetAttribute(pref, lt::kPrefMinAlignmentD, &align_d, sizeof(align_d));
-    lt::HeuristicResult results[kAlgos];
-    std::memset(results, 0, sizeof(results));
-    int found = 0;
-    if (s == lt::kSuccess) {
-      s = api.MatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, kAlgos, results, &found);
-    }
+    lt::SearchOptions search;
+    search.heuristics = timed_ ? kAlgos : 1;
+    search.half = half_;
+    search.max_workspace = kWorkspaceBytes;
+    std::vector<lt::Candidate> candidates;
+    if (s == lt::kSuccess) s = lt::Candidates(api, handle, p->desc, p->a, p->b, p->c, pref, search, &candidates);
     if (pref != nullptr) api.MatmulPreferenceDestroy(pref);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatmulAlgoGetHeuristic", s, &key);
-    if (found < 1) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
+    if (candidates.empty()) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
     // 2 rounds of 5: a product takes 5-50 µs here, and the candidates differ by a few percent.
     bool timed = false;
-    if (!timed_) found = 1;  // the heuristic's first
-    const size_t best = Fastest(d, stream, static_cast<size_t>(found), 2, 5, [&](size_t i) {
-      return matmul(*p, results[i].algo, results[i].workspaceSize) == lt::kSuccess;
+    const size_t best = Fastest(d, stream, candidates.size(), 2, 5, [&](size_t i) {
+      return matmul(*p, candidates[i].algo, candidates[i].workspace) == lt::kSuccess;
     }, &timed);
-    p->algo = results[best].algo;
-    p->workspace = results[best].workspaceSize;
-    if (timed || found == 1) {
+    p->algo = candidates[best].algo;
+    p->workspace = candidates[best].workspace;
+    if (timed || candidates.size() == 1) {
       std::lock_guard<std::mutex> lock(lib.chosen_mu);
       lib.chosen.emplace(std::make_pair(Kind(), key), std::make_pair(p->algo, p->workspace));
     }
