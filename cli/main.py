@@ -70,7 +70,7 @@ def _summary(report, out: Path) -> Table:
         left += f" ({len(packed)} packed from {sum(len(g.parts) for g in packed)} independent groups)"
     t.add_row("fused groups", "", f"{len(p.groups) - len(report.dropped)}{left}")
     if report.simplified:
-        t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites (exported index arithmetic)")
+        t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites of exported forms")
     if report.normalized:
         t.add_row("group norms", "", f"{len(report.normalized)} rewritten into [N, G, C/G, P]")
     if report.merged:

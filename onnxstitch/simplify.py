@@ -23,6 +23,16 @@ rewrites keep the values and drop the work:
   than the heads and shape inference gives the repeated tensor V's dims there, the Shape reads
   V itself: the attention chain may then read V un-expanded (schemes/attention/decoder.py).
 
+- **A product on flattened rows.** HF's Conv1D (GPT-2) and dynamo's decomposed Linear write a
+  product over a [b, s, K] activation as Reshape(x → [b·s, K]) → Gemm(·, W, C) or MatMul →
+  Reshape(→ [b, s, N]). Where shape inference shows the last Reshape giving x's leading dims and
+  N, the three are MatMul(x', W) → Add(·, C): x' is x, or x's trailing dims merged into K by a
+  Reshape to [0, …, 0, K]; transB becomes a transposed copy of a constant W (a Transpose of any
+  other). The same sum: MatMul broadcasts over the leading dims as the flattening did, and Gemm
+  adds C after the product as the Add does (float16 rounds the product once more unless a GEMM
+  epilogue takes the Add back). Later stages then see one product over rows with its bias, as
+  TorchScript writes a Linear, and the GEMM epilogue and attention matchers take them alike.
+
 Nodes left without readers are removed. Anything else is left as it was.
 """
 from __future__ import annotations
@@ -224,6 +234,79 @@ def _shape_of_repeat(g: _Graph, n: onnx.NodeProto) -> str | None:
     return x if readers else None
 
 
+@dataclass(frozen=True)
+class _Flattened:
+    """A product on flattened rows (module docstring): Reshape(x) → product → Reshape(→ y)."""
+
+    x: str  # the activation before flattening
+    merge: int  # x's trailing dims to merge into K (0: x's last dim is K)
+    k: int
+    weight: str
+    trans_b: bool
+    bias: str | None  # Gemm's C, added after the product
+    y: str  # the last Reshape's output, made by the replacement
+
+
+def _flattened(g: _Graph, r: onnx.NodeProto) -> _Flattened | None:
+    """The product on flattened rows that Reshape `r` ends, or None."""
+    p = g.op(r.input[0])
+    if p is None or p.op_type not in ("Gemm", "MatMul") or len(g.index.readers_of(r.input[0])) != 1 \
+            or r.input[0] in g.outputs:
+        return None
+    attrs = node_attrs(p)
+    if p.op_type == "Gemm" and (attrs.get("transA", 0) or float(attrs.get("alpha", 1.0)) != 1.0):
+        return None
+    bias = p.input[2] if p.op_type == "Gemm" and len(p.input) > 2 and p.input[2] else None
+    flat = g.op(p.input[0])
+    if flat is None or flat.op_type != "Reshape":
+        return None
+    x = flat.input[0]
+    xs, a, w, y = g.shape(x), g.shape(p.input[0]), g.shape(p.input[1]), g.shape(r.output[0])
+    if xs is None or a is None or w is None or y is None or len(a) != 2 or len(w) != 2 or len(y) < 3 \
+            or len(xs) < len(y):
+        return None
+    trans_b = bool(attrs.get("transB", 0))
+    k, n = (w[1], w[0]) if trans_b else (w[0], w[1])
+    lead, rest = xs[:len(y) - 1], xs[len(y) - 1:]
+    if not isinstance(k, int) or not isinstance(n, int) or a[1] != k or y[-1] != n or \
+            any(d is None or not isinstance(d, int) for d in rest) or int(np.prod(rest)) != k or \
+            any(d is None or d != e for d, e in zip(lead, y[:-1])):
+        return None
+    if bias is not None:
+        if float(attrs.get("beta", 1.0)) != 1.0:
+            return None
+        bs = g.shape(bias)
+        if bs is None or len(bs) > 2 or (len(bs) == 2 and bs[0] != 1) or (bs and bs[-1] not in (1, n)):
+            return None  # only a C that broadcasts along the rows is a bias
+    return _Flattened(x, len(rest) if len(rest) > 1 else 0, k, p.input[1], trans_b, bias, r.output[0])
+
+
+def _unflattened(g: _Graph, f: _Flattened, name: str, extra: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """The nodes computing `f`'s output as a product over x's rows (module docstring)."""
+    out: list[onnx.NodeProto] = []
+    x = f.x
+    if f.merge:
+        shape = f"{f.y}~rows"
+        lead = len(g.shape(f.x)) - f.merge
+        extra.append(numpy_helper.from_array(np.array([0] * lead + [f.k], np.int64), shape))
+        out.append(helper.make_node("Reshape", [f.x, shape], [f"{f.y}~x"], name=f"{name}~rows"))
+        x = f"{f.y}~x"
+    w = f.weight
+    if f.trans_b:
+        w = f"{f.weight}~t"
+        value = g.value(f.weight)
+        if value is not None:
+            if all(t.name != w for t in extra):
+                extra.append(numpy_helper.from_array(np.ascontiguousarray(value.T), w))
+        else:
+            out.append(helper.make_node("Transpose", [f.weight], [w], name=f"{name}~t", perm=[1, 0]))
+    product = f.y if f.bias is None else f"{f.y}~product"
+    out.append(helper.make_node("MatMul", [x, w], [product], name=name))
+    if f.bias is not None:
+        out.append(helper.make_node("Add", [product, f.bias], [f.y], name=f"{name}~bias"))
+    return out
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -248,6 +331,11 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             else:
                 replace[i] = [helper.make_node("Unsqueeze", [data], list(n.output), name=n.name, axes=axes)]
             done.append(f"{n.name or n.output[0]} (GatherND over an index grid) is an Unsqueeze of '{data}'")
+        elif n.op_type == "Reshape" and (f := _flattened(g, n)) is not None:
+            product = g.op(n.input[0])
+            replace[i] = _unflattened(g, f, product.name or f.y, extra)
+            done.append(f"{product.name or n.input[0]} ({product.op_type} on rows flattened from '{f.x}') "
+                        f"is a MatMul over them{' with its bias added' if f.bias else ''}")
         elif n.op_type == "Shape" and n.input and (x := _shape_of_repeat(g, n)) is not None:
             replace[i] = [helper.make_node("Shape", [x], list(n.output), name=n.name)]
             done.append(f"{n.name or n.output[0]} (the shape of a repeated K/V, dims other than the heads) reads '{x}'")

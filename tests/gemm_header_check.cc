@@ -21,6 +21,7 @@ static_assert(lt::kDescBiasPointer == CUBLASLT_MATMUL_DESC_BIAS_POINTER, "bias a
 static_assert(lt::kEpilogueDefault == CUBLASLT_EPILOGUE_DEFAULT && lt::kEpilogueBias == CUBLASLT_EPILOGUE_BIAS, "epilogues");
 static_assert(lt::kEpilogueReluBias == CUBLASLT_EPILOGUE_RELU_BIAS, "relu bias");
 static_assert(lt::kEpilogueGeluBias == CUBLASLT_EPILOGUE_GELU_BIAS, "gelu bias");
+static_assert(lt::kEpilogueRelu == CUBLASLT_EPILOGUE_RELU && lt::kEpilogueGelu == CUBLASLT_EPILOGUE_GELU, "no bias");
 static_assert(lt::kPrefMaxWorkspaceBytes == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, "workspace");
 static_assert(lt::kPrefMinAlignmentA == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, "alignment A");
 static_assert(lt::kPrefMinAlignmentB == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, "alignment B");

@@ -25,11 +25,17 @@ class Chain:
     residual: str = ""  # "", "before" (act(AB + b + r)) or "after" (act(AB + b) + r)
     gemm: bool = False  # Gemm(A, Bᵀ, C) with transB=1 and its own bias
     bias_shape: tuple | None = None  # the bias's shape ([n] when None)
+    biased: bool = True  # False: no bias (LLaMA's projections; an exporter's dropped zero bias)
+    # The product on rows flattened by a Reshape and unflattened after, as HF's Conv1D (GPT-2) and
+    # dynamo's decomposed Linear write it (simplify.py turns it back into one MatMul over A).
+    flattened: bool = False
 
     @property
     def id(self) -> str:
         parts = ["gemm" if self.gemm else "matmul", "x".join(map(str, self.lead)), f"k{self.k}n{self.n}",
                  "f16" if self.dtype == TP.FLOAT16 else "f32", self.activation or "bias"]
+        parts += ["nobias"] if not self.biased else []
+        parts += ["flattened"] if self.flattened else []
         return "-".join(parts + ([f"residual-{self.residual}"] if self.residual else []))
 
 
@@ -77,12 +83,32 @@ def chain_model(c: Chain, seed: int = 0) -> onnx.ModelProto:
     np_dtype = helper.tensor_dtype_to_np_dtype(c.dtype)
     w = rng.standard_normal((c.n, c.k) if c.gemm else (c.k, c.n)) / math.sqrt(c.k)
     b = rng.standard_normal(c.bias_shape or (c.n,)) * 0.5
-    inits = [numpy_helper.from_array(w.astype(np_dtype), "w"), numpy_helper.from_array(b.astype(np_dtype), "b")]
+    inits = [numpy_helper.from_array(w.astype(np_dtype), "w")]
+    inits += [numpy_helper.from_array(b.astype(np_dtype), "b")] if c.biased else []
     mk = helper.make_node
+    a, nodes = "a", []
+    if c.flattened:  # Reshape(a → [-1, K]) → product → Reshape(→ a's leading dims + [N])
+        inits.append(numpy_helper.from_array(np.array([-1, c.k], np.int64), "rows"))
+        nodes.append(mk("Reshape", ["a", "rows"], ["a2"], name="flatten"))
+        a = "a2"
+    lin = "lin2" if c.flattened else "lin"
     if c.gemm:
-        nodes = [mk("Gemm", ["a", "w", "b"], ["lin"], name="product", transB=1)]
+        nodes += [mk("Gemm", [a, "w"] + (["b"] if c.biased else []), [lin], name="product", transB=1)]
+    elif c.biased and not c.flattened:
+        nodes += [mk("MatMul", [a, "w"], ["prod"], name="product"), mk("Add", ["prod", "b"], [lin], name="bias")]
+    elif c.biased:  # flattened: the bias after the unflattening, as a Linear exported by TorchScript
+        nodes += [mk("MatMul", [a, "w"], [lin], name="product")]
     else:
-        nodes = [mk("MatMul", ["a", "w"], ["prod"], name="product"), mk("Add", ["prod", "b"], ["lin"], name="bias")]
+        nodes += [mk("MatMul", [a, "w"], [lin], name="product")]
+    if c.flattened:
+        # Reshape's 0 copies a dim by position: only from a flat A of the same rank; the lead
+        # is written out through Shape where it is longer.
+        inits.append(numpy_helper.from_array(np.array([c.n], np.int64), "n"))
+        nodes += [mk("Shape", ["a"], ["ashape"], start=0, end=len(c.lead)),
+                  mk("Concat", ["ashape", "n"], ["yshape"], axis=0),
+                  mk("Reshape", [lin, "yshape"], ["lin3" if c.biased and not c.gemm else "lin"], name="unflatten")]
+        if c.biased and not c.gemm:
+            nodes.append(mk("Add", ["lin3", "b"], ["lin"], name="bias"))
     x = "lin"
     if c.residual == "before":
         nodes.append(mk("Add", [x, "r"], ["res"], name="residual"))
@@ -122,7 +148,7 @@ def reference(c: Chain, model: onnx.ModelProto, given: dict[str, np.ndarray]) ->
     """The chain in float64 from the model's weights (the inputs as given, not re-rounded)."""
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
     a = given["a"].astype(np.float64)
-    y = a @ (w["w"].T if c.gemm else w["w"]) + w["b"]
+    y = a @ (w["w"].T if c.gemm else w["w"]) + (w["b"] if c.biased else 0.0)
     if c.residual == "before":
         y = y + given["r"].astype(np.float64)
     if c.activation == "relu":

@@ -26,7 +26,7 @@ from onnxstitch.runtime import build as rtbuild
 from onnxstitch.schemes.gemm import match as gemm
 from onnxstitch.schemes.gemm.spec import GemmSpec
 
-from onnxstitch import graph as fgraph, shapes
+from onnxstitch import graph as fgraph, shapes, simplify
 from .gemm_models import Chain, chain_model, feeds, reference
 from .stitching import fresh_seed
 
@@ -72,6 +72,42 @@ def test_legal_chains_are_matched_whole(c: Chain, activation: str, residual: str
     assert m.spec.tf32 == (c.dtype == TP.FLOAT) and m.spec.dtype == c.dtype
 
 
+@pytest.mark.parametrize("c,epilogue", [(Chain(biased=False, residual="before"), "none"),
+                                       (Chain(biased=False, activation="gelu_tanh_pow"), "gelu"),
+                                       (Chain(lead=(10,), biased=False, gemm=True, residual="before", activation="relu"), "relu")],
+                         ids=lambda x: x.id if isinstance(x, Chain) else x)
+def test_products_without_a_bias_take_the_rest(c: Chain, epilogue: str) -> None:
+    m = longest(c)
+    assert m.bias is None and m.output == "y" and m.spec.epilogue == epilogue and not m.spec.biased
+    assert m.inputs == ("a", "w") + (("r",) if c.residual else ())
+    assert m.spec.attributes()["gemm_epilogue"] == ("none", "bias", "relu_bias", "gelu_bias", "relu", "gelu").index(epilogue)
+
+
+@pytest.mark.parametrize("c", [Chain(lead=("batch", "seq"), gemm=True, flattened=True, activation="gelu_tanh_pow"),
+                               Chain(lead=("batch", "seq"), flattened=True, residual="before"),
+                               Chain(lead=("batch", "seq"), gemm=True, biased=False, flattened=True, residual="before")],
+                         ids=lambda c: c.id)
+def test_a_product_on_flattened_rows_is_matched_after_simplify(c: Chain) -> None:
+    """HF's Conv1D / dynamo's Linear: Reshape → Gemm → Reshape becomes MatMul over A's rows
+    (simplify.py), and the epilogue reads A as it is, rank 3."""
+    model = chain_model(c)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert any("on rows flattened from 'a'" in r for r in s.rewrites), s.rewrites
+    found = gemm.find(fgraph.build(s.model, s.tensors))
+    assert found.matches, found.refusals
+    m = found.matches[-1]
+    assert m.a == "a" and m.output == "y" and (m.residual is not None) == bool(c.residual)
+    assert m.activation == ("gelu" if c.activation else "") and (m.bias is not None) == c.biased
+    # The simplified model computes what the original does (ORT CPU, fresh inputs).
+    rng = np.random.default_rng(fresh_seed())
+    given = feeds(c, (3, 7), rng)
+    want = reference(c, model, given)
+    for m_ in (model, s.model):
+        got = ort.InferenceSession(m_.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], given)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_every_prefix_is_proposed_sharing_the_product() -> None:
     found = gemm.find(from_model(chain_model(Chain(residual="before", activation="relu"))))
     assert [(m.activation, m.residual is not None) for m in found.matches] == [("", False), ("", True), ("relu", True)]
@@ -83,7 +119,8 @@ REFUSED = [
     (Chain(activation="gelu_erf"), 1, "exact (erf) GELU into 'y' stays a stitched kernel: cuBLASLt's GELU epilogue is the tanh form"),
     (Chain(activation="gelu_erf_op"), 1, "the exact GELU 'y' stays a stitched kernel: cuBLASLt's GELU epilogue is the tanh form"),
     (Chain(activation="relu", residual="after"), 2, "the Add after its activation stays apart (cuBLASLt adds C before"),
-    (Chain(bias_shape=(1, 24)), 0, "no bias after it (its reader is Add, not the Add of a bias [24])"),
+    (Chain(bias_shape=(1, 24)), 0, "no bias, residual or activation after it for an epilogue (read by Add)"),
+    (Chain(biased=False), 0, "no bias, residual or activation after it for an epilogue (the product is a graph output)"),
     (Chain(lead=(2, 3, 4)), 0, "A 'a' of shape [2, 3, 4, 16]: rank 2 or 3"),
 ]
 
@@ -122,8 +159,9 @@ def _read_twice(m: onnx.ModelProto) -> None:
     (Chain(), _weight_as_input, "its weight 'w' is not a constant"),
     (Chain(lead=(6,), gemm=True, activation="relu"), _gemm_attr("alpha", 2.0), "Gemm's alpha is not 1"),
     (Chain(lead=(6,), gemm=True, activation="relu"), _gemm_attr("beta", 0.5), "Gemm's C 'b' is not a bias [N] added with beta 1"),
-    (Chain(), _read_twice, "no bias after it (it is read by 2 nodes)"),
-    (Chain(lead=(6,), gemm=True), lambda m: None, "nothing after its own bias for an epilogue (read by no node)"),
+    (Chain(), _read_twice, "no bias, residual or activation after it for an epilogue (it is read by 2 nodes: Add, Neg)"),
+    (Chain(lead=(6,), gemm=True), lambda m: None,
+     "no bias, residual or activation after its own bias for an epilogue (the product is a graph output)"),
 ], ids=["weight-input", "alpha", "beta", "product-read-twice", "gemm-alone"])
 def test_refusals_of_the_product_say_why(c: Chain, edit, reason: str) -> None:
     found = gemm.find(from_model(_edited(c, edit)))
@@ -199,7 +237,8 @@ def test_price_is_the_gemm_plus_what_the_epilogue_adds(m: int, k: int, n: int) -
 
 STITCHED = [Chain(lead=("batch", 9), activation="gelu_tanh_pow"), Chain(lead=(7,), residual="before", activation="relu"),
             Chain(lead=(3, 5), residual="before"), Chain(lead=(6,), gemm=True, activation="gelu_op"),
-            Chain(lead=(4, 3), dtype=TP.FLOAT16, activation="gelu_tanh_cube")]
+            Chain(lead=(4, 3), dtype=TP.FLOAT16, activation="gelu_tanh_cube"),
+            Chain(lead=(3, 5), biased=False, residual="before"), Chain(lead=("batch", 9), biased=False, activation="gelu_tanh_pow")]
 
 
 @pytest.mark.parametrize("c", STITCHED, ids=lambda c: c.id)
@@ -223,6 +262,23 @@ def test_stitched_chain_runs_anywhere_through_its_function(c: Chain) -> None:
     want = reference(c, model, given)
     tol = 2e-2 if c.dtype == TP.FLOAT16 else 1e-5
     assert np.abs(got.astype(np.float64) - want).max() <= tol * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("c", [Chain(lead=("batch", 9), gemm=True, flattened=True, activation="gelu_tanh_pow"),
+                               Chain(lead=("batch", 9), gemm=True, biased=False, flattened=True, residual="before")],
+                         ids=lambda c: c.id)
+def test_flattened_chain_is_one_gemm_node_and_runs_through_its_function(c: Chain) -> None:
+    """GPT-2's Conv1D as exported: the Reshapes around the Gemm go (simplify), the node reads A
+    of rank 3 and its function computes the chain on the CPU."""
+    model = chain_model(c)
+    res = onnxstitch.optimize(model, epilogues=True, shapes={"batch": [4]})
+    (grp,) = [g for g in res.report.plan.groups if g.scheme == "gemm"]
+    assert grp.payload.a == "a" and res.report.verification.device == "cpu"
+    assert not any(n.op_type in ("Gemm", "MatMul") for n in res.model.graph.node)
+    given = feeds(c, (4, 9), np.random.default_rng(fresh_seed()))
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
+    want = reference(c, model, given)
+    assert np.abs(got.astype(np.float64) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
 
 def test_cli_option(tmp_path: Path) -> None:
@@ -309,7 +365,7 @@ def test_runtime_reaches_the_driver(cpu_lib: Path) -> None:
 @pytest.mark.parametrize("overrides,message", [
     (dict(gemm_epilogue=None), "missing INT attribute 'gemm_epilogue' \\(shape_rule \"gemm\"\\)"),
     (dict(gemm_tf32=None), "missing INT attribute 'gemm_tf32'"),
-    (dict(gemm_epilogue=7), "gemm_epilogue must be 0 \\(none\\), 1 \\(bias\\), 2 \\(relu_bias\\) or 3 \\(gelu_bias\\), got 7"),
+    (dict(gemm_epilogue=7), "gemm_epilogue must be 0 \\(none\\), 1 \\(bias\\), 2 \\(relu_bias\\), 3 \\(gelu_bias\\), 4 \\(relu\\) or 5 \\(gelu\\), got 7"),
     (dict(gemm_trans_b=2), "are 0 or 1"),
     (dict(gemm_timed=3), "gemm_timed are 0 or 1"),
     (dict(gemm_epilogue=0), "with epilogue none takes 2 inputs and gives 1 output, not 3 and 1"),

@@ -191,3 +191,30 @@ def test_the_shape_of_a_repeated_kv_reads_it_unrepeated(gather: int, rewritten: 
     f = {"v": np.random.default_rng(fresh_seed()).standard_normal((3, 2, 5, 4)).astype(np.float32)}
     for a, b in zip(run(model, f), run(res.model, f)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_product_over_heads_flattened_into_rows_reads_them_merged() -> None:
+    """GPT-2's attention output: the context [b, s, h, d] flattened to [b·s, h·d] for the Gemm
+    becomes a Reshape to [0, 0, h·d] and one MatMul over the rows, equal on fresh inputs."""
+    rng = np.random.default_rng(fresh_seed())
+    w = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w")  # transB: [N, K]
+    c = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "c")
+    rows = numpy_helper.from_array(np.array([-1, 16], np.int64), "rows")
+    n = numpy_helper.from_array(np.array([8], np.int64), "n")
+    mk = helper.make_node
+    nodes = [mk("Reshape", ["x", "rows"], ["flat"]), mk("Gemm", ["flat", "w", "c"], ["p"], name="proj", transB=1),
+             mk("Shape", ["x"], ["lead"], start=0, end=2), mk("Concat", ["lead", "n"], ["ys"], axis=0),
+             mk("Reshape", ["p", "ys"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["b", 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], [w, c, rows, n])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert s.rewrites == ("proj (Gemm on rows flattened from 'x') is a MatMul over them with its bias added",)
+    ops = [n.op_type for n in s.model.graph.node]
+    assert ops == ["Reshape", "MatMul", "Add"] and s.tensors["y"].shape == ("b", 3, 8)
+    x = rng.standard_normal((5, 3, 4, 4)).astype(np.float32)
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
+    want = x.reshape(5, 3, 16).astype(np.float64) @ numpy_helper.to_array(w).T.astype(np.float64) + numpy_helper.to_array(c)
+    np.testing.assert_allclose(run(model), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(s.model), want, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,8 @@ per product at these K, so 2e-3; float16 rounds the inputs, the output and GELU'
 bits (about 1e-3 relative), so 5e-3 — far below a wrong bias, activation, transpose or layout."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
@@ -36,9 +38,13 @@ CASES = [
     ((91,), Chain(lead=("m",), k=40, n=72, gemm=True, activation="gelu_op")),  # Gemm, weight [N, K]
     ((8, 128), Chain(lead=("b", "s"), k=768, n=3072, activation="gelu_tanh_pow")),  # BERT-base's FFN
     ((8, 128), Chain(lead=("b", "s"), k=3072, n=768, residual="before")),
+    # Without a bias (cuBLASLt's DEFAULT, RELU and GELU epilogues), and GPT-2's flattened rows.
+    ((7, 13), Chain(lead=("b", "s"), k=64, n=96, biased=False, activation="gelu_tanh_pow")),
+    ((5, 37), Chain(lead=("b", "s"), k=48, n=48, biased=False, residual="before")),
+    ((91,), Chain(lead=("m",), k=40, n=72, gemm=True, biased=False, residual="before", activation="relu")),
+    ((7, 13), Chain(lead=("b", "s"), k=64, n=96, gemm=True, flattened=True, activation="gelu_tanh_pow")),
 ]
-CASES += [(lead, Chain(c.lead, c.k, c.n, TP.FLOAT16, c.activation, c.residual, c.gemm)) for lead, c in CASES
-          if c.k % 8 == 0]
+CASES += [(lead, dataclasses.replace(c, dtype=TP.FLOAT16)) for lead, c in CASES if c.k % 8 == 0]
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:

@@ -47,8 +47,11 @@ constexpr const char* kRule = "gemm";
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kFloat = 1, kFloat16 = 10;           // TensorProto element types
 constexpr int kAlgos = 16;                             // heuristic candidates timed per shape
-const uint32_t kEpilogues[] = {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueReluBias, lt::kEpilogueGeluBias};
-const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias"};
+// By gemm_epilogue (schemes/gemm/spec.py's EPILOGUES); the first 4 codes after 0 take a bias.
+const uint32_t kEpilogues[] = {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueReluBias,
+                               lt::kEpilogueGeluBias, lt::kEpilogueRelu, lt::kEpilogueGelu};
+const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias", "relu", "gelu"};
+bool Biased(int epilogue) { return epilogue >= 1 && epilogue <= 3; }
 
 // The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
 // algorithm needing more.
@@ -127,9 +130,9 @@ class Gemm final : public Scheme {
     bool timed_given = false;
     if (Error e = a.Int("gemm_timed", &timed, &timed_given)) return e;
     if (!timed_given) timed = 1;
-    if (epilogue < 0 || epilogue > 3) {
-      return Fail(ORT_INVALID_ARGUMENT, "gemm_epilogue must be 0 (none), 1 (bias), 2 (relu_bias) or 3 (gelu_bias), got " +
-                                            std::to_string(epilogue));
+    if (epilogue < 0 || epilogue > 5) {
+      return Fail(ORT_INVALID_ARGUMENT, "gemm_epilogue must be 0 (none), 1 (bias), 2 (relu_bias), 3 (gelu_bias), "
+                                        "4 (relu) or 5 (gelu), got " + std::to_string(epilogue));
     }
     for (int64_t flag : {residual, tf32, trans_a, trans_b, timed}) {
       if (flag != 0 && flag != 1) {
@@ -149,7 +152,7 @@ class Gemm final : public Scheme {
     trans_b_ = trans_b != 0;
     timed_ = timed != 0;
     half_ = dtypes[0] == kFloat16;
-    const size_t want = 2 + (epilogue_ > 0) + residual_;
+    const size_t want = 2 + Biased(epilogue_) + residual_;
     if (n_in != want || n_out != 1) {
       return Fail(ORT_INVALID_ARGUMENT, "a gemm node with epilogue " + std::string(kEpilogueNames[epilogue_]) +
                                             (residual_ ? " and a residual" : "") + " takes " + std::to_string(want) +
@@ -194,7 +197,7 @@ class Gemm final : public Scheme {
     lt::Handle handle = nullptr;
     cu::DevicePtr workspace = 0;
     if (Error e = Resources(d, l->ctx, ctx, stream, &handle, &workspace)) return e;
-    const void* bias = epilogue_ > 0 ? b->args.in[2] : nullptr;
+    const void* bias = Biased(epilogue_) ? b->args.in[2] : nullptr;
     const void* residual = residual_ ? b->args.in[b->n_in - 1] : out;
     const ShapeKey key{ctx, m, k, n, {Alignment(b->args.in[0]), Alignment(b->args.in[1]), Alignment(bias),
                                       Alignment(residual), Alignment(out)}};
@@ -239,7 +242,7 @@ class Gemm final : public Scheme {
       y->assign(a, a + ra - 1);
     }
     y->push_back(*n);
-    if (epilogue_ > 0 && (b->ranks[2] != 1 || b->shapes[2][0] != *n)) {
+    if (Biased(epilogue_) && (b->ranks[2] != 1 || b->shapes[2][0] != *n)) {
       return Fail(ORT_INVALID_ARGUMENT, "the bias " + ShapeText(b->shapes[2], b->ranks[2]) + " is not [" +
                                             std::to_string(*n) + "]");
     }

@@ -13,13 +13,16 @@ Legal chains (`find`): a MatMul (A of rank 2 or 3, rows flattened) or a Gemm (al
 1-D constant bias with beta 1, or absent) whose B is a constant 2-D weight, float32 or float16
 throughout, followed by
 
-- its bias: an Add of a tensor [N] (Gemm's own C counts), required: a constant as exporters
-  write it (or an initializer also listed as an input: cuBLASLt reads it at every call);
-- optionally a residual: an Add of a tensor of the product's shape (cuBLASLt's C with β = 1);
+- its bias: an Add of a tensor [N] (Gemm's own C counts): a constant as exporters write it (or an
+  initializer also listed as an input: cuBLASLt reads it at every call);
+- a residual: an Add of a tensor of the product's shape (cuBLASLt's C with β = 1);
 - optionally an activation: Relu; Gelu(approximate="tanh"); or GELU's tanh form as exporters
   write it, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in any arrangement of its nodes,
   recognised by evaluating the nodes between x and their one output (`_activation`, through
   schemes/written.py).
+
+A chain needs at least one of them. Without a bias (LLaMA's projections; a zero bias an exporter
+dropped) cuBLASLt runs the plain product, RELU or GELU epilogue, a residual still through C.
 
 cuBLASLt's epilogue adds C before its activation, so a residual after the activation is
 refused, and so is the exact GELU (erf): it stays a stitched kernel. Each product is proposed
@@ -79,7 +82,7 @@ class Match:
     nodes: tuple[int, ...]  # the product, its Adds, the activation's nodes (topological)
     a: str  # [.., M, K] ([K, M] when trans_a)
     b: str  # the constant weight
-    bias: str
+    bias: str | None
     residual: str | None
     output: str
     activation: str  # "", "relu" or "gelu" (tanh form)
@@ -92,18 +95,19 @@ class Match:
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        """The node's inputs: A, B, the bias, [R] (docs/abi.md)."""
-        return (self.a, self.b, self.bias) + ((self.residual,) if self.residual else ())
+        """The node's inputs: A, B, [the bias], [R] (docs/abi.md)."""
+        return (self.a, self.b) + ((self.bias,) if self.bias else ()) + ((self.residual,) if self.residual else ())
 
     @property
     def spec(self) -> GemmSpec:
-        epilogue = {"": "bias", "relu": "relu_bias", "gelu": "gelu_bias"}[self.activation]
+        epilogue = ({"": "bias", "relu": "relu_bias", "gelu": "gelu_bias"} if self.bias else
+                    {"": "none", "relu": "relu", "gelu": "gelu"})[self.activation]
         return GemmSpec(epilogue, self.residual is not None, self.dtype, TF32 and self.dtype == TP.FLOAT,
                         self.trans_a, self.trans_b)
 
     def describe(self) -> str:
         """One line for reports."""
-        parts = [f"+ bias '{self.bias}'"]
+        parts = [f"+ bias '{self.bias}'"] if self.bias else []
         if self.residual:
             parts.append(f"+ '{self.residual}'")
         if self.activation:
@@ -257,14 +261,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
             break
         nodes.append(at)
         t = g.nodes[at].outputs[0]
-        if bias is not None:
-            take()
-    if bias is None:
-        readers = g.consumers.get(n.outputs[0], ())
-        what = "the product is a graph output" if n.outputs[0] in g.graph_outputs else \
-            f"it is read by {len(readers)} nodes" if len(readers) != 1 else \
-            f"its reader is {g.nodes[readers[0]].op_type}, not the Add of a bias [{n_dim}]"
-        return [], [f"{name}: no bias after it ({what})"]
+        take()
     act = _activation(g, t)
     if isinstance(act, str):
         why.append(f"{name}: {act}")
@@ -274,9 +271,13 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         take(kind, out)
         if residual_add(g, out) is not None:
             why.append(f"{name}: the Add after its activation stays apart (cuBLASLt adds C before the activation)")
-    if not found and not why:  # a Gemm's own bias and nothing after it
-        readers = sorted({g.nodes[c].op_type for c in g.consumers.get(t, ())}) or ["no node"]
-        why.append(f"{name}: nothing after its own bias for an epilogue (read by {', '.join(readers)})")
+    if not found and not why:  # nothing after the product (or after a Gemm's own bias)
+        readers = [g.nodes[c].op_type for c in g.consumers.get(t, ())]
+        what = "the product is a graph output" if t in g.graph_outputs else \
+            f"it is read by {len(readers)} nodes: {', '.join(sorted(readers))}" if len(readers) > 1 else \
+            f"read by {readers[0] if readers else 'no node'}"
+        after = "its own bias" if bias is not None else "it"
+        why.append(f"{name}: no bias, residual or activation after {after} for an epilogue ({what})")
     return found, why
 
 
@@ -312,8 +313,9 @@ def roofline_us(g: FusionGraph, cost: CostModel, m: Match, epilogue: bool = True
 def overhead(m: Match) -> float:
     """The measured slowdown of chain `m`'s GEMM over the same call without epilogue, as a
     fraction (EPILOGUE_OVERHEAD: the costliest of its parts)."""
-    parts = ["bias"] + ([m.activation] if m.activation else []) + (["residual"] if m.residual else [])
-    return max(EPILOGUE_OVERHEAD.get((m.dtype, p), 0.0) for p in parts)
+    parts = (["bias"] if m.bias else []) + ([m.activation] if m.activation else []) + \
+        (["residual"] if m.residual else [])
+    return max((EPILOGUE_OVERHEAD.get((m.dtype, p), 0.0) for p in parts), default=0.0)
 
 
 def group_of(g: FusionGraph, cost: CostModel, name: str, m: Match) -> Group:

@@ -11,9 +11,11 @@ from .. import GEMM
 from ..source import Spec
 
 ATTRIBUTE_PREFIX = "gemm_"
-# cuBLASLt's epilogues this scheme runs, by the code the node carries (gemm_epilogue). "none" is
-# the plain product (the benchmark's baseline); the matcher proposes the others.
-EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias")
+# cuBLASLt's epilogues this scheme runs, by the code the node carries (gemm_epilogue): the plain
+# product (a residual may still be added), with a bias, with a bias and an activation, or with
+# an activation alone (products without a bias: LLaMA's, or a zero bias an exporter dropped).
+EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias", "relu", "gelu")
+BIASED = ("bias", "relu_bias", "gelu_bias")
 DTYPES = (TP.FLOAT, TP.FLOAT16)
 
 
@@ -26,7 +28,7 @@ class GemmSpec(Spec):
     scheme: ClassVar[str] = GEMM
     shape_rule: ClassVar[str] = "gemm"
     entry_suffixes: ClassVar[tuple[str, ...]] = ()  # a library call: no image, no entry
-    epilogue: str  # one of EPILOGUES; "gelu_bias" is the tanh form, cuBLASLt's only GELU
+    epilogue: str  # one of EPILOGUES; GELU is the tanh form, cuBLASLt's only one
     residual: bool
     dtype: int  # of A, B, the bias, R and Y alike: TensorProto FLOAT or FLOAT16
     tf32: bool  # float32 products on TF32 tensor cores (ONNX Runtime's CUDA EP default)
@@ -44,7 +46,7 @@ class GemmSpec(Spec):
 
     @property
     def biased(self) -> bool:
-        return self.epilogue != "none"
+        return self.epilogue in BIASED
 
     @property
     def input_count(self) -> int:
