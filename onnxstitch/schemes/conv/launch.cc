@@ -33,6 +33,7 @@ namespace {
 
 constexpr const char* kRule = "conv";
 constexpr int64_t kFloat = 1, kFloat16 = 10;  // TensorProto element types
+constexpr int kRounds = 3, kReps = 10;  // timing each candidate engine at the first call (Fastest)
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
 // conv_activation codes (schemes/conv/spec.py ACTIVATIONS).
@@ -499,8 +500,10 @@ class Conv final : public Scheme {
         if (most > 0) {
           if (Error e = call.Scratch(static_cast<size_t>(most), workspace)) return e;
         }
-        // The fastest on this call's tensors (3 runs each, as the heuristic's order is often wrong).
-        const size_t best = Fastest(call.Driver(), stream, plans.size(), 1, 3, [&](size_t i) {
+        // The fastest on this call's tensors, as the heuristic's order is often wrong: 3 rounds
+        // of 10 runs. Convolutions here take 3-30 µs; one round of 3 left the choice to noise
+        // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
+        const size_t best = Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
           return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
         });
         shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
