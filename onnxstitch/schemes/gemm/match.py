@@ -159,9 +159,30 @@ def _is_bias(g: FusionGraph, t: str, n: int, dtype: int) -> bool:
     return info is not None and g.shape(t) == (n,) and info.dtype == dtype
 
 
-def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, int, int] | str:
-    """(A, B, Gemm's bias, trans_a, trans_b, K, N) of product node `i`, or why it is no
-    epilogue GEMM."""
+@dataclass(frozen=True)
+class _Product:
+    """A product node's operands as cuBLASLt takes them."""
+
+    a: str
+    b: str
+    bias: str | None  # a Gemm's own C
+    trans_a: bool
+    trans_b: bool
+    k: int
+    n: int
+
+
+@dataclass(frozen=True)
+class _Activation:
+    """An activation after the product (or its Adds): its kind, its nodes, its output."""
+
+    kind: str  # "relu" or "gelu" (tanh form)
+    nodes: tuple[int, ...]
+    output: str
+
+
+def _product(g: FusionGraph, i: int) -> _Product | str:
+    """Product node `i`'s operands, or why it is no epilogue GEMM."""
     n = g.nodes[i]
     a, b = n.inputs[:2]
     out = n.outputs[0]
@@ -190,7 +211,7 @@ def _product(g: FusionGraph, i: int) -> tuple[str, str, str | None, bool, bool, 
     n_dim = sb[0] if trans_b else sb[1]
     if not isinstance(k, int) or k != kb or not isinstance(n_dim, int):
         return f"A {list(sa)} and B {list(sb)}: K and N must be fixed and agree"
-    return a, b, bias, trans_a, trans_b, k, n_dim
+    return _Product(a, b, bias, trans_a, trans_b, k, n_dim)
 
 
 def residual_add(g: FusionGraph, t: str) -> tuple[int, str] | None:
@@ -206,24 +227,24 @@ def residual_add(g: FusionGraph, t: str) -> tuple[int, str] | None:
     return at, other
 
 
-def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[int, ...], str] | str | None:
-    """(kind, nodes, output) of the activation applied to `t`, why it cannot be the epilogue's
-    (the exact GELU), or None when `t` is not read by one."""
+def _activation(g: FusionGraph, t: str) -> _Activation | str | None:
+    """The activation applied to `t`, why it cannot be the epilogue's (the exact GELU), or None
+    when `t` is not read by one."""
     readers = g.consumers.get(t, ())
     if not readers or t in g.graph_outputs:
         return None
     n = g.nodes[readers[0]]
     at = n.index
     if len(readers) == 1 and n.op_type == "Relu" and n.domain in ("", "ai.onnx"):
-        return "relu", (at,), n.outputs[0]
+        return _Activation("relu", (at,), n.outputs[0])
     if len(readers) == 1 and n.op_type == "Gelu" and n.domain in ("", "ai.onnx"):
         if n.attrs.get("approximate", "none") in ("tanh", b"tanh"):
-            return "gelu", (at,), n.outputs[0]
+            return _Activation("gelu", (at,), n.outputs[0])
         return f"the exact GELU '{n.name or n.outputs[0]}' stays a stitched kernel: {EXACT_GELU}"
     for nodes, y in reversed(written.regions(g, t)):
         form = written.identify(g, t, nodes, y, frozenset({"gelu_tanh", "gelu"}))
         if form is not None and form[0] == "gelu_tanh":
-            return "gelu", nodes, y
+            return _Activation("gelu", tuple(nodes), y)
         if form is not None:
             return f"the exact (erf) GELU into '{y}' stays a stitched kernel: {EXACT_GELU}"
     return None
@@ -236,7 +257,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     got = _product(g, i)
     if isinstance(got, str):
         return [], [f"{name}: {got}"]
-    a, b, bias, trans_a, trans_b, k, n_dim = got
+    a, b, bias, trans_a, trans_b, k, n_dim = got.a, got.b, got.bias, got.trans_a, got.trans_b, got.k, got.n
     dtype = g.tensors[n.outputs[0]].dtype
     t, nodes, residual = n.outputs[0], [i], None
     found: list[Match] = []
@@ -266,10 +287,9 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     if isinstance(act, str):
         why.append(f"{name}: {act}")
     elif act is not None:
-        kind, extra, out = act
-        nodes.extend(extra)
-        take(kind, out)
-        if residual_add(g, out) is not None:
+        nodes.extend(act.nodes)
+        take(act.kind, act.output)
+        if residual_add(g, act.output) is not None:
             why.append(f"{name}: the Add after its activation stays apart (cuBLASLt adds C before the activation)")
     if not found and not why:  # nothing after the product (or after a Gemm's own bias)
         readers = [g.nodes[c].op_type for c in g.consumers.get(t, ())]
