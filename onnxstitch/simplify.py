@@ -293,12 +293,13 @@ def _unflattened(g: _Graph, f: _Flattened, name: str, extra: list[onnx.TensorPro
         x = f"{f.y}~x"
     w = f.weight
     if f.trans_b:
-        w = f"{f.weight}~t"
         value = g.value(f.weight)
-        if value is not None:
+        if value is not None:  # one transposed copy, however many products share the weight
+            w = f"{f.weight}~t"
             if all(t.name != w for t in extra):
                 extra.append(numpy_helper.from_array(np.ascontiguousarray(value.T), w))
-        else:
+        else:  # a weight made at run time: a Transpose of its own per product
+            w = f"{f.y}~wt"
             out.append(helper.make_node("Transpose", [f.weight], [w], name=f"{name}~t", perm=[1, 0]))
     product = f.y if f.bias is None else f"{f.y}~product"
     out.append(helper.make_node("MatMul", [x, w], [product], name=name))

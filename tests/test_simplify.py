@@ -218,3 +218,28 @@ def test_a_product_over_heads_flattened_into_rows_reads_them_merged() -> None:
     want = x.reshape(5, 3, 16).astype(np.float64) @ numpy_helper.to_array(w).T.astype(np.float64) + numpy_helper.to_array(c)
     np.testing.assert_allclose(run(model), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run(s.model), want, rtol=1e-5, atol=1e-5)
+
+
+def test_products_sharing_a_weight_made_at_run_time_transpose_it_each() -> None:
+    """Two flattened Gemms (transB) reading one weight that is a graph input: each gets its own
+    Transpose, and the rewritten model is valid and equal on fresh inputs."""
+    rng = np.random.default_rng(fresh_seed())
+    rows = numpy_helper.from_array(np.array([-1, 16], np.int64), "rows")
+    unrows = numpy_helper.from_array(np.array([2, 3, 8], np.int64), "unrows")
+    mk = helper.make_node
+    nodes = [mk("Reshape", ["x", "rows"], ["flat"])]
+    for k in range(2):
+        nodes += [mk("Gemm", ["flat", "w"], [f"p{k}"], name=f"proj{k}", transB=1),
+                  mk("Reshape", [f"p{k}", "unrows"], [f"y{k}"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3, 16]),
+                                       helper.make_tensor_value_info("w", TP.FLOAT, [8, 16])],
+                          [helper.make_tensor_value_info(f"y{k}", TP.FLOAT, None) for k in range(2)], [rows, unrows])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert len(s.rewrites) == 2 and [n.op_type for n in s.model.graph.node].count("Transpose") == 2
+    onnx.checker.check_model(s.model, full_check=True)
+    feeds = {"x": rng.standard_normal((2, 3, 16)).astype(np.float32), "w": rng.standard_normal((8, 16)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    for got, want in zip(run(s.model), run(model)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
