@@ -36,6 +36,11 @@ class Node:
     attrs: Mapping[str, object]
     kind: ops.OpKind
     reason: str | None  # why it cannot join a fused group; None when it can
+    # What it reads besides `inputs`: shapes and axes. No kernel reads them (a fused group takes
+    # layouts from the inferred shapes), so `succs`/`preds` leave them out; but a node that ONNX
+    # Runtime runs still waits for them: a Reshape of a LayerNorm's scale to Shape(x)[-1:] runs
+    # after x (PP-OCRv3's recognizer). The plan's cycle check follows them (plan.contract).
+    after: tuple[str, ...] = ()
 
     @property
     def fusible(self) -> bool:
@@ -356,7 +361,9 @@ def build(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
         # Shape/axes inputs are not data: the kernel takes layouts and broadcasts from the
         # inferred shapes (views.py, broadcast strides) and reads none of them.
         inputs = tuple(ops.data_inputs(n.op_type, n.domain, inputs))
-        nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason))
+        after = tuple(t for t in dict.fromkeys(n.input) if t and t not in inputs)
+        nodes.append(Node(idx, n.name, n.op_type, n.domain, inputs + implicit, tuple(n.output), attrs, kind, reason,
+                          after))
     left = ort_keeps(g, infos)
     nodes = [dataclasses.replace(n, reason=left[n.index]) if n.index in left and n.reason is None else n for n in nodes]
     return FusionGraph(tuple(nodes), infos, input_names, frozenset(o.name for o in g.output),

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .shapes import DEFAULT_SYMBOLIC_DIM
+from .shapes import DEFAULT_SYMBOLIC_DIM, placeholder_dim
 
 
 def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = None,
@@ -26,8 +26,8 @@ def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = 
         for i, d in enumerate(vi.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
-            else:  # symbolic, unnamed, or -1 as paddle2onnx writes it (named as shapes.resolve_shapes does)
-                key = d.dim_param or f"{vi.name}_dim{i}"
+            else:  # symbolic, or a placeholder (named as shapes.resolve_shapes does)
+                key = f"{vi.name}_dim{i}" if placeholder_dim(d) else d.dim_param
                 dims.append(int((dim_values or {}).get(key, DEFAULT_SYMBOLIC_DIM)))
         out[vi.name] = tuple(dims)
     return out

@@ -182,7 +182,8 @@ def pairwise_conflicts(graph: FusionGraph, groups: Sequence[Sequence[int]],
 
 def contract(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> tuple[list[int], list[set[int]]]:
     """Group id of every node (chosen groups first, then one id per remaining node) and the
-    contracted adjacency."""
+    contracted adjacency: the data edges, and for a node left to ONNX Runtime its reads of
+    shapes and axes too (`Node.after`: ORT runs it after them; a fused group reads none)."""
     owner = [-1] * len(graph.nodes)
     for g, members in enumerate(chosen):
         for i in members:
@@ -197,6 +198,12 @@ def contract(graph: FusionGraph, chosen: Sequence[Sequence[int]]) -> tuple[list[
         for s in succs:
             if owner[i] != owner[s]:
                 adj[owner[i]].add(owner[s])
+    for i, n in enumerate(graph.nodes):
+        if owner[i] >= len(chosen):
+            for t in n.after:
+                p = graph.producer.get(t)
+                if p is not None and owner[p] != owner[i]:
+                    adj[owner[p]].add(owner[i])
     return owner, adj
 
 

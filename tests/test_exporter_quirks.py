@@ -85,6 +85,47 @@ def test_dynamic_dims_as_exporters_write_them_take_shapes(dim) -> None:
     _same_outputs(model, res.model, {"x_dim0": 7})
 
 
+def test_question_mark_dims_are_each_their_own_size() -> None:
+    """Older paddle2onnx writes every dynamic dim as "?" (PP-OCRv3: x [-1, 3, "?", "?"]). They
+    are placeholders, not one size: height and width get names of their own, take --shape each,
+    and the stitched model runs where they differ."""
+    x = helper.make_tensor_value_info("x", TP.FLOAT, [None, 3, "?", "?"])
+    x.type.tensor_type.shape.dim[0].dim_value = -1
+    y = helper.make_tensor_value_info("y", TP.FLOAT, [None, 3, "?", "?"])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 12)],
+                              ir_version=7)
+    assert input_shapes(model, {"x_dim0": 2, "x_dim2": 5, "x_dim3": 9}) == {"x": (2, 3, 5, 9)}
+    res = onnxstitch.optimize(model, shapes={"x": [2, 3, 24, 40]})
+    assert res.report.dim_values == {"x_dim0": 2, "x_dim2": 24, "x_dim3": 40} and res.report.plan.groups
+    dims = [d.dim_param for d in res.model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["x_dim0", "", "x_dim2", "x_dim3"]
+    _same_outputs(model, res.model, {"x_dim0": 1, "x_dim2": 6, "x_dim3": 11})
+
+
+def test_a_parameter_shaped_by_a_tensor_the_group_makes_closes_no_cycle() -> None:
+    """PP-OCRv3's recognizer reshapes each LayerNorm's scale to Shape(x)[-1:], x the residual sum
+    the LayerNorm normalizes: the group {Add, LayerNorm} would make x and read the Reshape that
+    waits for it. The plan must see that shape read (plan.contract) and not take that group."""
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 16] a, float[N, 16] b) => (float[N, 16] y) {
+  x = Add(a, b)
+  s = Shape(x)
+  start = Constant<value = int64[1] {-1}>()
+  end = Constant<value = int64[1] {2}>()
+  last = Slice(s, start, end)
+  w = Constant<value = float[16] {1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8}>()
+  scale = Reshape(w, last)
+  n = LayerNormalization<axis = -1>(x, scale)
+  y = Tanh(n)
+}""")
+    res = onnxstitch.optimize(model, shapes={"N": [8]})
+    assert res.report.plan.groups
+    onnx.checker.check_model(res.model, full_check=True)
+    _same_outputs(model, res.model, {"N": 5})
+
+
 def test_fused_producer_of_a_tensor_read_only_in_a_branch_comes_before_the_if() -> None:
     # The group {Sigmoid, Mul} is placed at the Sigmoid and must wait for the MatMul; the If
     # reads the Sigmoid's output only inside its branch, yet must still come after the group.

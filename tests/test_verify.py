@@ -13,7 +13,7 @@ from onnx import parser
 import onnxstitch
 from cli.main import main
 from models.fuzz import run_cpu
-from onnxstitch import rewrite
+from onnxstitch import rewrite, verify
 from onnxstitch.inputs import random_feeds
 from onnxstitch.verify import VerifyError, compare
 
@@ -47,6 +47,19 @@ def test_compare_rules() -> None:
     assert not compare(x.astype(np.float64), x)[0]  # dtype must match
     near = x * (1 + 1e-3 * np.sign(rng.standard_normal(100))).astype(np.float32)
     assert not compare(near, x)[0] and compare(near, x, half_inputs=True)[0]  # float32 from half data
+
+
+def test_a_graph_output_near_zero_is_judged_at_its_inputs_scale() -> None:
+    """A detector's probabilities on a random image are sigmoids of large negative logits
+    (PP-OCRv3: 1e-13 to 1e-7): rounding of 1e-7 there is the whole of their norm. At the scale
+    of the model's inputs it is a few float32 units and passes; a real difference still fails."""
+    rng = np.random.default_rng(fresh_seed())
+    logits = (-25.0 + rng.standard_normal((64, 64))).astype(np.float32)
+    probs = (1 / (1 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
+    noisy = probs + (rng.standard_normal(probs.shape) * 3e-8).astype(np.float32)
+    assert verify._beyond_rounding(noisy, probs, False)[1] is not None  # its own norm: 100% off
+    assert verify._beyond_rounding(noisy, probs, False, input_scale=1.0)[1] is None
+    assert verify._beyond_rounding(probs * 3 + 1e-3, probs, False, input_scale=1.0)[1] is not None
 
 
 def _broken_function(monkeypatch: pytest.MonkeyPatch, group: str) -> None:
