@@ -217,7 +217,7 @@ def _name_dynamic_dims(graph: onnx.GraphProto) -> None:
                 d.dim_param = f"{vi.name}_dim{i}"
     for vi in list(graph.output) + list(graph.value_info):
         for d in vi.type.tensor_type.shape.dim:
-            if placeholder_dim(d) and (d.HasField("dim_value") or d.dim_param):
+            if placeholder_dim(d):
                 d.Clear()
 
 

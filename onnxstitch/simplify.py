@@ -239,8 +239,7 @@ class _Flattened:
     """A product on flattened rows (module docstring): Reshape(x) → product → Reshape(→ y)."""
 
     x: str  # the activation before flattening
-    merge: int  # x's trailing dims to merge into K (0: x's last dim is K)
-    k: int
+    rows: tuple[int, ...] | None  # the Reshape target merging x's trailing dims into K, [0, …, 0, K]
     weight: str
     trans_b: bool
     bias: str | None  # Gemm's C, added after the product
@@ -278,17 +277,17 @@ def _flattened(g: _Graph, r: onnx.NodeProto) -> _Flattened | None:
         bs = g.shape(bias)
         if bs is None or len(bs) > 2 or (len(bs) == 2 and bs[0] != 1) or (bs and bs[-1] not in (1, n)):
             return None  # only a C that broadcasts along the rows is a bias
-    return _Flattened(x, len(rest) if len(rest) > 1 else 0, k, p.input[1], trans_b, bias, r.output[0])
+    rows = tuple([0] * len(lead) + [k]) if len(rest) > 1 else None  # None: x's last dim is K
+    return _Flattened(x, rows, p.input[1], trans_b, bias, r.output[0])
 
 
 def _unflattened(g: _Graph, f: _Flattened, name: str, extra: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
     """The nodes computing `f`'s output as a product over x's rows (module docstring)."""
     out: list[onnx.NodeProto] = []
     x = f.x
-    if f.merge:
+    if f.rows is not None:
         shape = f"{f.y}~rows"
-        lead = len(g.shape(f.x)) - f.merge
-        extra.append(numpy_helper.from_array(np.array([0] * lead + [f.k], np.int64), shape))
+        extra.append(numpy_helper.from_array(np.array(f.rows, np.int64), shape))
         out.append(helper.make_node("Reshape", [f.x, shape], [f"{f.y}~x"], name=f"{name}~rows"))
         x = f"{f.y}~x"
     w = f.weight

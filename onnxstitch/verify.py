@@ -345,8 +345,9 @@ def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dic
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model as written does not run: "
                           f"{first_line(e)}") from e
+    scale = _scale(feeds)
     for o in original.graph.output:
-        _, why = _beyond_rounding(actual[o.name], expected[o.name], tf32, _scale(feeds))
+        _, why = _beyond_rounding(actual[o.name], expected[o.name], tf32, scale)
         if why:
             raise VerifyError(f"verification failed on {where}: graph output '{o.name}' of the stitched model as "
                               f"written: {why}")
@@ -466,8 +467,9 @@ def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: F
             accumulated.append(compare(actual[t], expected[t], input_scale=_scale(ins))[1])
     if faulty:
         raise VerifyError(message, faulty)
+    scale = _scale(feeds)
     for o in original.graph.output:
-        rel, why = _beyond_rounding(actual[o.name], expected[o.name], tf32, _scale(feeds))
+        rel, why = _beyond_rounding(actual[o.name], expected[o.name], tf32, scale)
         if why:
             raise VerifyError(f"verification failed on {where}: graph output '{o.name}': {why}, though every "
                               f"fused group is right on its own inputs")
@@ -475,7 +477,7 @@ def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: F
     if source is not None:
         given = _run(source, gpu, False, feeds, weights)
         for name, want in ((o.name, given[o.name]) for o in original.graph.output):
-            _, why = _beyond_rounding(actual[name], want, tf32, _scale(feeds))
+            _, why = _beyond_rounding(actual[name], want, tf32, scale)
             if why:
                 raise VerifyError(f"verification failed on {where}: graph output '{name}' against the model as given "
                                   f"(before normalization): {why}")

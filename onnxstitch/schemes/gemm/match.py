@@ -257,15 +257,15 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     got = _product(g, i)
     if isinstance(got, str):
         return [], [f"{name}: {got}"]
-    a, b, bias, trans_a, trans_b, k, n_dim = got.a, got.b, got.bias, got.trans_a, got.trans_b, got.k, got.n
+    bias = got.bias  # a Gemm's own C, else found among the Adds below
     dtype = g.tensors[n.outputs[0]].dtype
     t, nodes, residual = n.outputs[0], [i], None
     found: list[Match] = []
     why: list[str] = []
 
     def take(activation: str = "", out: str | None = None) -> None:
-        found.append(Match(tuple(sorted(nodes)), a, b, bias, residual, out or t, activation, dtype, k, n_dim,
-                           trans_a, trans_b, n.name or n.outputs[0]))
+        found.append(Match(tuple(sorted(nodes)), got.a, got.b, bias, residual, out or t, activation, dtype, got.k,
+                           got.n, got.trans_a, got.trans_b, n.name or n.outputs[0]))
 
     # The bias and the residual, in either order.
     for _ in range(2):
@@ -274,7 +274,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
             break
         x, y = g.nodes[at].inputs[:2]
         other = y if x == t else x
-        if bias is None and _is_bias(g, other, n_dim, dtype):
+        if bias is None and _is_bias(g, other, got.n, dtype):
             bias = other
         elif residual is None and residual_add(g, t) is not None:
             residual = other
