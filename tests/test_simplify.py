@@ -243,3 +243,60 @@ def test_products_sharing_a_weight_made_at_run_time_transpose_it_each() -> None:
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
     for got, want in zip(run(s.model), run(model)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _aliased_batchnorms(rng: np.random.Generator, nested: bool = False) -> onnx.ModelProto:
+    """Two BatchNormalization → Relu layers whose scale and shift are one initializer each,
+    given to the second layer through Identity nodes, as TorchScript's exporter writes equal
+    weights (DenseNet's untrained BatchNorms). `nested`: an If branch also reads an alias."""
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
+    ch = 4
+    inits = [c("scale", rng.uniform(0.5, 2.0, ch)), c("shift", rng.standard_normal(ch)),
+             c("mean", rng.standard_normal(ch)), c("var", rng.uniform(0.5, 2.0, ch)),
+             c("mean2", rng.standard_normal(ch)), c("var2", rng.uniform(0.5, 2.0, ch))]
+    mk = helper.make_node
+    nodes = [mk("Identity", ["scale"], ["scale2"], name="alias_scale"),
+             mk("Identity", ["shift"], ["shift2"], name="alias_shift"),
+             mk("BatchNormalization", ["x", "scale", "shift", "mean", "var"], ["b1"]), mk("Relu", ["b1"], ["r1"]),
+             mk("BatchNormalization", ["r1", "scale2", "shift2", "mean2", "var2"], ["b2"]), mk("Relu", ["b2"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TP.FLOAT, ["n", ch, 8, 8])]
+    if nested:
+        branch = lambda name: helper.make_graph(  # noqa: E731
+            [mk("Identity", ["scale2"], [f"{name}_out"])], name, [], [helper.make_tensor_value_info(f"{name}_out", TP.FLOAT, [ch])])
+        nodes.append(mk("If", ["flag"], ["picked"], then_branch=branch("then"), else_branch=branch("else")))
+        inits.append(numpy_helper.from_array(np.array(True), "flag"))
+        outputs.append(helper.make_tensor_value_info("picked", TP.FLOAT, [ch]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", ch, 8, 8])], outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_identity_of_a_constant_is_that_constant() -> None:
+    """TorchScript's aliased initializers: the second BatchNorm reads the constants themselves,
+    so both BatchNorm → Relu pairs are fused (the first only, before the rewrite), and the
+    stitched model's function equals an independent float64 construction on fresh inputs."""
+    rng = np.random.default_rng(fresh_seed())
+    model = _aliased_batchnorms(rng)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert len(s.rewrites) == 2 and "Identity" not in [n.op_type for n in s.model.graph.node]
+    res = onnxstitch.optimize(model, shapes={"n": [2]})
+    assert "BatchNormalization" not in [n.op_type for n in res.model.graph.node]
+    x = rng.standard_normal((3, 4, 8, 8)).astype(np.float32)
+    p = {t.name: numpy_helper.to_array(t).astype(np.float64)[None, :, None, None] for t in model.graph.initializer}
+
+    def bn_relu(v: np.ndarray, mean: str, var: str) -> np.ndarray:
+        return np.maximum((v - p[mean]) / np.sqrt(p[var] + 1e-5) * p["scale"] + p["shift"], 0.0)
+
+    want = bn_relu(bn_relu(x.astype(np.float64), "mean", "var"), "mean2", "var2")
+    got = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_identity_read_inside_a_subgraph_stays() -> None:
+    """The rename reaches the main graph's node inputs only: an alias an If branch reads keeps
+    its Identity (the other alias goes)."""
+    model = _aliased_batchnorms(np.random.default_rng(fresh_seed()), nested=True)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert [n.name for n in s.model.graph.node if n.op_type == "Identity"] == ["alias_scale"]
+    onnx.checker.check_model(s.model, full_check=True)

@@ -31,6 +31,15 @@ if TYPE_CHECKING:
     from ..graph import FusionGraph
 
 NO_WINDOW = (-1, 0, 0, 0)  # the `input_windows` entry of an input read unshifted
+# Operands of a stitched Concat. Each thread tests every operand's window, computes every
+# operand's offset (per element where the innermost dim is not a multiple of the vector: 7 × 7
+# maps) and selects among them by a chain of comparisons: work per element grows with the
+# operand count. DenseNet-121's dense layers concatenate up to 25 tensors before their
+# BatchNorm → ReLU; all stitched, torchvision's DenseNet-121 (batch 8, both exporters) ran at
+# 0.54× of stock ORT on an H200. The data Concats of every other corpus and zoo model have at
+# most 4 operands (YOLO's C2f and SPPF, Inception's branches, Swin's patch merging, PP-OCR's
+# necks, rotary halves); more are left to ONNX Runtime's copy.
+MAX_OPERANDS = 4
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,9 @@ def node_reason(n: onnx.NodeProto, attrs: Mapping[str, object], tensors: Mapping
         return f"an operand's size along axis {axis} is not fixed at optimize time"
     if len(set(n.input)) != len(n.input):
         return "it concatenates one tensor more than once (an input is read in one window)"
+    if len(n.input) > MAX_OPERANDS:
+        return (f"it concatenates {len(n.input)} tensors: a stitched Concat tests and holds every operand in each "
+                f"thread, so at most {MAX_OPERANDS} are stitched")
     return None
 
 
