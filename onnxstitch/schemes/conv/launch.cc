@@ -165,8 +165,9 @@ class Conv final : public Scheme {
 
   // Whether the graph ends with a MUL by a by-value 1: a grouped convolution whose activation
   // brings no by-value operand of its own (ReLU is MAX(x, 0), HardSwish/HardSigmoid have theirs),
-  // and any clip (ReLU6): torchvision's MobileNetV2, whose every 1×1 expansion ends in a clip,
-  // ran 0.28× of stock ORT on an H200 with those graphs left to the heuristic's engines.
+  // and any clip (ReLU6): torchvision's MobileNetV2 (every 1×1 expansion ends in a clip) ran
+  // 0.28× of stock ORT on an H200 with its clip graphs left to the heuristic's engines, 2.31×
+  // with the operand (CUDA graphs, batch 8, float32; bench/results/nvidia-h200/corpus-tv).
   bool ScalarTail() const {
     return (group_ > 1 || activation_ == kClip) && activation_ != kRelu && activation_ != kHardSwish &&
            activation_ != kHardSigmoid;

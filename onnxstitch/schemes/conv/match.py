@@ -27,7 +27,9 @@ Depthwise convolutions (one input channel a group) are legal; other grouped ones
 cuDNN's heuristic sends a depthwise conv + bias (+ ReLU) graph to an engine 6–16× slower than
 the plain convolution, but one with a by-value scalar operand to its runtime-fusion engines,
 which run it as fast as the plain NHWC call — 2× faster than ORT's NCHW one in float32 — so the
-runtime gives every depthwise graph such an operand (launch.cc).
+runtime gives every depthwise graph such an operand (launch.cc). Graphs ending in a clip
+(ReLU6) get one too, whatever their group: without it torchvision's MobileNetV2 ran 0.28× of
+stock ORT on an H200, with it 2.31×.
 
 Each chain is proposed with every legal prefix, the Conv alone included, all sharing its nodes: the
 plan takes at most one, or none; the refusals say why a chain stops.
