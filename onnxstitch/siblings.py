@@ -121,12 +121,21 @@ def _rebuild(index: edit.ModelIndex, merges: list[tuple[Merge, list[int]]], weig
     nodes, constants = index.nodes, index.constants
     replace: dict[int, list[onnx.NodeProto]] = {}
     params: list[onnx.TensorProto] = []
+    # One wide weight per distinct list of weights: layers sharing their weights (ALBERT, and
+    # TorchScript's aliases of equal initializers once simplify reads them as one) share it too.
+    joined: dict[tuple[str, ...], str] = {}
     for merged, members in merges:
         first = nodes[members[0]]
         product = f"{first.output[0]}{SUFFIX}"
-        w = f"{first.input[1]}{SUFFIX}"
-        # Joined lazily: the store makes the wide weight only where it is read (weights.py).
-        params.append(weights.concat([constants[nodes[i].input[1]] for i in members], 1, w))
+        key = tuple(nodes[i].input[1] for i in members)
+        w = joined.get(key, "")
+        if not w:
+            w = f"{key[0]}{SUFFIX}"
+            if w in joined.values():  # another list that starts with the same weight
+                w = f"{w}{len(joined)}"
+            joined[key] = w
+            # Joined lazily: the store makes the wide weight only where it is read (weights.py).
+            params.append(weights.concat([constants[t] for t in key], 1, w))
         made = [helper.make_node("MatMul", [merged.activation, w], [product], name=f"{first.name or product}{SUFFIX}")]
         start = 0
         for out, size in zip(merged.outputs, merged.sizes):

@@ -151,3 +151,38 @@ def test_merge_is_undone_when_the_plan_leaves_its_split(monkeypatch) -> None:
     merge = res.report.to_json()["merge"]
     assert merge["rewrites"] == [] and any("left apart" in r for r in merge["refusals"])
 
+
+
+def test_layers_sharing_their_weights_share_one_wide_weight() -> None:
+    """ALBERT's layers (and TorchScript's aliases once simplify reads them as the constant) project
+    two activations by the same Q/K/V weights: both merged products read one wide weight, the
+    model stays valid (one name, one initializer), and its values match float64 numpy. A third
+    set starting with the same weight gets a name of its own."""
+    rng = np.random.default_rng(fresh_seed())
+    k, n = 16, 8
+    ws = {f"w{i}": (rng.standard_normal((k, n)) / 4).astype(np.float32) for i in range(4)}
+    mk = onnx.helper.make_node
+    sets = {"x": ("w0", "w1", "w2"), "x2": ("w0", "w1", "w2"), "x3": ("w0", "w3")}
+    nodes = [mk("Relu", ["x"], ["x2"]), mk("Sigmoid", ["x"], ["x3"])]
+    outs = []
+    for a, names in sets.items():
+        for j, w in enumerate(names):
+            nodes += [mk("MatMul", [a, w], [f"{a}_p{j}"]), mk("Relu", [f"{a}_p{j}"], [f"{a}_y{j}"])]
+            outs.append(onnx.helper.make_tensor_value_info(f"{a}_y{j}", TP.FLOAT, ["batch", "seq", n]))
+    graph = onnx.helper.make_graph(nodes, "shared", [onnx.helper.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", k])],
+                                   outs, [onnx.numpy_helper.from_array(v, name) for name, v in ws.items()])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8)
+    out = _merged(model)
+    assert len(out.merges) == 3
+    onnx.checker.check_model(out.model, full_check=True)
+    wide = [t.name for t in out.model.graph.initializer if t.name.startswith("w0")]
+    assert len(wide) == len(set(wide)) == 2, wide
+    products = [n.input[1] for n in out.model.graph.node if n.op_type == "MatMul"]
+    assert products.count(products[0]) == 2 and len(set(products)) == 2
+
+    def ref(feeds: dict) -> list[np.ndarray]:
+        x = feeds["x"].astype(np.float64)
+        acts = {"x": x, "x2": np.maximum(x, 0), "x3": 1 / (1 + np.exp(-x))}
+        return [np.maximum(acts[a] @ ws[w].astype(np.float64), 0) for a, names in sets.items() for w in names]
+
+    _check_values(out.model, ref, TP.FLOAT, "shared weights")
