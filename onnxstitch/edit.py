@@ -9,12 +9,42 @@ from dataclasses import dataclass, field
 import onnx
 
 from . import load
-from .graph import implicit_inputs
+
+
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read: dependencies as real
+    as its inputs, though they appear in no input list."""
+    found: list[str] = []
+
+    def walk(g: onnx.GraphProto, outer_defined: set[str]) -> None:
+        defined = set(outer_defined) | {i.name for i in g.input} | {i.name for i in g.initializer}
+        for n in g.node:
+            for t in n.input:
+                if t and t not in defined and t not in found:
+                    found.append(t)
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub, defined)
+            defined.update(n.output)
+
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            walk(sub, set())
+    return found
 
 
 def reads(n: onnx.NodeProto) -> list[str]:
     """What a node reads: its inputs and what its subgraphs read from outside them."""
     return [t for t in list(n.input) + implicit_inputs(n) if t]
+
+
+def reader_map(nodes: Iterable[onnx.NodeProto]) -> dict[str, tuple[int, ...]]:
+    """Tensor → the positions of the nodes that read it (reads), in order."""
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in reads(n):
+            readers.setdefault(t, []).append(i)
+    return {t: tuple(r) for t, r in readers.items()}
 
 
 @dataclass(frozen=True)
@@ -34,14 +64,10 @@ class ModelIndex:
     def of(cls, model: onnx.ModelProto) -> ModelIndex:
         g = model.graph
         inputs = frozenset(i.name for i in g.input)
-        readers: dict[str, list[int]] = {}
-        for i, n in enumerate(g.node):
-            for t in reads(n):
-                readers.setdefault(t, []).append(i)
         return cls(model, tuple(g.node), inputs, frozenset(o.name for o in g.output),
                    {t.name: t for t in g.initializer if t.name not in inputs},
                    {o: i for i, n in enumerate(g.node) for o in n.output if o},
-                   {t: tuple(r) for t, r in readers.items()}, load.ai_onnx_opset(model))
+                   reader_map(g.node), load.ai_onnx_opset(model))
 
     def node_of(self, t: str) -> onnx.NodeProto | None:
         """The node that makes `t` (None for a graph input, a constant or an unknown name)."""

@@ -14,6 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import load, ops
+from .edit import implicit_inputs, reader_map
 from .folds import channel_params, concats, slices
 from .shapes import Shape, TensorInfo, broadcast_shapes
 
@@ -179,28 +180,6 @@ def node_attrs(node: onnx.NodeProto) -> dict[str, object]:
         v = onnx.helper.get_attribute_value(a)
         out[a.name] = v.decode() if isinstance(v, bytes) else v
     return out
-
-
-def implicit_inputs(node: onnx.NodeProto) -> list[str]:
-    """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read: dependencies as real
-    as its inputs, though they appear in no input list."""
-    found: list[str] = []
-
-    def walk(g: onnx.GraphProto, outer_defined: set[str]) -> None:
-        defined = set(outer_defined) | {i.name for i in g.input} | {i.name for i in g.initializer}
-        for n in g.node:
-            for t in n.input:
-                if t and t not in defined and t not in found:
-                    found.append(t)
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    walk(sub, defined)
-            defined.update(n.output)
-
-    for a in node.attribute:
-        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-            walk(sub, set())
-    return found
 
 
 def row_axes(n: onnx.NodeProto | Node, attrs: Mapping[str, object], constants: Mapping[str, onnx.TensorProto],
@@ -478,10 +457,7 @@ def conv_epilogues(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo], consta
     would cost a kernel of their own after a Conv that ORT would have run alone (onnx's
     Inception-v2: Conv → Mul → Add → Relu, 0.90× on the H100). `constant`: what constant_nodes
     finds."""
-    readers: dict[str, list[int]] = {}
-    for k, n in enumerate(g.node):
-        for t in list(n.input) + implicit_inputs(n):
-            readers.setdefault(t, []).append(k)
+    readers = reader_map(g.node)
     outputs = {o.name for o in g.output}
     # What ORT knows at session start: initializers (no graph inputs) and what they alone compute.
     inputs = {i.name for i in g.input}
@@ -489,7 +465,7 @@ def conv_epilogues(g: onnx.GraphProto, tensors: Mapping[str, TensorInfo], consta
                  | {t for k in constant for t in g.node[k].output if t})
 
     def only_reader(t: str) -> int | None:
-        r = readers.get(t, [])
+        r = readers.get(t, ())
         return r[0] if len(r) == 1 and t not in outputs else None
 
     def per_channel(n: onnx.NodeProto, channels: int | None, rank: int) -> bool:

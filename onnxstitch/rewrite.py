@@ -18,7 +18,8 @@ from .schemes import registry
 from .schemes.conv import match as conv_match
 from . import ops
 from .folds import concats, slices, views
-from .graph import FusionGraph, implicit_inputs
+from .edit import implicit_inputs
+from .graph import FusionGraph
 
 DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"

@@ -50,7 +50,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import edit, ops
-from .graph import implicit_inputs, node_attrs
+from .edit import implicit_inputs
+from .graph import node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
 

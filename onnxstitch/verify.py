@@ -21,7 +21,8 @@ from onnx import helper
 
 from . import ortio
 from .errors import BadInputError, StitchError, first_line
-from .graph import FusionGraph, implicit_inputs
+from .edit import implicit_inputs
+from .graph import FusionGraph
 from .inputs import random_feeds
 from .load import is_large, save
 from .plan import Group
