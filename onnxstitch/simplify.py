@@ -50,7 +50,6 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import edit, ops
-from .edit import implicit_inputs
 from .graph import node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer
 
@@ -319,11 +318,11 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     g = _Graph(model, tensors)
     opset = g.index.opset
     replace: dict[int, list[onnx.NodeProto]] = {}  # node position → its replacement
-    rename: dict[str, str] = {}  # a removed And's output → the operand that replaces it
+    rename: dict[str, str] = {}  # a removed And's or Identity's output → the tensor that replaces it
     extra: list[onnx.TensorProto] = []
     done: list[str] = []
     # Tensors read inside subgraphs: the rename reaches only the main graph's inputs.
-    nested = {t for n in g.nodes for t in implicit_inputs(n)}
+    nested = {t for n in g.nodes for t in edit.implicit_inputs(n)}
     for i, n in enumerate(g.nodes):
         if n.domain not in ("", "ai.onnx"):
             continue
