@@ -120,7 +120,7 @@ class OptimizeResult:
     def save(self, path: str | os.PathLike) -> None:
         """Write the stitched model to `path`, its weights in `<name>.data` beside it when the
         whole would pass protobuf's 2 GiB limit."""
-        external = self.graph_model.ByteSize() + self.weights.nbytes > load.PROTOBUF_LIMIT
+        external = self.graph_model.ByteSize() + self.weights.bytes_in(self.graph_model) > load.PROTOBUF_LIMIT
         self.weights.save(self.graph_model, path, external)
 
 

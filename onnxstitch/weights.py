@@ -55,6 +55,10 @@ def is_stub(t: TensorProto) -> bool:
         e.key == "location" and e.value.startswith(_PREFIX) for e in t.external_data)
 
 
+def _payload_size(payload: memoryview | bytes | _Concat) -> int:
+    return payload.nbytes if isinstance(payload, _Concat) else len(payload)
+
+
 def _location(t: TensorProto) -> str:
     return next(e.value for e in t.external_data if e.key == "location")
 
@@ -117,8 +121,13 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (memory-mapped ones and joins not yet made counted)."""
-        return sum(b.nbytes if isinstance(b, _Concat) else len(b) for b in self._data.values())
+        """Bytes held (memory-mapped ones and joins not yet made counted). A merged weight's
+        parts and its join both count: `bytes_in` is what one model writes."""
+        return sum(_payload_size(b) for b in self._data.values())
+
+    def bytes_in(self, model: onnx.ModelProto) -> int:
+        """Bytes of the payloads `model`'s stubs stand for: what writing it adds (`save`)."""
+        return sum(_payload_size(self._data[_location(t)]) for t in model.graph.initializer if is_stub(t))
 
     def _stub(self, t: TensorProto, payload: memoryview | bytes | _Concat) -> str:
         loc = f"{_PREFIX}{len(self._data)}"
@@ -126,7 +135,7 @@ class Weights:
         for field in ("raw_data", "float_data", "int32_data", "double_data", "external_data"):
             t.ClearField(field)
         t.data_location = TensorProto.EXTERNAL
-        _set_external(t, loc, 0, payload.nbytes if isinstance(payload, _Concat) else len(payload))
+        _set_external(t, loc, 0, _payload_size(payload))
         return loc
 
     def _mapped(self, path: Path) -> mmap.mmap:

@@ -104,3 +104,14 @@ def test_optimize_from_external_data_verifies_and_writes(tmp_path: Path) -> None
     got = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_counts_the_bytes_it_writes_once(tmp_path: Path) -> None:
+    """After a merge the store holds the parts and the join; the merged model writes the join
+    alone, and `bytes_in` (what `save` weighs against protobuf's limit) counts just that."""
+    path, _ = _on_disk(tmp_path)
+    merged, store = _merged(path)
+    stubs = {t.name for t in merged.graph.initializer if weights_mod.is_stub(t)}
+    written = sum(len(t.raw_data) for t in store.attach(merged).graph.initializer if t.name in stubs)
+    assert store.bytes_in(merged) == written == 4 * K * sum(SIZES)
+    assert store.nbytes > written  # the detached parts, still held, and the join
