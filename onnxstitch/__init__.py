@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["optimize", "OptimizeResult", "Report", "library_path", "session", "__version__"]
+__all__ = ["optimize", "Options", "OptimizeResult", "Report", "library_path", "session", "__version__"]
 
 if TYPE_CHECKING:
-    from .pipeline import OptimizeResult, Report, optimize
+    from .pipeline import OptimizeResult, Options, Report, optimize
     from .runtime import library_path, session
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use so `import onnxstitch` stays cheap for the CLI's --help.
-    if name in ("optimize", "OptimizeResult", "Report"):
+    if name in ("optimize", "Options", "OptimizeResult", "Report"):
         from . import pipeline
 
         return getattr(pipeline, name)

@@ -11,6 +11,8 @@ stitched model through its fallback functions: a check of the plumbing, not of t
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import statistics
 import subprocess
@@ -22,14 +24,16 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import ortio
+from . import ortio, sizes as sizes_mod
 from .errors import BadInputError, StitchError, first_line
 from .inputs import random_feeds
 from .profile import DEFAULT_TOP, Profile, record
 
 # v2: several configurations, percentiles, throughput, device/driver, CUDA graphs.
 # v3: `profiles` (with profile=True), CPU-only runs (stock labelled STOCK_CPU).
-SCHEMA_VERSION = 3
+# v4: each configuration says whether it ran through CUDA graphs (`cuda_graph`, `note`).
+SCHEMA_VERSION = 4
+log = logging.getLogger(__name__)
 STOCK = "ORT CUDA EP"
 STOCK_CPU = "ORT CPU EP"
 STITCHED = "onnxstitch"
@@ -49,6 +53,8 @@ class BenchConfig:
     seed: int = 0
     profile_runs: int = 5
     profile: bool = False  # keep each configuration's profile in the result (BenchResult.profiles)
+    # Custom-op libraries the model's own ops need, registered in every session (both models).
+    custom_op_libraries: tuple[str, ...] = ()
 
     @property
     def on_gpu(self) -> bool:
@@ -74,6 +80,11 @@ class Timing:
     # Session creation and first run, in seconds: what a user waits before the first result
     # (library GEMM/conv plans are chosen there; a CUDA graph is captured there).
     startup_s: float = 0.0
+    # Whether the runs went through a CUDA graph: with BenchConfig.cuda_graph, a model ORT
+    # cannot capture (TorchScript exports' shape arithmetic on the CPU, control flow) is timed
+    # plain instead, and `note` says why.
+    cuda_graph: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -278,13 +289,13 @@ def _stats(times: list[float], prof: Profile, provider: str, batch: int, errs: t
 
 
 def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
-        dim_values: Mapping[str, int] | None = None, overrides: Mapping[str, tuple[int, ...]] | None = None,
-        peers: Mapping[str, str | os.PathLike] | None = None,
+        shapes: sizes_mod.Given | None = None, peers: Mapping[str, str | os.PathLike] | None = None,
         progress: Callable[[str], None] | None = None) -> BenchResult:
     """Benchmark the stock model (ORT, default graph optimizations) against the stitched model
-    (the onnxstitch library registered) and any `peers` (label → model path, run stock).
-    Without the CUDA EP in `config.providers` everything runs on ORT's CPU EP, the stitched
-    model through its fallback functions."""
+    (the onnxstitch library registered) and any `peers` (label → model path, run stock), at
+    the input sizes `shapes` gives (read as optimize reads them: sizes.py). Without the CUDA
+    EP in `config.providers` everything runs on ORT's CPU EP, the stitched model through its
+    fallback functions."""
     import onnxruntime as ort
 
     from . import __version__
@@ -296,19 +307,23 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     elif config.cuda_graph:
         raise BadInputError("CUDA graphs need the CUDA EP among the providers")
     model = onnx.load(str(model_path), load_external_data=False)
-    feeds = random_feeds(model, config.seed, dim_values, overrides)
+    sizes = sizes_mod.resolve(model, shapes)
+    feeds = random_feeds(model, config.seed, sizes.dims, sizes.inputs)
     first = next(iter(feeds.values()), np.zeros(1))
     batch = int(first.shape[0]) if first.ndim else 1
+
+    def options(so):
+        return ortio.with_custom_ops(so or ort.SessionOptions(), config.custom_op_libraries)
 
     def stock_maker(path: str | os.PathLike):
         def make(so=None, graphs: bool = config.cuda_graph):
             cfg = config if graphs else BenchConfig(providers=config.providers)
-            return ort.InferenceSession(str(path), sess_options=so, providers=_provider_list(cfg))
+            return ort.InferenceSession(str(path), sess_options=options(so), providers=_provider_list(cfg))
         return make
 
     def stitched_maker(so=None, graphs: bool = config.cuda_graph):
         cfg = config if graphs else BenchConfig(providers=config.providers)
-        return stitch_session(str(stitched_path), sess_options=so, providers=_provider_list(cfg))
+        return stitch_session(str(stitched_path), sess_options=options(so), providers=_provider_list(cfg))
 
     stock = STOCK if config.on_gpu else STOCK_CPU
     # On the CPU the library is not registered (it has CUDA kernels only): the fallbacks run.
@@ -319,22 +334,34 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
         ref_bound.run()
     except Exception as e:
-        raise _stock_fault(model_path, "", e) from e
+        raise _stock_fault(model_path, e) from e
     reference = ref_bound.outputs()
     like = reference if config.cuda_graph else None
     bounds: dict[str, _Bound] = {}
     startup: dict[str, float] = {}
+    graphs: dict[str, bool] = {}
+    notes: dict[str, str] = {}
     for label, make in makers.items():
         say(f"loading {label}")
         try:
-            t0 = time.perf_counter()
-            bounds[label] = _Bound(make(), feeds, like)
-            bounds[label].run()  # a CUDA graph is captured here; a model that cannot run fails here
-            startup[label] = time.perf_counter() - t0
+            bounds[label], startup[label] = _loaded(make, feeds, like)
+            graphs[label] = config.cuda_graph
         except Exception as e:
-            if label == stock:
-                raise _stock_fault(model_path, " with CUDA graphs" if config.cuda_graph else "", e) from e
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
+            if config.cuda_graph:
+                # ORT cannot capture this model (shape arithmetic placed on the CPU, control
+                # flow): it is timed plain, and its row says so; it fails only if it cannot run.
+                try:
+                    bounds[label], startup[label] = _loaded(lambda: make(graphs=False), feeds, None)
+                except Exception:
+                    pass
+                else:
+                    graphs[label] = False
+                    notes[label] = f"timed without CUDA graphs: ORT cannot capture this model ({first_line(e)})"
+                    log.warning("%s: %s", label, notes[label])
+                    continue
+            if label == stock:
+                raise _stock_fault(model_path, e) from e
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
     say(f"timing {', '.join(bounds)}")
     times = _time(bounds, config)
@@ -342,19 +369,33 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     profiles: dict[str, Profile] = {}
     for label, make in makers.items():
         errs = _errors(bounds[label].outputs(), reference)
-        say(f"profiling {label}")
-        profiles[label] = _profile(make, feeds, like, config.profile_runs)
-        configs[label] = _stats(times[label], profiles[label], config.providers[0], batch, errs, startup[label])
+        if config.profile_runs:
+            say(f"profiling {label}")
+            profiles[label] = _profile(make, feeds, like, config.profile_runs)
+        else:  # no profile asked for (optimize's gate): launches per run are not counted
+            profiles[label] = Profile(runs=1, skipped_runs=0, nodes=())
+        configs[label] = dataclasses.replace(
+            _stats(times[label], profiles[label], config.providers[0], batch, errs, startup[label]),
+            cuda_graph=graphs[label], note=notes.get(label, ""))
     device, driver = (gpu_name(), driver_version()) if config.on_gpu else ("CPU", "n/a")
     return BenchResult(str(model_path), device, driver, ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
                        configs, package_versions(), profiles if config.profile else {})
 
 
-def _stock_fault(model_path: str | os.PathLike, how: str, e: Exception) -> BadInputError:
+def _loaded(make: Callable, feeds: Mapping[str, np.ndarray], like) -> tuple[_Bound, float]:
+    """A configuration's session bound to the feeds after its first run (where a CUDA graph is
+    captured and a model that cannot run fails), and the seconds that took."""
+    t0 = time.perf_counter()
+    bound = _Bound(make(), feeds, like)
+    bound.run()
+    return bound, time.perf_counter() - t0
+
+
+def _stock_fault(model_path: str | os.PathLike, e: Exception) -> BadInputError:
     """Stock ORT cannot run the model as given (a declared output rank its graph does not
-    produce, a CUDA graph it cannot capture): the model's own fault, not a stitching error."""
-    return BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime{how}: {first_line(e)}")
+    produce): the model's own fault, not a stitching error."""
+    return BadInputError(f"{model_path}: the model does not run on stock ONNX Runtime: {first_line(e)}")
 
 
 # What a timing depends on besides the code: recorded with every result.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,8 @@ from typing import Iterable, Sequence
 
 from .schemes.source import KernelSource, code_of
 from .errors import BadInputError, CompileError, first_line
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
 _BASE_OPTIONS = ("-std=c++17",)  # no fast-math: NaN/Inf and rounding stay as ONNX Runtime's
@@ -49,7 +53,8 @@ def _nvrtc():
 # compile at the same time (seen on a loaded 2-core machine: the same call passes when repeated);
 # such a failure is tried again, under a name of its own, before it is reported.
 _TRANSIENT = "NVRTC_ERROR_BUILTIN_OPERATION_FAILURE"
-_TRIES = 3
+_TRIES = 5
+_BACKOFF_S = 0.1  # doubled after each failed try (seen here: three immediate tries all failing)
 
 
 def _compile_one(src: KernelSource, target: str, want_ptx: bool) -> bytes:
@@ -59,6 +64,8 @@ def _compile_one(src: KernelSource, target: str, want_ptx: bool) -> bytes:
         except CompileError as e:
             if _TRANSIENT not in str(e) or attempt == _TRIES - 1:
                 raise
+            log.info("NVRTC failed %s for %s (%s); trying again", src.name, target, e.log.strip()[:200])
+            time.sleep(_BACKOFF_S * 2 ** attempt)
     raise AssertionError("unreachable")
 
 

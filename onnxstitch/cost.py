@@ -21,6 +21,7 @@ from typing import Iterable
 
 from . import ops
 from .graph import FusionGraph
+from .shapes import dtype_size
 from .schemes.rows import geometry as rows
 
 H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
@@ -42,6 +43,9 @@ class CostModel:
     # Price the layout changes at a conv group's NCHW ends (schemes/conv): off, every legal
     # convolution chain is planned as a conv group whatever its neighbours (the tests' setting).
     layout_changes: bool = True
+    # Price a column reduction at the share of the bandwidth its columns reach (rows.column_share):
+    # off, at the full bandwidth (tests that exercise column kernels on small shapes).
+    column_share: bool = True
 
     def kernel_us(self, nbytes: int) -> float:
         """Microseconds for one kernel moving `nbytes` (1 GB/s = 1e3 bytes/µs)."""
@@ -87,8 +91,16 @@ def node_bytes(graph: FusionGraph, node: int) -> int:
 
 
 def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[int]) -> float:
-    """Predicted time of one fused kernel over `group`."""
-    return cost.kernel_us(group_bytes(graph, group))
+    """Predicted time of one fused kernel over `group`: its bytes at the bandwidth the kernel
+    can reach (a column reduction over few columns reaches a share of it: rows.column_share)."""
+    nbytes = group_bytes(graph, group)
+    if cost.column_share and rows.has_rows(graph, group):
+        plan = rows.row_plan(graph, frozenset(group))
+        ins, outs = graph.boundary(frozenset(group))
+        widest = max([dtype_size(graph.tensors[t].dtype) for t in ins + outs if graph.tensors[t].shape == plan.shape]
+                     or [4])
+        nbytes = int(nbytes / rows.column_share(plan, widest))
+    return cost.kernel_us(nbytes)
 
 
 # A reshape-like node left to ONNX Runtime launches nothing but is still dispatched on the host.

@@ -13,11 +13,12 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from . import __version__, ortio
+from . import __version__, ortio, sizes
 from .errors import BadInputError
 from .inputs import random_feeds
 from .pipeline import optimize
-from .verify import OutputCheck, compare_elementwise, gpu_usable, runtime_session
+from .sessions import runtime_session
+from .verify import OutputCheck, compare_elementwise, gpu_usable
 
 BASELINE_SCHEMA = 1
 BYTES_SLACK = 0.01  # predicted bytes may grow by 1% (symbolic-dim defaults, rounding) before it counts
@@ -61,11 +62,12 @@ def _plan_summary(report) -> dict[str, Any]:
 
 
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,
-              dims: Mapping[str, int], atol: float | None, rtol: float | None) -> tuple[OutputCheck, ...]:
-    feeds = random_feeds(original, seed, dims)
+              given: sizes.Sizes, atol: float | None, rtol: float | None,
+              libraries: Sequence[str]) -> tuple[OutputCheck, ...]:
+    feeds = random_feeds(original, seed, given.dims, given.inputs)
     names = [o.name for o in original.graph.output]
-    ref = ortio.run(runtime_session(model_path, gpu, stitched=False), names, feeds)
-    got = ortio.run(runtime_session(stitched.SerializeToString(), gpu, stitched=True), names, feeds)
+    ref = ortio.run(runtime_session(model_path, gpu, stitched=False, libraries=libraries), names, feeds)
+    got = ortio.run(runtime_session(stitched.SerializeToString(), gpu, stitched=True, libraries=libraries), names, feeds)
     return tuple(compare_elementwise(o.name, g, r, atol, rtol) for o, g, r in zip(original.graph.output, got, ref))
 
 
@@ -87,7 +89,8 @@ def _regressions(current: "CheckResult", baseline: Mapping[str, Any], max_slowdo
 
 def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | None, *,
               shapes: Mapping[str, Sequence[int]] | None = None, max_slowdown_pct: float = 10.0,
-              atol: float | None = None, rtol: float | None = None, seed: int = 0, iters: int = 50) -> CheckResult:
+              atol: float | None = None, rtol: float | None = None, seed: int = 0, iters: int = 50,
+              custom_op_libraries: Sequence[str] = ()) -> CheckResult:
     """Optimize `model_path`, check its numerics against stock ORT (GPU when present, else CPU
     through the fallback), time it on a GPU, and compare with the baseline JSON if given."""
     from . import load
@@ -101,10 +104,11 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             raise BadInputError(f"{baseline_path}: not a readable baseline ({e})") from e
         if baseline.get("schema") != BASELINE_SCHEMA:
             raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
-    res = optimize(original, shapes=shapes, verify=False, seed=seed)
-    dims = {k: int(v[0]) for k, v in (shapes or {}).items() if len(v) == 1}
+    given = sizes.resolve(original, shapes)  # a wrong --shape fails here, before any work
+    libraries = tuple(custom_op_libraries)
+    res = optimize(original, shapes=shapes, verify=False, seed=seed, custom_op_libraries=libraries)
     gpu = gpu_usable()
-    outputs = _numerics(str(model_path), res.model, original, gpu, seed, dims, atol, rtol)
+    outputs = _numerics(str(model_path), res.model, original, gpu, seed, given, atol, rtol, libraries)
     notes = [] if gpu else ["no GPU here (or no built custom-op library): numerics ran on CPU through the fallback "
                                "functions, and speed was not measured"]
     speedup = None
@@ -118,8 +122,9 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             stitched = Path(tmp) / "stitched.onnx"
             load.save(res.model, stitched)
             while not readings or (floor is not None and max(readings) < floor and len(readings) < SPEED_READINGS):
-                readings.append(bench_run(model_path, stitched, config=BenchConfig(warmup=10, iters=iters),
-                                          dim_values=dims).speedup)
+                config = BenchConfig(warmup=10, iters=iters, custom_op_libraries=libraries)
+                readings.append(bench_run(model_path, stitched, config=config,
+                                          shapes=shapes).speedup)
         speedup = max(readings)
         if len(readings) > 1:
             notes.append("speedup below the baseline's floor, measured again: "

@@ -7,30 +7,16 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .shapes import DEFAULT_SYMBOLIC_DIM, placeholder_dim
+from .sizes import Sizes
 
 
 def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = None,
                  overrides: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
     """Concrete shape of every runtime input: overrides by input name, then symbolic dims
-    from `dim_values`, else DEFAULT_SYMBOLIC_DIM."""
+    from `dim_values` (sizes.py names them), else DEFAULT_SYMBOLIC_DIM."""
     inits = {i.name for i in model.graph.initializer}
-    out: dict[str, tuple[int, ...]] = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        if overrides and vi.name in overrides:
-            out[vi.name] = tuple(overrides[vi.name])
-            continue
-        dims = []
-        for i, d in enumerate(vi.type.tensor_type.shape.dim):
-            if d.HasField("dim_value") and d.dim_value >= 0:
-                dims.append(int(d.dim_value))
-            else:  # symbolic, or a placeholder (named as shapes.resolve_shapes does)
-                key = f"{vi.name}_dim{i}" if placeholder_dim(d) else d.dim_param
-                dims.append(int((dim_values or {}).get(key, DEFAULT_SYMBOLIC_DIM)))
-        out[vi.name] = tuple(dims)
-    return out
+    sizes = Sizes({k: tuple(v) for k, v in (overrides or {}).items()}, dict(dim_values or {}))
+    return {vi.name: sizes.shape_of(vi) for vi in model.graph.input if vi.name not in inits}
 
 
 # Ops that pass integer values through unchanged in meaning (so an index stays an index).

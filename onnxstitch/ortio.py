@@ -1,4 +1,4 @@
-"""Running ONNX Runtime sessions on bfloat16 tensors.
+"""Running ONNX Runtime sessions on bfloat16 tensors, and with the user's custom-op libraries.
 
 numpy has no bfloat16 of its own: inputs come as `ml_dtypes.bfloat16` arrays, which
 `InferenceSession.run` rejects, and ORT cannot hand a bfloat16 output back as numpy. Both go
@@ -9,6 +9,8 @@ takes ORT's own path unchanged.
 from __future__ import annotations
 
 import ctypes
+import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -73,3 +75,32 @@ def run(session: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> 
         io.bind_output(n, "cpu")
     session.run_with_iobinding(io)
     return [to_numpy(v) for v in io.get_outputs()]
+
+
+def with_custom_ops(options: Any, libraries: Sequence[str]) -> Any:
+    """`options` (an ORT SessionOptions) with each custom-op library of the user's registered:
+    the model's own ops from onnxruntime-extensions or the user's library. Returns `options`."""
+    for lib in libraries:
+        options.register_custom_ops_library(str(lib))
+    return options
+
+
+def custom_op_libraries(paths: Sequence[str | os.PathLike]) -> tuple[str, ...]:
+    """The user's custom-op libraries (`--custom-op-library`), each checked to exist and to load
+    into ONNX Runtime. Raises BadInputError naming the file that does not."""
+    import onnxruntime as ort
+
+    from .errors import BadInputError, first_line
+
+    out = []
+    for p in paths:
+        path = Path(p).expanduser()
+        if not path.is_file():
+            raise BadInputError(f"--custom-op-library {p}: no such file")
+        try:
+            ort.SessionOptions().register_custom_ops_library(str(path.resolve()))
+        except Exception as e:
+            raise BadInputError(f"--custom-op-library {p}: ONNX Runtime cannot load it as a custom-op library "
+                                f"({first_line(e)})") from None
+        out.append(str(path.resolve()))
+    return tuple(out)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
@@ -14,7 +16,7 @@ import onnx
 
 from . import compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
 from . import pack as pack_mod, rewrite, siblings, simplify as simplify_mod
-from . import verify as verify_mod
+from . import cost as cost_mod, measure as measure_mod, ortio, probe as probe_mod, verify as verify_mod
 from . import shapes as shapes_mod
 from .cost import CostModel
 from .explain.outline import GraphOutline, outline
@@ -63,6 +65,18 @@ class Report:
     # Convolutions run through cuDNN's graph API with their epilogue (schemes/conv), and refusals.
     conv_epilogues: tuple[str, ...] = ()
     conv_refusals: tuple[str, ...] = ()
+    # Each group's predicted and measured costs (measure.py), the written model timed against
+    # stock ORT, and the groups given back to ONNX Runtime because they did not pay.
+    costs: tuple[measure_mod.GroupCost, ...] = ()
+    timing: measure_mod.ModelTiming | None = None
+    given_back: tuple[Mapping[str, str], ...] = ()
+    gate_note: str = ""
+
+    @property
+    def fused_groups(self) -> int:
+        """Groups fused in the written model."""
+        left = {d["group"] for d in self.dropped} | {d["group"] for d in self.given_back}
+        return sum(g.name not in left for g in self.plan.groups)
 
     @property
     def wall_seconds(self) -> float:
@@ -74,7 +88,13 @@ class Report:
         plan = self.plan.to_json()
         kernels = {k["group"]: k for k in self.kernels}
         dropped = {d["group"]: d["reason"] for d in self.dropped}
+        back = {d["group"]: d["reason"] for d in self.given_back}
+        costs = {c.group: c.to_json() for c in self.costs}
         for grp in plan["groups"]:
+            if grp["name"] in back:
+                grp["given_back"] = back[grp["name"]]
+            if grp["name"] in costs:
+                grp["measured"] = costs[grp["name"]]
             parts = [set(p) for p in grp.get("packed_from", [grp["nodes"]])]
             grp["kernel"] = kernels.get(grp["name"])
             grp["left_out"] = [r for r in plan["rejections"] if set(r["group"]) in parts]
@@ -99,6 +119,9 @@ class Report:
                           "convs": list(self.conv_epilogues), "conv_refusals": list(self.conv_refusals)},
             "plan": plan,
             "graph": self.graph.to_json() if self.graph else None,
+            "measured": {"groups": [c.to_json() for c in self.costs], "summary": measure_mod.summary(self.costs),
+                         "model": self.timing.to_json() if self.timing else None, "note": self.gate_note,
+                         "given_back": list(self.given_back)},
         }
 
 
@@ -124,31 +147,18 @@ class OptimizeResult:
         self.weights.save(self.graph_model, path, external)
 
 
-def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str, Sequence[int]] | None = None,
-             archs: Sequence[str] = nvrtc_compile.DEFAULT_ARCHS, cost: CostModel | None = None,
-             time_limit_s: float = 30.0, progress: Progress | None = None, verify: bool = True,
-             seed: int = 0, reductions: bool = True, strict: bool = False, pack: bool = True,
-             merge: bool = True, attention: bool = True, epilogues: bool = False) -> OptimizeResult:
+def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | None" = None, *,
+             progress: Progress | None = None, **settings: Any) -> OptimizeResult:
     """Fuse the memory-bound parts of `model` (a ModelProto or a path) into generated CUDA
-    kernels. `shapes` gives planning sizes: graph input → dims, or symbolic dim → [value];
-    the stitched model keeps its dynamic dims. With `verify`, the stitched model is run
-    against the original on seeded random inputs (on the GPU when there is one); a group
-    whose outputs differ is left to ONNX Runtime and the rest verified again (the report's
-    `dropped`), or with `strict` the first mismatch raises VerifyError naming the group.
-    Raises BadInputError for unusable input and CompileError when NVRTC rejects a kernel.
-    `reductions` (on by default) also stitches reductions over a run of consecutive axes, Softmax,
-    LogSoftmax, LayerNormalization, InstanceNormalization, ArgMax/ArgMin and global pools with
-    their neighbours. `pack` (on by default) runs independent elementwise groups over one
-    iteration space in one kernel (pack.py). `attention` (on by default, with `reductions`) runs
-    each attention core — MatMul → scale → masks → Softmax → MatMul [→ Transpose] — as one
-    kernel on tensor cores (TF32 for float32; half types on m16n8k16), with a split-KV decode
-    form where the plan finds it cheaper (schemes/attention). `epilogues` (off by default: experimental
-    until measured on the GPU) proposes each MatMul/Gemm by a constant weight with its bias,
-    ReLU or tanh GELU and residual as one cuBLASLt call with an epilogue (schemes/gemm)."""
-    opts = Options(tuple(archs), cost or CostModel(), time_limit_s, verify, seed, reductions, strict, pack, merge,
-                   attention, epilogues)
+    kernels, as `options` says (Options; its fields may also be given as keywords, which
+    override it: `optimize(path, shapes={"batch": [8]}, verify=False)`). `progress` hears each
+    stage's name as it starts. Raises BadInputError for unusable input (a wrong size, a custom-op
+    library that does not load) and CompileError when NVRTC rejects a kernel."""
+    opts = dataclasses.replace(options or Options(), **settings)
+    if opts.custom_op_libraries:
+        opts = dataclasses.replace(opts, custom_op_libraries=ortio.custom_op_libraries(opts.custom_op_libraries))
     stage = _Stages(progress)
-    given = _prepare(model, shapes or {}, stage)
+    given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries)
     planned = _plan(given, opts, stage)
     g, plan = planned.graph, planned.plan
     sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
@@ -174,25 +184,57 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, *, shapes: Mapping[str,
                     tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
                     tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model),
                     tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals,
-                    tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals)
+                    tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals,
+                    written.costs, written.timing, written.given_back, written.gate_note)
     return OptimizeResult(written.model, report, given.weights)
 
 
 @dataclass(frozen=True)
 class Options:
-    """What `optimize` was asked to do (its keyword arguments)."""
+    """What `optimize` is asked to do. Every field has its default; the CLI's options map onto
+    them one to one."""
 
-    archs: tuple[str, ...]
-    cost: CostModel
-    time_limit_s: float
-    verify: bool
-    seed: int
-    reductions: bool
-    strict: bool
-    pack: bool
-    merge: bool
-    attention: bool
+    # Planning sizes, read as sizes.py says: graph input → dims, or symbolic dim → [value]; the
+    # stitched model keeps its dynamic dims.
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    archs: tuple[str, ...] = nvrtc_compile.DEFAULT_ARCHS  # cubins embedded (plus PTX for the lowest)
+    cost: CostModel = field(default_factory=CostModel)
+    time_limit_s: float = 30.0  # the ILP solver's limit
+    # Run the stitched model against the original on seeded random inputs (on the GPU when
+    # there is one); a group whose outputs differ is left to ONNX Runtime (the report's
+    # `dropped`), or with `strict` the first mismatch raises VerifyError naming the group.
+    verify: bool = True
+    seed: int = 0
+    strict: bool = False
+    # Reductions over a run of consecutive axes, Softmax, LogSoftmax, LayerNormalization,
+    # InstanceNormalization, ArgMax/ArgMin and global pools stitched with their neighbours.
+    reductions: bool = True
+    pack: bool = True  # independent elementwise groups over one iteration space in one kernel
+    merge: bool = True  # sibling MatMuls by constant weights as one GEMM (siblings.py)
+    # Each attention core — MatMul → scale → masks → Softmax → MatMul [→ Transpose] — as one
+    # kernel on tensor cores (with `reductions`; schemes/attention).
+    attention: bool = True
+    # MatMul/Gemm and Conv with their bias, activation and residual as one cuBLASLt call or cuDNN
+    # graph (schemes/gemm, schemes/conv).
     epilogues: bool = False
+    # Custom-op libraries the model's own ops need (onnxruntime-extensions, the user's own),
+    # registered in every session verification opens.
+    custom_op_libraries: tuple[str, ...] = ()
+    # Seconds verification may spend looking for a group to leave to ORT when the outputs differ
+    # and no group is wrong on its own inputs; past it the suspects left all go to ORT.
+    verify_budget_s: float = 120.0
+    # Measured costs (measure.py): where a GPU is present, each group is timed against the
+    # nodes it replaces and the whole model against stock ORT; what does not pay goes back to
+    # ONNX Runtime. Off: the plan as planned.
+    gate: bool = True
+    # A cost file to import before planning (figures measured on the target GPU) and to write
+    # the figures to after.
+    costs_file: str | None = None
+
+    def __post_init__(self) -> None:  # library callers pass lists and None alike
+        object.__setattr__(self, "shapes", dict(self.shapes or {}))
+        object.__setattr__(self, "archs", tuple(self.archs))
+        object.__setattr__(self, "custom_op_libraries", tuple(str(x) for x in self.custom_op_libraries))
 
     @property
     def clusters(self) -> bool:
@@ -230,8 +272,9 @@ class _Given:
 
 
 def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
-             stage: _Stages) -> _Given:
-    """load → shapes → simplify."""
+             stage: _Stages, libraries: Sequence[str] = ()) -> _Given:
+    """load → shapes → simplify. With custom-op `libraries`, the shapes of custom ops' outputs
+    that inference cannot know are read off runs of the model (probe.py)."""
     loaded, weights = stage("load", lambda: load.load_detached(model))
     m = load.constants_to_initializers(loaded)
     m, dim_values = shapes_mod.resolve_shapes(m, shapes)
@@ -239,6 +282,13 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
     _, infos = stage("shapes", lambda: shapes_mod.infer(m))
+    pending = probe_mod.custom_outputs(m, infos) if libraries else []
+    if pending:
+        probed = stage("shapes", lambda: probe_mod.probe(m, pending, dim_values, libraries, weights))
+        if probed.shapes:
+            m = probe_mod.with_shapes(m, probed)
+            dim_values |= probed.dim_values
+            _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:
@@ -328,51 +378,153 @@ def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:
 
 @dataclass(frozen=True)
 class _Written:
-    """The stitched model as written, with the groups it fuses and those verification dropped."""
+    """The stitched model as written, with the groups it fuses, those verification dropped, and
+    what was measured: each group's costs, the whole model against stock ORT, the groups given
+    back to ONNX Runtime because they did not pay."""
 
     model: onnx.ModelProto
     verification: verify_mod.Verification | None
     built: list  # (Group, CompiledKernel) fused in `model`
     dropped: tuple[dict[str, str], ...]
+    costs: tuple[measure_mod.GroupCost, ...] = ()
+    timing: measure_mod.ModelTiming | None = None
+    given_back: tuple[dict[str, str], ...] = ()
+    gate_note: str = ""  # why the whole model was not timed, where it was not
 
 
 def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages) -> _Written:
-    """rewrite → validate → verify; groups verification finds wrong are left to ONNX Runtime and
-    the rest verified again (only a verified model is written; `strict` stops instead)."""
+    """measure → rewrite → validate → verify → gate: groups that measure slower than the nodes
+    they replace go back to ONNX Runtime first; groups verification finds wrong are left to
+    ONNX Runtime and the rest verified again (only a verified model is written; `strict` stops
+    instead); then the whole model is timed against stock ORT and, where it is not faster, the
+    groups that gain least go back until it is (or none are left)."""
     m, g = planned.normal.model, planned.graph
-    dropped: list[dict[str, str]] = []
-
     # Conv groups linked by NHWC tensors (schemes/conv) are fused all together or not at all.
     linked = conv_mod.linked(grp for grp, _ in built)
 
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
         """rewrite → validate → verify with the groups of `subset` fused."""
-        if not linked <= {grp.name for grp, _ in subset}:
-            subset = [(grp, k) for grp, k in subset if grp.name not in linked]
-        whole = linked and linked <= {grp.name for grp, _ in subset}
-        fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
-        nhwc = planned.plan.nhwc_nodes if whole else ()
-        # Nothing fused: the model goes out exactly as it came in.
-        made = stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc)) if fused else given.loaded
-        if fused:
+        made = _rewritten(given, planned, subset, linked, stage)
+        if made is not given.loaded:
             stage("validate", lambda: _validate(given.weights.checkable(made), given.weights.checkable(m)))
         return made, stage("verify", lambda: verify_mod.verify(
-            m, made, g, [grp for grp, _ in subset], seed=opts.seed, dim_values=given.dim_values,
-            weights=given.weights, source=given.model if m is not given.model else None)) if opts.verify else None
+            m, made, g, [grp for grp, _ in _linked_whole(subset, linked)], seed=opts.seed,
+            dim_values=given.dim_values, weights=given.weights,
+            source=given.model if m is not given.model else None,
+            libraries=opts.custom_op_libraries)) if opts.verify else None
 
+    timer = measure_mod.gpu_timer() if opts.gate else None
+    cache = measure_mod.default_cache() if opts.gate else measure_mod.CostCache()
+    if opts.costs_file and Path(opts.costs_file).is_file():
+        cache.merge(Path(opts.costs_file))
+    costs: tuple[measure_mod.GroupCost, ...] = ()
+    given_back: list[dict[str, str]] = []
+    if opts.gate and built and (timer is not None or cache.entries):
+        stitched = _rewritten(given, planned, built, linked, stage)
+        stock_us = {grp.name: sum(cost_mod.node_us(g, opts.cost, i) for i in grp.nodes) for grp, _ in built}
+        costs = stage("measure", lambda: measure_mod.measure(m, stitched, g, [grp for grp, _ in built], stock_us,
+                                                              timer, cache, say=stage.say))
+        slow = {c.group for c in costs if not c.pays}
+        if slow & linked:
+            slow |= linked
+        given_back += [{"group": c.group, "reason": f"measured {c.ours_us:.1f} µs against stock ORT's "
+                        f"{c.stock_us:.1f} µs for its nodes"} for c in costs if c.group in slow and c.measured]
+        built = [(grp, k) for grp, k in built if grp.name not in slow]
+    written = _verified(given, built, attempt, opts, linked)
+    timing, note = None, ""
+    if opts.gate and timer is not None and written.built:
+        gains = {c.group: c.gain_us for c in costs}
+        timing, note = _gate_timing(given, written, opts, stage)
+        while timing is not None and not timing.faster and written.built:
+            # Not faster as a whole: the groups that gain least go back (half of them, then
+            # the rest), and the model is verified and timed again.
+            ranked = sorted(written.built, key=lambda b: gains.get(b[0].name, b[0].predicted_us))
+            back = ranked[:max(1, len(ranked) // 2)] if len(ranked) > 1 and not given_back_all(given_back) else ranked
+            why = (f"the stitched model ran {timing.stitched_ms:.3f} ms against stock ORT's {timing.stock_ms:.3f} ms "
+                   f"({timing.mode}); the groups that gain least go back")
+            given_back += [{"group": grp.name, "reason": why, "round": "gate"} for grp, _ in back]
+            keep = [b for b in written.built if b not in back]
+            written = _verified(given, keep, attempt, opts, linked) if keep else \
+                _Written(given.loaded, None, [], written.dropped)
+            timing, note = _gate_timing(given, written, opts, stage) if keep else (timing, note)
+            if not keep:
+                break
+    if opts.gate:
+        try:
+            cache.save()
+            if opts.costs_file:
+                cache.save(Path(opts.costs_file))
+        except OSError as e:
+            log.warning("measured costs not saved: %s", e)
+    return dataclasses.replace(written, costs=costs, timing=timing, given_back=tuple(given_back), gate_note=note)
+
+
+def given_back_all(given_back: list[dict[str, str]]) -> bool:
+    """Whether the gate already gave groups back once (its second round gives back the rest)."""
+    return any(d.get("round") == "gate" for d in given_back)
+
+
+def _linked_whole(subset: list, linked: frozenset[str] | set[str]) -> list:
+    """`subset` less its linked conv groups unless all of them are in it."""
+    if linked and not linked <= {grp.name for grp, _ in subset}:
+        return [(grp, k) for grp, k in subset if grp.name not in linked]
+    return subset
+
+
+def _rewritten(given: _Given, planned: _Planned, subset: list, linked, stage: _Stages) -> onnx.ModelProto:
+    """The model with the groups of `subset` fused (linked conv groups all or none); the model
+    as given where nothing is."""
+    subset = _linked_whole(subset, linked)
+    whole = linked and linked <= {grp.name for grp, _ in subset}
+    fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
+    nhwc = planned.plan.nhwc_nodes if whole else ()
+    m, g = planned.normal.model, planned.graph
+    # Nothing fused: the model goes out exactly as it came in.
+    return stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc)) if fused else given.loaded
+
+
+def _gate_timing(given: _Given, written: _Written, opts: Options,
+                 stage: _Stages) -> tuple[measure_mod.ModelTiming | None, str]:
+    """Stock ORT against the written model on this GPU (measure.compare_models), or None and
+    why it could not be timed."""
+    def timed() -> measure_mod.ModelTiming:
+        with tempfile.TemporaryDirectory(prefix="onnxstitch-gate-") as tmp:
+            paths = []
+            for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model)):
+                path = Path(tmp) / name
+                big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
+                given.weights.save(model, path, big)
+                paths.append(path)
+            return measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries)
+
+    try:
+        return stage("gate", timed), ""
+    except Exception as e:  # the plan stands as verified; the report says it was not timed
+        log.warning("the stitched model was not timed against stock ORT: %s", first_line(e))
+        return None, f"not timed against stock ORT: {first_line(e)}"
+
+
+def _verified(given: _Given, built: list, attempt: Callable[[list], Any], opts: Options, linked) -> _Written:
+    """rewrite → validate → verify until verification passes: groups wrong on their own inputs
+    are left to ONNX Runtime and the rest verified again; a difference no group explains is
+    bisected down to one group while the budget lasts; a model verification cannot run leaves
+    every group to ONNX Runtime."""
+    dropped: list[dict[str, str]] = []
+    deadline = time.monotonic() + opts.verify_budget_s
     while True:
         try:
             out, checked = attempt(built)
             return _Written(out, checked, built, tuple(dropped))
         except (verify_mod.VerifyError, verify_mod.CannotVerify) as e:
-            # Groups wrong on their own inputs are left to ONNX Runtime and the rest verified
-            # again; a difference no group explains is bisected down to one group; a model
-            # verification cannot run leaves every group to ONNX Runtime.
             if opts.strict:
                 raise
             at_fault = set(getattr(e, "groups", ()))
             if not at_fault and isinstance(e, verify_mod.VerifyError):
-                at_fault = {_bisect(built, attempt)}
+                at_fault = {grp.name for grp, _ in _bisect(built, attempt, deadline)}
+                if len(at_fault) > 1:
+                    e = verify_mod.VerifyError(f"{first_line(e)}; the verification budget of "
+                                               f"{opts.verify_budget_s:g} s ran out before one group was found "
+                                               f"(--verify-budget)")
             at_fault = at_fault or {grp.name for grp, _ in built}
             if at_fault & linked:
                 at_fault |= linked
@@ -382,19 +534,20 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
             built = [(grp, k) for grp, k in built if grp.name not in at_fault]
 
 
-def _bisect(built: list, attempt: Callable[[list], Any]) -> str:
+def _bisect(built: list, attempt: Callable[[list], Any], deadline: float) -> list:
     """The group whose presence makes verification fail where no group is at fault on its own
     (an ORT rewrite around it, rounding it alone amplifies): halve the suspects, keeping a half
-    that still fails, until one is left. Each step is one verification run."""
+    that still fails, until one is left. Each step is one verification run; when `deadline`
+    (time.monotonic) has passed, the suspects left are returned, all of them."""
     suspects = list(built)
-    while len(suspects) > 1:
+    while len(suspects) > 1 and time.monotonic() < deadline:
         half = suspects[:len(suspects) // 2]
         try:
             attempt(half)
             suspects = suspects[len(suspects) // 2:]
         except (verify_mod.VerifyError, verify_mod.CannotVerify):
             suspects = half
-    return suspects[0][0].name
+    return suspects
 
 
 def _kernels_written(g: graph_mod.FusionGraph, plan: Plan, model: onnx.ModelProto) -> Plan:

@@ -157,36 +157,23 @@ def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, Shape | None] | None:
 
 
 def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """Planning values for symbolic dims. `shapes` maps a graph input to its dims, or a
-    symbolic dim name to one value. The model keeps its dynamic dims (the stitched model must
-    run at any size); unnamed dynamic input dims get a name so they can carry a value.
-    Returns (model, symbolic dim → value)."""
-    from .errors import BadInputError
+    """Planning values for symbolic dims, `shapes` read as sizes.py says (graph inputs first,
+    then symbolic dims; anything else is an error). The model keeps its dynamic dims (the
+    stitched model must run at any size); unnamed dynamic input dims get a name so they can
+    carry a value, and an input declared without a shape gets one of named dims where a shape
+    is given for it. Returns (model, symbolic dim → value)."""
+    from .sizes import resolve
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     _name_dynamic_dims(model.graph)
-    inputs = {i.name: i for i in model.graph.input}
-    values: dict[str, int] = {}
-    for name, dims in shapes.items():
-        if name not in inputs:
-            if len(dims) != 1:
-                raise BadInputError(f"--shape {name}: not a graph input; a symbolic dim takes one value")
-            values[name] = int(dims[0])
-            continue
-        tt = inputs[name].type.tensor_type
-        if not tt.HasField("shape"):
-            for _ in dims:
-                tt.shape.dim.add()
-        if len(tt.shape.dim) != len(dims):
-            raise BadInputError(f"--shape {name}: rank {len(dims)} given, the model says {len(tt.shape.dim)}")
-        for i, (d, v) in enumerate(zip(tt.shape.dim, dims)):
-            if d.HasField("dim_value"):
-                if d.dim_value != v:
-                    raise BadInputError(f"--shape {name}: dim {i} is fixed at {d.dim_value} in the model, {v} given")
-                continue
-            if not d.dim_param:
-                d.dim_param = f"{name}_dim{i}"
-            values[d.dim_param] = int(v)
+    given = resolve(model, shapes)
+    values = dict(given.dims)
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        if vi.name in given.inputs and not tt.HasField("shape"):
+            for i, v in enumerate(given.inputs[vi.name]):
+                tt.shape.dim.add().dim_param = f"{vi.name}_dim{i}"
+                values[f"{vi.name}_dim{i}"] = int(v)
     return model, values
 
 

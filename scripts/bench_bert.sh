@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export ONNXSTITCH_LIBRARY=${ONNXSTITCH_LIBRARY:-$PWD/.carry/libonnxstitch_ops.so}
 export ONNXSTITCH_CACHE=${ONNXSTITCH_CACHE:-/tmp/onnxstitch-cache}
-# The CLI module (cli/, installed as onnxstitch.cli) exists only once the package is installed.
+# The package must be installed for its entry point (an editable install is enough).
 python3 -c "import onnxstitch.cli" 2>/dev/null || \
   python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
 dtypes=${1:-float32,float16}

@@ -161,7 +161,7 @@ def main() -> int:
             src, dst = Path(tmp) / "chain.onnx", Path(tmp) / "chain.stitched.onnx"
             onnx.save(model, src)
             onnx.save(res.model, dst)
-            b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=args.iters), dim_values={"batch": ROWS})
+            b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=args.iters), shapes={"batch": ROWS})
         np_dtype = np.float32 if dtype == TP.FLOAT else np.float16
         x = cp.asarray(np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np_dtype))
         y = cp.empty_like(x)

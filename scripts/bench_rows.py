@@ -254,7 +254,7 @@ def measure(label: str, model: onnx.ModelProto, dims: dict, copy_gbs: float, ite
         src, dst = Path(tmp) / "m.onnx", Path(tmp) / "m.stitched.onnx"
         onnx.save(model, src)
         onnx.save(stitched, dst)
-        b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=iters, cuda_graph=True), dim_values=dims)
+        b = bench.run(src, dst, config=bench.BenchConfig(warmup=10, iters=iters, cuda_graph=True), shapes=dims)
     row.update(stock_ms=b.stock.median_ms, stitched_ms=b.stitched.median_ms, speedup=b.speedup,
                max_abs_err=b.max_abs_err, launches_stock=b.stock.launches_per_run)
     return row

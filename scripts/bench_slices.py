@@ -33,7 +33,7 @@ def measure(label: str, model: onnx.ModelProto, plan: dict, run: dict, iters: in
         onnx.save(model, src)
         onnx.save(res.model, dst)
         for graphs in (False, True):
-            b = bench.run(src, dst, config=bench.BenchConfig(warmup=20, iters=iters, cuda_graph=graphs), dim_values=run)
+            b = bench.run(src, dst, config=bench.BenchConfig(warmup=20, iters=iters, cuda_graph=graphs), shapes=run)
             row["cuda_graphs" if graphs else "plain"] = {
                 "stock_ms": b.stock.median_ms, "stitched_ms": b.stitched.median_ms, "speedup": b.speedup,
                 "launches_stock": b.stock.launches_per_run, "launches_stitched": b.stitched.launches_per_run,

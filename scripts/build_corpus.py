@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
-SOURCES = ("transformers", "torchvision", "pypi", "onnx", "transformers-half")
+SOURCES = ("transformers", "torchvision", "pypi", "onnx", "transformers-half", "unseen")
 # Sources of the CPU slice: they need no torch. Within them, `Spec.cpu` picks the models
 # small enough that optimizing all of them on CI's 2-core machine stays within 10 minutes.
 CPU_SOURCES = ("pypi", "onnx")
@@ -169,6 +169,7 @@ _KINDS: dict[str, dict[str, tuple[str, tuple[int | str, ...]]]] = {
     "seq2seq": {"input_ids": ("int64", ("batch", "sequence")), "attention_mask": ("int64", ("batch", "sequence")),
                 "decoder_input_ids": ("int64", ("batch", "decoder_sequence"))},
     "image": {"pixel_values": ("float32", ("batch", 3, 224, 224))},
+    "image256": {"pixel_values": ("float32", ("batch", 3, 256, 256))},
     "audio": {"input_values": ("float32", ("batch", "samples"))},
     # Whisper's encoder takes exactly 2 × max_source_positions mel frames.
     "whisper": {"input_features": ("float32", ("batch", 80, 1500))},
@@ -248,8 +249,9 @@ def _strip_machine_metadata(path: Path) -> None:
         onnx.save(model, str(path))
 
 
-def _transformers_writer(arch: str, dynamo: bool, half: bool = False) -> Callable[[Path], str]:
-    cls_name, kwargs, kind = TRANSFORMERS[arch]
+def _transformers_writer(arch: str, dynamo: bool, half: bool = False,
+                         table: dict[str, tuple[str, dict[str, Any], str]] | None = None) -> Callable[[Path], str]:
+    cls_name, kwargs, kind = (table or TRANSFORMERS)[arch]
 
     def write(path: Path) -> str:
         import torch
@@ -307,6 +309,26 @@ def transformers_half_specs() -> Iterator[Spec]:
         if arch in HALF_ARCHS:
             yield Spec(f"{spec.name}-float16", "transformers-half", spec.exporter,
                        _transformers_writer(arch, tag == "dynamo", half=True), spec.shapes, spec.int_ranges)
+
+
+# Architectures at their published widths that users brought and the project had not seen,
+# each a finding of issues 36 and 41 (too large to travel with their weights: carry them with
+# scripts/carry_weights.py). ConvNeXt V2's GRN takes an L2 norm over H × W of NHWC activations
+# (a column reduction); EfficientNet at B7 widths (1,147 nodes) and MobileViT-S are deep random
+# networks whose rounding verification must tell from a wrong kernel.
+UNSEEN: dict[str, tuple[str, dict[str, Any], str]] = {
+    "convnextv2-tiny": ("ConvNextV2Config", dict(hidden_sizes=[96, 192, 384, 768], depths=[3, 3, 9, 3]), "image"),
+    "efficientnet-b7w": ("EfficientNetConfig", dict(image_size=224), "image"),
+    "mobilevit-s": ("MobileViTConfig", dict(image_size=256), "image256"),
+}
+
+
+def unseen_specs() -> Iterator[Spec]:
+    for arch, (_, _, kind) in UNSEEN.items():
+        shapes, ranges = _kind_shapes(kind)
+        for dynamo, tag, exporter in ((False, "ts", TS_EXPORTER), (True, "dynamo", DYNAMO_EXPORTER)):
+            yield Spec(f"{arch}-{tag}", "unseen", exporter, _transformers_writer(arch, dynamo, table=UNSEEN),
+                       shapes, ranges)
 
 
 # ---------------------------------------------------------------- torchvision
@@ -579,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="", help="comma-separated model names (default: all of the sources)")
     ap.add_argument("--force", action="store_true", help="rebuild models whose file already exists")
     args = ap.parse_args(argv)
-    sources = [s for s in args.only.split(",") if s] or [s for s in SOURCES if s != "transformers-half"]
+    sources = [s for s in args.only.split(",") if s] or [s for s in SOURCES if s not in ("transformers-half", "unseen")]
     bad = [s for s in sources if s not in SOURCES]
     if bad:
         ap.error(f"unknown source: {', '.join(bad)}")
@@ -598,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         makers: dict[str, Callable[[], Iterator[Spec]]] = {
             "transformers": transformers_specs, "transformers-half": transformers_half_specs,
             "torchvision": torchvision_specs,
-            "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs}
+            "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs, "unseen": unseen_specs}
         for source in sources:
             for spec in makers[source]():
                 if wanted and spec.name not in wanted:

@@ -74,15 +74,12 @@ def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
     from onnxstitch import bench
     from onnxstitch.errors import first_line
 
-    # Symbolic dims take their planning value; inputs given whole are overrides.
-    dims = {k: v[0] for k, v in job["shapes"].items() if k not in job["input_names"]}
-    overrides = {k: tuple(v) for k, v in job["shapes"].items() if k in job["input_names"]}
     runs = []
     for graphs in (False, True):
         label = "cuda graphs" if graphs else "plain"
         try:
             cfg = bench.BenchConfig(warmup=10, iters=job["iters"], cuda_graph=graphs, profile_runs=2)
-            r = bench.run(job["path"], stitched, config=cfg, dim_values=dims, overrides=overrides)
+            r = bench.run(job["path"], stitched, config=cfg, shapes=job["shapes"])
             runs.append({"label": label, "stock_ms": r.stock.median_ms, "stitched_ms": r.stitched.median_ms,
                          "speedup": r.speedup, "max_abs_err": r.max_abs_err,
                          "launches": {k: v.launches_per_run for k, v in r.configs.items()}})
@@ -111,6 +108,7 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
     """Optimize one model (in the child process) and describe what happened."""
     import onnxstitch
     from onnxstitch.errors import StitchError, first_line
+    from onnxstitch.measure import summary as measure_summary
 
     row: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -129,7 +127,9 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
                nodes_before=rep.nodes_before, nodes_after=rep.nodes_after,
                kernels_before=rep.plan.kernels_before, kernels_after=rep.plan.kernels_after,
                fused_kernels=len(rep.kernels), verification=ver.to_json() if ver else None,
-               dropped=list(rep.dropped),
+               dropped=list(rep.dropped), given_back=list(rep.given_back),
+               gate=rep.timing.to_json() if rep.timing else rep.gate_note or None,
+               measured=measure_summary(rep.costs),
                # Written with generated kernels that no check compared against the original.
                unverified=bool(rep.kernels) and (ver is None or bool(ver.skipped) or ver.tensors_checked == 0))
     row["peak_rss_mb"] = _peak_rss_mb()
@@ -190,7 +190,8 @@ def _verification(row: Mapping[str, Any]) -> str:
         return "none"
     if ver["skipped"]:
         return f"skipped: {ver['skipped']}"
-    return f"{ver['tensors_checked']} tensors on {ver['device']}, worst {ver['worst_relative_error']:.1e}"
+    back = f"; {len(row['given_back'])} given back" if row.get("given_back") else ""
+    return f"{ver['tensors_checked']} tensors on {ver['device']}, worst {ver['worst_relative_error']:.1e}{back}"
 
 
 def markdown(rows: list[dict[str, Any]], where: str, summary: str) -> str:

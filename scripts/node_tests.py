@@ -27,7 +27,7 @@ from onnx import numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
-from onnxstitch import verify  # noqa: E402
+from onnxstitch import sessions  # noqa: E402
 from onnxstitch.errors import BadInputError, first_line  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def run_case(case) -> dict:
     row["optimize_s"] = round(time.perf_counter() - t0, 3)
     row["groups"] = len(res.report.plan.groups) - len(res.report.dropped)
     try:
-        got = verify.runtime_session(res.model.SerializeToString(), gpu=False, stitched=True).run(None, feeds)
+        got = sessions.runtime_session(res.model.SerializeToString(), gpu=False, stitched=True).run(None, feeds)
     except Exception as e:
         return row | {"status": "crash", "why": f"stitched model does not run: {first_line(e)}"}
     ok, why = _matches(got, want)

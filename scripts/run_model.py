@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnx  # noqa: E402
 
 import onnxstitch  # noqa: E402
-from cli.options import parse_shapes  # noqa: E402
+from onnxstitch import sizes  # noqa: E402
 from onnxstitch import bench  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 
@@ -26,9 +26,10 @@ def main() -> int:
     ap.add_argument("--shape", action="append", default=[], help="as onnxstitch bench: batch=8,sequence=128")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
-    shapes = parse_shapes(tuple(args.shape))
+    model = onnx.load(str(args.model), load_external_data=False)
+    given = sizes.resolve(model, sizes.parse(args.shape))
     bench.require_gpu("run_model")
-    feeds = random_feeds(onnx.load(str(args.model), load_external_data=False), 0, {k: v[0] for k, v in shapes.items()})
+    feeds = random_feeds(model, 0, given.dims, given.inputs)
     # The library registered either way: stock models run exactly as without it.
     sess = onnxstitch.session(str(args.model), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     for _ in range(args.iters):

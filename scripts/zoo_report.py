@@ -74,7 +74,7 @@ def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: b
         label = "cuda graphs" if graphs else "plain"
         try:
             cfg = bench.BenchConfig(warmup=5, iters=iters, cuda_graph=graphs, profile_runs=2)
-            r = bench.run(item["path"], stitched, config=cfg, dim_values=item["shapes"], peers=peers)
+            r = bench.run(item["path"], stitched, config=cfg, shapes=item["shapes"], peers=peers)
             row["runs"].append(_entry(label, r))
         except Exception as e:
             row["runs"].append(_entry(label, None, f"{type(e).__name__}: {first_line(e)}"))

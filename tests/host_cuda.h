@@ -249,16 +249,17 @@ inline void stitch_ldsm_x4(unsigned* r, const unsigned short* row) { stitch_host
 inline void stitch_ldsm_x4_trans(unsigned* r, const unsigned short* row) { stitch_host::ldsm_x4<true>(r, row); }
 
 struct StitchArgs;
-// A kernel whose threads miss a barrier or a shuffle would hang the test run: after a minute
-// the watchdog aborts the process with a message instead.
+// A kernel whose threads miss a barrier or a shuffle would hang the test run: after five minutes
+// the watchdog aborts the process with a message instead (after five: two test workers on a
+// loaded 2-core machine took over a minute for one 8 × 12-head attention launch).
 struct stitch_watchdog {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
   std::thread t{[this] {
     std::unique_lock<std::mutex> lock(m);
-    if (!cv.wait_for(lock, std::chrono::seconds(60), [this] { return done; })) {
-      std::fprintf(stderr, "host kernel launch did not finish in 60 s (a barrier or shuffle not reached by every thread?)\n");
+    if (!cv.wait_for(lock, std::chrono::seconds(300), [this] { return done; })) {
+      std::fprintf(stderr, "host kernel launch did not finish in 300 s (a barrier or shuffle not reached by every thread?)\n");
       std::abort();
     }
   }};

@@ -308,18 +308,21 @@ def group_inputs(graph: graph_mod.FusionGraph, model: onnx.ModelProto, names: Se
 
 def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     """(normalized model, graph, groups, kernel sources) as `optimize` plans them at `dims`."""
-    from onnxstitch import load, normalize, pack, plan, shapes, siblings
+    from onnxstitch import load, normalize, pack, plan, shapes, siblings, sizes
+    from onnxstitch.cost import CostModel
     from onnxstitch.pipeline import generate_kernel
 
     m = load.constants_to_initializers(load.load(model))
-    m, dim_values = shapes.resolve_shapes(m, dims)
+    m, dim_values = shapes.resolve_shapes(m, sizes.applicable(m, dims))
     _, infos = shapes.infer(m)
     merged = siblings.merge(m, infos)
     m, infos = merged.model, merged.tensors
     normal = normalize.normalize(m, infos)
     m, infos = normal.model, normal.tensors
     g = graph_mod.build(m, infos, dim_values, True)
-    groups = pack.pack(g, plan.make_plan(g)).groups
+    # Columns at full bandwidth: small column kernels are what these tests run (cost.column_share).
+    free = CostModel(column_share=False)
+    groups = pack.pack(g, plan.make_plan(g, free), free).groups
     return m, g, groups, [generate_kernel(g, f"stitch_h{k}", grp) for k, grp in enumerate(groups)]
 
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from onnxstitch.cli.main import main
 from models.elementwise import random_graph
 from onnxstitch import load, runtime
 from onnxstitch.inputs import random_feeds

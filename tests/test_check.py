@@ -10,7 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from onnxstitch.cli.main import main
 from models.elementwise import random_graph
 from onnxstitch.verify import compare_elementwise
 

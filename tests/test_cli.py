@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto as TP
 
-from cli.main import main
+from onnxstitch.cli.main import main
 from models.elementwise import chain, random_graph
 from onnxstitch.inputs import random_feeds
 
@@ -155,7 +155,7 @@ def test_bench_profile_on_the_cpu_side_by_side_json_and_quiet(tmp_path: Path) ->
     assert "nodes/run" in res.output and "ORT CPU EP" in res.output
     res = _invoke(*common, "--top", "2", "--json")
     doc = json.loads(res.output)
-    assert doc["schema"] == 3 and doc["device"] == "CPU"
+    assert doc["schema"] == 4 and doc["device"] == "CPU"
     stock = doc["profiles"]["ORT CPU EP"]
     assert len(stock["by_op"]) == 2 and stock["nodes_per_run"] == 6
     assert [r["name"] for r in doc["profiles"]["onnxstitch"]["by_op"]] == ["FusedKernel (fallback)"]
@@ -238,13 +238,20 @@ def test_a_model_file_whose_graph_is_invalid_is_the_users_fault(tmp_path) -> Non
     assert "invalid graph" in res.output and str(path) in res.output
 
 
-def test_a_missing_dependency_is_named_not_an_internal_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """A dependency missing from the environment (seen: mip on a machine where PYTHONPATH
-    lacked it) is named in one line, not reported as onnxstitch's own fault."""
+@pytest.mark.parametrize("module, says, not_says", [
+    # A dependency missing from the environment (seen: mip on a machine where PYTHONPATH lacked
+    # it) is named in one line, not reported as onnxstitch's own fault.
+    ("mip", "'mip' is not installed", "is broken"),
+    # A module of onnxstitch itself missing (a wheel that left a package out) is the
+    # installation's fault, said so, not blamed on the user's environment.
+    ("onnxstitch.schemes.conv", "installation of onnxstitch", "not installed in this environment"),
+])
+def test_a_missing_module_is_named_not_an_internal_error(monkeypatch: pytest.MonkeyPatch, tmp_path, module: str,
+                                                          says: str, not_says: str) -> None:
     import onnxstitch
 
     def missing(*_args, **_kwargs):
-        raise ModuleNotFoundError("No module named 'mip'", name="mip")
+        raise ModuleNotFoundError(f"No module named '{module}'", name=module)
 
     monkeypatch.setattr(onnxstitch, "optimize", missing)
     model = tmp_path / "m.onnx"
@@ -252,4 +259,4 @@ def test_a_missing_dependency_is_named_not_an_internal_error(monkeypatch: pytest
 g (float[N, 4] x) => (float[N, 4] y) { a = Relu(x)  y = Sigmoid(a) }"""), str(model))
     res = CliRunner().invoke(main, ["optimize", str(model)])
     assert res.exit_code == 1, res.output
-    assert "'mip' is not installed" in res.output and "internal error" not in res.output
+    assert says in res.output and not_says not in res.output and "internal error" not in res.output

@@ -31,6 +31,7 @@ def _failing(outcomes: list[str]):
 
 
 def test_a_transient_nvrtc_failure_is_tried_again_under_another_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvrtc_compile, "_BACKOFF_S", 0.0)
     attempt, calls = _failing([nvrtc_compile._TRANSIENT, nvrtc_compile._TRANSIENT, "ok"])
     monkeypatch.setattr(nvrtc_compile, "_compile_try", attempt)
     src = type("Src", (), {"name": "k"})()
@@ -39,8 +40,9 @@ def test_a_transient_nvrtc_failure_is_tried_again_under_another_name(monkeypatch
 
 
 @pytest.mark.parametrize("outcomes,tries", [(["NVRTC_ERROR_COMPILATION (6)"], 1),
-                                            ([nvrtc_compile._TRANSIENT] * 3, 3)])
+                                            ([nvrtc_compile._TRANSIENT] * nvrtc_compile._TRIES, nvrtc_compile._TRIES)])
 def test_other_failures_and_the_last_transient_one_are_reported(monkeypatch: pytest.MonkeyPatch, outcomes, tries) -> None:
+    monkeypatch.setattr(nvrtc_compile, "_BACKOFF_S", 0.0)
     attempt, calls = _failing(outcomes)
     monkeypatch.setattr(nvrtc_compile, "_compile_try", attempt)
     src = type("Src", (), {"name": "k"})()

@@ -19,7 +19,7 @@ import onnxstitch
 from onnxstitch import bench
 from onnxstitch import graph as graph_mod
 from onnxstitch.cost import CostModel
-from onnxstitch import shapes
+from onnxstitch import shapes, sizes
 from onnxstitch.schemes.conv import match
 from onnxstitch.schemes.conv.spec import ACTIVATIONS
 
@@ -202,7 +202,7 @@ def test_squeeze_excite_runs_in_nhwc_between_conv_groups(opset: int, fixed: bool
     if fixed:  # pixels fixed: the pooling is a product by a constant row
         for d, v in zip(given_model.graph.input[0].type.tensor_type.shape.dim, (3, 8, 13, 11)):
             d.dim_value = v
-    res = onnxstitch.optimize(given_model, epilogues=True, shapes={"n": [2], "h": [16], "w": [16]}, cost=FREE_LAYOUTS)
+    res = onnxstitch.optimize(given_model, epilogues=True, shapes=sizes.applicable(given_model, {"n": [2], "h": [16], "w": [16]}), cost=FREE_LAYOUTS)
     convs = {g.payload.conv: g.payload for g in res.report.plan.groups if g.scheme == "conv"}
     assert set(convs) == {"conv0", "conv1", "se_fc1_1", "se_fc2_1", "conv2"}
     assert convs["conv0"].layouts == (False, True, False) and convs["conv2"].layouts == (True, False, False)

@@ -210,7 +210,7 @@ def test_a_model_onnx_runtime_cannot_load_is_named_bad_input(tmp_path) -> None:
         onnxstitch.optimize(str(path), shapes={"B": [4]})
     from click.testing import CliRunner
 
-    from cli.main import main
+    from onnxstitch.cli.main import main
     got = CliRunner().invoke(main, ["optimize", str(path), "--shape", "B=4"])
     assert got.exit_code == 2 and "cannot load the model as given" in got.output
 

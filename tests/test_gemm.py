@@ -20,13 +20,13 @@ from click.testing import CliRunner
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import onnxstitch
-from cli.main import main as cli
+from onnxstitch.cli.main import main as cli
 from onnxstitch.cost import CostModel
 from onnxstitch.runtime import build as rtbuild
 from onnxstitch.schemes.gemm import match as gemm
 from onnxstitch.schemes.gemm.spec import GemmSpec
 
-from onnxstitch import graph as fgraph, shapes, simplify
+from onnxstitch import graph as fgraph, shapes, simplify, sizes
 from .gemm_models import Chain, chain_model, feeds, reference
 from .stitching import fresh_seed
 
@@ -244,7 +244,7 @@ STITCHED = [Chain(lead=("batch", 9), activation="gelu_tanh_pow"), Chain(lead=(7,
 @pytest.mark.parametrize("c", STITCHED, ids=lambda c: c.id)
 def test_stitched_chain_runs_anywhere_through_its_function(c: Chain) -> None:
     model = chain_model(c)
-    res = onnxstitch.optimize(model, epilogues=True, shapes={"batch": [4]})
+    res = onnxstitch.optimize(model, epilogues=True, shapes=sizes.applicable(model, {"batch": [4]}))
     (grp,) = res.report.plan.groups
     assert grp.scheme == "gemm" and grp.tf32 == (c.dtype == TP.FLOAT) and res.report.verification.device == "cpu"
     (node,) = [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
@@ -271,7 +271,7 @@ def test_flattened_chain_is_one_gemm_node_and_runs_through_its_function(c: Chain
     """GPT-2's Conv1D as exported: the Reshapes around the Gemm go (simplify), the node reads A
     of rank 3 and its function computes the chain on the CPU."""
     model = chain_model(c)
-    res = onnxstitch.optimize(model, epilogues=True, shapes={"batch": [4]})
+    res = onnxstitch.optimize(model, epilogues=True, shapes=sizes.applicable(model, {"batch": [4]}))
     (grp,) = [g for g in res.report.plan.groups if g.scheme == "gemm"]
     assert grp.payload.a == "a" and res.report.verification.device == "cpu"
     assert not any(n.op_type in ("Gemm", "MatMul") for n in res.model.graph.node)

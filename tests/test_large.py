@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from cli.main import main
+from onnxstitch.cli.main import main
 from onnxstitch import load
 
 from .stitching import assert_close

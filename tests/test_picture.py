@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto as TP, helper, numpy_helper
 
-from cli.main import main
+from onnxstitch.cli.main import main
 from onnxstitch import explain, optimize
 from onnxstitch.explain.outline import scope_of
 

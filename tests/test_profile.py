@@ -145,7 +145,7 @@ def test_bench_profiles_stock_and_stitched_on_the_cpu(tmp_path: Path) -> None:
     stitched = onnx.load(str(out))
     inner = {n.name for f in stitched.functions for n in f.node if n.op_type != "Constant"}
     config = bench.BenchConfig(warmup=1, iters=3, providers=(CPU,), profile=True, profile_runs=3)
-    res = bench.run(src, out, config=config, dim_values={"batch": 16})
+    res = bench.run(src, out, config=config, shapes={"batch": 16})
     stock, fused = res.profiles[bench.STOCK_CPU], res.profiles[bench.STITCHED]
     assert res.stock is res.configs[bench.STOCK_CPU] and res.stitched.max_abs_err <= 1e-5
     assert stock.nodes_per_run() == res.stock.launches_per_run == len(model.graph.node)
@@ -154,7 +154,7 @@ def test_bench_profiles_stock_and_stitched_on_the_cpu(tmp_path: Path) -> None:
     assert {r.name for r in fused.by_op()} == {profile.FUSED_FALLBACK}
     assert {e.name.removeprefix(profile.INLINED_FUSED_PREFIX) for e in fused.nodes} <= inner
     doc = res.to_json(top=3)
-    assert doc["schema"] == bench.SCHEMA_VERSION == 3
+    assert doc["schema"] == bench.SCHEMA_VERSION == 4
     assert set(doc["profiles"]) == {bench.STOCK_CPU, bench.STITCHED}
     assert len(doc["profiles"][bench.STOCK_CPU]["by_op"]) == 3
     json.dumps(doc)  # machine-readable as it is
@@ -177,5 +177,5 @@ def test_bench_runs_a_model_whose_declared_output_shape_is_wrong(tmp_path: Path)
     src = tmp_path / "misdeclared.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
     config = bench.BenchConfig(warmup=2, iters=3, providers=(CPU,), profile_runs=2)
-    res = bench.run(src, src, config=config, dim_values={"batch": 4, "w": 6})
+    res = bench.run(src, src, config=config, shapes={"batch": 4, "w": 6})
     assert res.stitched.iters == 3 and res.stitched.max_abs_err == 0.0

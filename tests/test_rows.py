@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from onnx import parser
 
 import onnxstitch
+from onnxstitch.cost import CostModel
 from onnxstitch import graph, shapes
 from onnxstitch.schemes.rows import geometry as rows
 from models.fuzz import run_cpu
@@ -46,7 +47,10 @@ def test_row_group_is_one_kernel_and_keeps_outputs(model: onnx.ModelProto) -> No
                                    for name, m, _ in list(trailing_models(cols)) + list(channel_models(cols))
                                    + list(arg_models(cols)) + list(column_models(cols, 5))])
 def test_trailing_rows_and_columns_plan_into_one_kernel_and_keep_outputs(model: onnx.ModelProto) -> None:
-    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), reductions=True)
+    # Columns priced at full bandwidth: at these sizes a column kernel is latency-bound and the
+    # plan would rightly leave it to ORT (cost.column_share); here the kernel itself is tested.
+    res = onnxstitch.optimize(model, shapes={"batch": [5]}, archs=("sm_90",), reductions=True,
+                              cost=CostModel(column_share=False))
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], [n.op_type for n in res.model.graph.node]
     feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 4})
     for a, b in zip(run_cpu(res.model, feeds), run_cpu(model, feeds)):

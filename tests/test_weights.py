@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 import onnxstitch
-from onnxstitch import load, shapes, siblings, verify, weights as weights_mod
+from onnxstitch import load, sessions, shapes, siblings, weights as weights_mod
 from onnxstitch.inputs import random_feeds
 
 from .sibling_models import projections
@@ -63,9 +63,9 @@ def test_sessions_read_the_files_and_join_the_weights(tmp_path: Path, monkeypatc
     assert "Concat" in [n.op_type for n in session_model.graph.node]
     feeds = random_feeds(merged, seed=0, dim_values={"batch": 2, "seq": 3})
     # The same session options, weights inside the model.
-    want = verify.runtime_session(store.attach(merged).SerializeToString(), False, False).run(None, feeds)
-    monkeypatch.setattr(verify, "is_large", lambda _m: large)
-    got = verify._run(merged, False, False, feeds, store)
+    want = sessions.runtime_session(store.attach(merged).SerializeToString(), False, False).run(None, feeds)
+    monkeypatch.setattr(sessions, "is_large", lambda _m: large)
+    got = sessions.Runner(False, store).run(merged, False, feeds)
     for o, w in zip(merged.graph.output, want):
         np.testing.assert_array_equal(got[o.name], w)
 
@@ -91,6 +91,22 @@ def test_the_written_model_holds_the_joined_weights(tmp_path: Path) -> None:
     joined = next(t for t in written.graph.initializer if t.name.endswith(siblings.SUFFIX))
     np.testing.assert_array_equal(numpy_helper.to_array(joined),
                                   np.concatenate([originals[f"w{i}"] for i in range(len(SIZES))], axis=1))
+
+
+def test_the_streamed_inline_write_is_the_model_onnx_would_write(tmp_path: Path) -> None:
+    """Without external data, `save` streams the model (header, graph, each initializer with its
+    payload) instead of attaching every payload and serializing the whole: the file parses to
+    exactly the model `attach` makes, inline weights, a join, and payloads from a file alike."""
+    path, _ = _on_disk(tmp_path)
+    merged, store = _merged(path)
+    rng = np.random.default_rng()
+    merged.graph.initializer.append(numpy_helper.from_array(rng.standard_normal(7).astype(np.float32), "small"))
+    big = rng.standard_normal(weights_mod.DETACH_ABOVE + 3).astype(np.float32)
+    merged.graph.initializer.append(store.add(big, "inline_big"))
+    store.save(merged, tmp_path / "s.onnx", external=False)
+    written = onnx.load(str(tmp_path / "s.onnx"))
+    assert written == store.attach(merged)
+    np.testing.assert_array_equal(numpy_helper.to_array(written.graph.initializer[-1]), big)
 
 
 def test_optimize_from_external_data_verifies_and_writes(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from onnxstitch.runtime import build as rtbuild
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "onnxstitch", "cli")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "onnxstitch")
 PACKAGED = "onnxstitch/runtime/lib/" + rtbuild.LIBRARY_NAME
 
 # Run with `python -S` from the installed wheel alone: no compiler on PATH, an empty cache.
@@ -94,6 +94,20 @@ def test_wheel_is_for_this_platform_and_holds_the_library(wheel: Path, source: P
     assert any(n.startswith("onnxstitch/cli/") for n in names)
     # The library is build.py's own build of these sources (its cache key covers them).
     assert packaged == rtbuild.build().read_bytes()
+
+
+def test_wheel_holds_every_module_and_scheme_source(wheel: Path) -> None:
+    """Package discovery cannot forget a folder: every Python module and C++ source under
+    onnxstitch/ is in the wheel (a hand-written package list once lost onnxstitch.schemes.conv,
+    and only the editable install worked), and every folder of Python code is a package."""
+    tree = ROOT / "onnxstitch"
+    wanted = {p.relative_to(ROOT).as_posix() for ext in ("*.py", "*.cc", "*.h", "*.map") for p in tree.rglob(ext)
+              if "__pycache__" not in p.parts and "lib" not in p.relative_to(tree).parts[:2]}
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    assert wanted - names == set()
+    for folder in {p.parent for p in tree.rglob("*.py")}:
+        assert (folder / "__init__.py").exists(), f"{folder} holds Python code but is no package"
 
 
 def test_installed_wheel_needs_no_compiler(wheel: Path, tmp_path: Path) -> None:

@@ -118,6 +118,24 @@ def fits_registers(vec: int, chunks: int, block: int, extra: int) -> bool:
 # of its column in registers (longer columns re-read them, from L1/L2).
 COLUMN_BLOCK, COLUMN_CHUNKS = 256, 16
 
+# A column kernel's threads each walk one column, holding up to COLUMN_CHUNKS of its elements
+# in flight: few columns cannot keep the memory system busy. A device needs about this many
+# bytes in flight to reach its copy bandwidth (bandwidth × latency: ~3 TB/s × ~0.6 µs), so a
+# column kernel's share of the bandwidth is its bytes in flight over this. ConvNeXt V2's GRN
+# (an L2 norm over 56 × 56 of NHWC activations, 768 columns at batch 8) planned at full
+# bandwidth ran 0.45× of stock ORT (H200): about 2% of it by this rule.
+COLUMN_IN_FLIGHT_BYTES = 2 << 20
+
+
+def column_share(plan: "RowPlan", elem_bytes: int) -> float:
+    """The share of the copy bandwidth a rows kernel reaches: 1 for trailing rows; for a column
+    reduction, its columns' bytes in flight over COLUMN_IN_FLIGHT_BYTES."""
+    if not plan.inner or plan.rows is None:
+        return 1.0
+    in_flight = plan.rows * min(plan.cols, COLUMN_CHUNKS) * elem_bytes
+    return min(1.0, in_flight / COLUMN_IN_FLIGHT_BYTES)
+
+
 # Split rows (FusionStitching's split reductions), for few long rows: on sm_90 a row belongs to
 # a thread-block cluster of `split` blocks, each holding a slice of it in registers; partial
 # reductions meet through distributed shared memory. A row is split when one block cannot hold

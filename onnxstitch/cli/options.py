@@ -5,6 +5,7 @@ import functools
 import logging
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -12,21 +13,19 @@ import click
 from onnxstitch.errors import BadInputError, StitchError, first_line
 
 
-def parse_shapes(values: tuple[str, ...]) -> dict[str, list[int]]:
-    """`--shape batch=8,seq=128` or `--shape x=8x128` (repeatable) → name → dims."""
-    out: dict[str, list[int]] = {}
-    for value in values:
-        for item in filter(None, value.split(",")):
-            name, sep, dims = item.partition("=")
-            try:
-                if not sep or not name:
-                    raise ValueError
-                out[name.strip()] = [int(d) for d in dims.lower().split("x")]
-            except ValueError:
-                raise BadInputError(f"--shape {item!r}: expected name=value or input=DxDx...") from None
-            if any(d < 0 for d in out[name.strip()]):
-                raise BadInputError(f"--shape {item!r}: dims must be non-negative")
-    return out
+def missing_module(e: ModuleNotFoundError) -> str:
+    """What a missing module means: a part of onnxstitch itself missing is a broken
+    installation of onnxstitch (a package its wheel left out), not the user's environment; any
+    other module is a dependency this environment lacks."""
+    name = e.name or str(e)
+    if name == "onnxstitch" or name.startswith("onnxstitch."):
+        import onnxstitch
+
+        return (f"this installation of onnxstitch {onnxstitch.__version__} is broken: its module {name!r} is "
+                f"missing from {Path(onnxstitch.__file__).parent} (reinstall onnxstitch; if that does not help, "
+                f"the package itself is at fault: please report it)")
+    return (f"the Python package {name!r} is not installed in this environment "
+            f"(the README's install command installs every dependency)")
 
 
 def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,11 +51,10 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(e.exit_code)
         except (KeyboardInterrupt, click.exceptions.Exit, click.ClickException):
             raise
-        except ModuleNotFoundError as e:  # the environment, not the model nor onnxstitch
+        except ModuleNotFoundError as e:
             if verbose:
                 traceback.print_exc()
-            click.echo(f"onnxstitch: error: the Python package {e.name!r} is not installed in this environment "
-                       f"(the README's install command installs every dependency)", err=True)
+            click.echo(f"onnxstitch: error: {missing_module(e)}", err=True)
             sys.exit(1)
         except Exception as e:  # an unexpected failure is still one line unless -v
             if verbose:
@@ -67,4 +65,4 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-__all__ = ["parse_shapes", "verbosity", "BadInputError"]
+__all__ = ["verbosity", "missing_module", "BadInputError"]

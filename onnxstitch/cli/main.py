@@ -16,12 +16,12 @@ import onnx
 from rich.console import Console
 from rich.table import Table
 
-from onnxstitch import __version__, bundle
+from onnxstitch import __version__, bundle, ortio, sizes
 from onnxstitch import explain as explain_mod
 from onnxstitch.errors import BadInputError
 from onnxstitch.load import save
 
-from .options import parse_shapes, verbosity
+from .options import verbosity
 
 console = Console(stderr=False)
 progress_console = Console(stderr=True)  # spinners stay off stdout, which --json keeps machine-readable
@@ -65,10 +65,12 @@ def _summary(report, out: Path) -> Table:
     t.add_row("predicted bytes moved", f"{p.bytes_before / 1e6:,.1f} MB", f"{p.bytes_after / 1e6:,.1f} MB")
     t.add_row("predicted time", f"{p.predicted_us_before:,.1f} µs", f"{p.predicted_us_after:,.1f} µs")
     left = f" ({len(report.dropped)} left to ONNX Runtime by verification)" if report.dropped else ""
+    if report.given_back:
+        left += f" ({len(report.given_back)} given back to ONNX Runtime: measured slower)"
     packed = [g for g in p.groups if g.parts]
     if packed:
         left += f" ({len(packed)} packed from {sum(len(g.parts) for g in packed)} independent groups)"
-    t.add_row("fused groups", "", f"{len(p.groups) - len(report.dropped)}{left}")
+    t.add_row("fused groups", "", f"{report.fused_groups}{left}")
     if report.simplified:
         t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites of exported forms")
     if report.normalized:
@@ -85,10 +87,22 @@ def _summary(report, out: Path) -> Table:
     if report.conv_epilogues:
         t.add_row("conv epilogues", "", f"{len(report.conv_epilogues)} (cuDNN, NHWC)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
+    measured = [c for c in report.costs if c.measured]
+    if measured:
+        fresh = sum(c.source == "measured" for c in measured)
+        pred = sum(c.predicted_us for c in measured)
+        got = sum(c.ours_us for c in measured)
+        stock = sum(c.stock_us for c in measured)
+        t.add_row("measured groups", "", f"{len(measured)} of {len(report.costs)} ({fresh} timed now): "
+                  f"{got:,.1f} µs against stock ORT's {stock:,.1f} µs (predicted {pred:,.1f})")
+    if report.timing is not None:
+        tm = report.timing
+        t.add_row("measured model", f"{tm.stock_ms:.3f} ms", f"{tm.stitched_ms:.3f} ms ({tm.speedup:.2f}×, {tm.mode})")
+    elif report.gate_note:
+        t.add_row("measured model", "", report.gate_note)
     v = report.verification
     if v is not None:
-        t.add_row("verified", "", f"skipped: {v.skipped}" if v.skipped else
-                  f"{v.tensors_checked} tensors on {v.device}, worst rel. err {v.worst_relative_error:.1e}")
+        t.add_row("verified", "", v.summary())
     t.add_row("wall time", "", f"{report.wall_seconds:.2f} s")
     return t
 
@@ -96,7 +110,8 @@ def _summary(report, out: Path) -> Table:
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Stitched model (default MODEL.stitched.onnx).")
-@click.option("--shape", "shape", multiple=True, help="Planning sizes: batch=8,seq=128 or input=8x128.")
+@click.option("--shape", "shape", multiple=True,
+              help="Planning sizes: input=8x128 (a graph input's shape), then batch=8,seq=128 (symbolic dims).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the plan as JSON.")
 @click.option("--plan-picture", "picture", type=click.Path(path_type=Path),
               help="Draw the plan (fused groups coloured by scheme, why neighbours were left out) as .html or .svg.")
@@ -106,6 +121,15 @@ def _summary(report, out: Path) -> Table:
               help="GPU architectures to embed cubins for (repeatable).")
 @click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
 @click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
+@click.option("--gate/--no-gate", default=True, show_default=True,
+              help="On a GPU, time each fused group against the ONNX Runtime nodes it replaces and the stitched model "
+                   "against stock ORT; what is not faster goes back to ONNX Runtime (--no-gate: the plan as planned).")
+@click.option("--costs", "costs_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Measured costs to plan with (imported if the file exists) and to write the figures measured "
+                   "here to: take them from the target GPU to a machine without one.")
+@click.option("--verify-budget", type=click.FloatRange(0), default=120.0, show_default=True,
+              help="Seconds verification may spend finding the group behind an end-to-end difference that no "
+                   "group explains on its own inputs; past it the suspects left all go to ONNX Runtime.")
 @click.option("--strict-verify", is_flag=True,
               help="Write nothing if any fused group differs (default: leave such groups to ONNX Runtime).")
 @click.option("--reductions/--no-reductions", default=True, show_default=True,
@@ -123,15 +147,19 @@ def _summary(report, out: Path) -> Table:
                    "1.39-1.58x over stock ORT with CUDA graphs on an H200; cuDNN chooses its engines at session "
                    "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
                    "cuBLASLt call, where the plan finds it cheaper.")
+@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
+              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
+                   "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
-             archs: tuple[str, ...], time_limit: float, no_verify: bool, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None, verbose: bool,
-             quiet: bool) -> None:
+             archs: tuple[str, ...], time_limit: float, no_verify: bool, gate: bool, costs_file: Path | None,
+             verify_budget: float, strict_verify: bool, reductions: bool,
+             pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None,
+             custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
     from onnxstitch import optimize as run_optimize
 
-    shapes = parse_shapes(shape)
+    shapes = sizes.parse(shape)
     if picture:
         explain_mod.format_of(picture)  # a wrong suffix fails before the work, not after
     library = None
@@ -152,7 +180,9 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
     with status or contextlib.nullcontext():
         result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
-                              merge=merge, attention=attention, epilogues=epilogues)
+                              merge=merge, attention=attention, epilogues=epilogues, verify_budget_s=verify_budget,
+                              gate=gate, costs_file=str(costs_file) if costs_file else None,
+                              custom_op_libraries=ortio.custom_op_libraries(custom_ops))
     written = save_atomic(result.save, out)
     made = bundle.write_bundle(out, written, library) if library is not None else None
     if report:
@@ -174,7 +204,9 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--stitched", type=click.Path(path_type=Path), help="Stitched model (optimized now if omitted).")
-@click.option("--shape", "shape", multiple=True, help="Input sizes: batch=8,seq=128 or input=8x128.")
+@click.option("--shape", "shape", multiple=True,
+              help="Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
+                   "(symbolic dims).")
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
 @click.option("--iters", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--providers", default="CUDAExecutionProvider,CPUExecutionProvider", show_default=True,
@@ -187,18 +219,21 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
                                               "stitched model, top op types (and GPU kernels) side by side.")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per --profile table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (schema in the result).")
+@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
+              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
+                   "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
 def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int, providers: str,
-          cuda_graph: bool, peer_type: str | None, profile: bool, top: int, as_json: bool, verbose: bool,
-          quiet: bool) -> None:
+          cuda_graph: bool, peer_type: str | None, profile: bool, top: int, as_json: bool,
+          custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
     """Time MODEL on ONNX Runtime's CUDA EP against its stitched version."""
     from onnxstitch import bench as bench_mod
     from onnxstitch import load, optimize as run_optimize
 
     from . import bench_view
 
-    shapes = parse_shapes(shape)
-    load.load(model)  # bad input fails here, before any GPU work
+    shapes = sizes.parse(shape)
+    sizes.resolve(load.load(model), shapes)  # bad input fails here, before any GPU work
     plist = tuple(p.strip() for p in providers.split(",") if p.strip())
     if not plist:
         raise BadInputError(f"--providers {providers!r}: name at least one execution provider")
@@ -207,10 +242,9 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
     elif cuda_graph or peer_type:
         raise BadInputError(f"--{'cuda-graph' if cuda_graph else 'peer-ort-optimizer'} needs CUDAExecutionProvider "
                             f"in --providers")
-    sym = {k: v[0] for k, v in shapes.items() if len(v) == 1}
-    overrides = {k: tuple(v) for k, v in shapes.items() if len(v) != 1}
+    libraries = ortio.custom_op_libraries(custom_ops)
     config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph,
-                                   profile=profile, profile_runs=10 if profile else 5)
+                                   profile=profile, profile_runs=10 if profile else 5, custom_op_libraries=libraries)
     status = None if (quiet or as_json) else progress_console.status("benchmarking…")
 
     def say(msg: str) -> None:
@@ -221,13 +255,12 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
         if stitched is None:
             say("optimizing")
             stitched = Path(tmp) / "stitched.onnx"
-            save_atomic(run_optimize(model, shapes=shapes).save, stitched)
+            save_atomic(run_optimize(model, shapes=shapes, custom_op_libraries=libraries).save, stitched)
         peers = {}
         if peer_type:
             say("running ORT's transformers optimizer")
             peers["ORT transformers optimizer"] = bench_mod.ort_transformers_optimized(model, peer_type, Path(tmp) / "peer.onnx")
-        res = bench_mod.run(model, stitched, config=config, dim_values=sym, overrides=overrides, peers=peers,
-                            progress=say)
+        res = bench_mod.run(model, stitched, config=config, shapes=shapes, peers=peers, progress=say)
     if as_json:
         click.echo(json.dumps(res.to_json(top), indent=2))
         return
@@ -236,6 +269,9 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
     graphs = ", CUDA graphs" if cuda_graph else ""
     console.print(bench_view.timings(res, f"{model} on {res.device} (driver {res.driver}, "
                                           f"onnxruntime {res.ort_version}{graphs})"))
+    for label, tm in res.configs.items():
+        if tm.note:
+            console.print(f"[yellow]{label}: {tm.note}[/yellow]")
     for part in bench_view.profile_tables(res, top, console.width) if profile else ():
         console.print(part)
 
@@ -248,11 +284,17 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
               help="Allowed drop of the measured speedup below the baseline, in percent (GPU only).")
 @click.option("--atol", type=float, help="Absolute tolerance per output (default by dtype).")
 @click.option("--rtol", type=float, help="Relative tolerance per output (default by dtype).")
-@click.option("--shape", "shape", multiple=True, help="Input sizes: batch=8,seq=128 or input=8x128.")
+@click.option("--shape", "shape", multiple=True,
+              help="Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
+                   "(symbolic dims).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
+              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
+                   "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
 def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: float, atol: float | None,
-          rtol: float | None, shape: tuple[str, ...], as_json: bool, verbose: bool, quiet: bool) -> None:
+          rtol: float | None, shape: tuple[str, ...], as_json: bool, custom_ops: tuple[Path, ...], verbose: bool,
+          quiet: bool) -> None:
     """Re-optimize MODEL and fail (exit 1) if numerics, plan or speed regressed against BASELINE."""
     from onnxstitch.gate import run_check
 
@@ -260,8 +302,9 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
         raise BadInputError(f"{baseline}: no baseline yet; create it with --update-baseline")
     status = None if (quiet or as_json) else progress_console.status("checking…")
     with status or contextlib.nullcontext():
-        res = run_check(model, None if update_baseline else baseline, shapes=parse_shapes(shape),
-                        max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol)
+        res = run_check(model, None if update_baseline else baseline, shapes=sizes.parse(shape),
+                        max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol,
+                        custom_op_libraries=ortio.custom_op_libraries(custom_ops))
     numerics_ok = all(o.ok for o in res.outputs)
     if update_baseline and numerics_ok:
         baseline.parent.mkdir(parents=True, exist_ok=True)

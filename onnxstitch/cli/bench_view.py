@@ -17,6 +17,8 @@ def timings(res: BenchResult, title: str) -> Table:
     for col in ("", "median ms", "p90 ms", "p99 ms", "samples/s", f"{where} nodes/run", "max abs err", "speedup"):
         t.add_column(col, justify="right" if col else "left")
     for label, tm in res.configs.items():
+        if res.cuda_graph:  # which rows ran through CUDA graphs: ORT cannot capture every model
+            label += " (CUDA graph)" if tm.cuda_graph else " (plain: not capturable)"
         t.add_row(label, f"{tm.median_ms:.3f}", f"{tm.p90_ms:.3f}", f"{tm.p99_ms:.3f}", f"{tm.samples_per_s:,.0f}",
                   f"{tm.launches_per_run:.0f}", f"{tm.max_abs_err:.2g}", f"{res.stock.median_ms / tm.median_ms:.2f}×")
     return t

@@ -1,0 +1,475 @@
+"""Measured costs: every fused group timed on the GPU it will run on, against the ONNX Runtime
+nodes it replaces, so that a group that does not pay goes back to ONNX Runtime.
+
+The plan's costs are a model (cost.py: one launch plus the bytes at copy bandwidth), and a
+model can be wrong: a GRN layer's column reduction planned as a gain ran ConvNeXt V2 at 0.45× of
+stock ORT. So, where a GPU is present, each distinct group is timed twice at the planning sizes,
+as a model of its own (standalone.py) run by ONNX Runtime's CUDA EP in a CUDA graph: its
+original nodes (stock ORT) and its fused node (the stitched kernel). Several copies of the group
+run side by side in one graph, so a few-microsecond kernel is not lost in the replay's own cost,
+which is measured once on an empty graph and taken off.
+
+Figures are cached on disk by what determines them — the group's structure and sizes (or its
+kernel), the device's name and ONNX Runtime's version — so a model planned again, or a layer
+repeated, is measured once. `--costs FILE` exports and imports the cache: a machine without a GPU
+then judges groups by figures measured on the target GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
+
+import numpy as np
+import onnx
+
+from . import standalone
+from .errors import BadInputError, first_line
+from .graph import FusionGraph
+from .inputs import index_inputs, random_feeds
+from .plan import Group
+from .shapes import symbolic_value
+
+log = logging.getLogger(__name__)
+
+CACHE_SCHEMA = 1
+# A group pays when its kernel takes less than the nodes it replaces by more than this share
+# (measured figures spread by a few percent from run to run).
+MARGIN = 0.03
+# Copies of a group timed side by side: enough that the copies take about this long together.
+TARGET_US = 60.0
+MAX_COPIES = 16
+_INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+                       onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64})
+# Schemes not timed alone: cuDNN chooses its engines at a session's first run (seconds).
+UNTIMED_SCHEMES = frozenset({"conv"})
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """A group's predicted and measured times, in microseconds per run: its fused kernel
+    (`ours`) and the stock ONNX Runtime nodes it replaces (`stock`). Measured figures are None
+    where nothing was measured (no GPU, no cached figure), and `why` then says why."""
+
+    group: str
+    predicted_us: float
+    predicted_stock_us: float
+    ours_us: float | None = None
+    stock_us: float | None = None
+    source: str = ""  # "measured", "cache" or "" (not measured)
+    why: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.ours_us is not None and self.stock_us is not None
+
+    @property
+    def pays(self) -> bool:
+        """Whether the group is worth fusing by its measured figures (True where none were taken:
+        the plan's prediction stands)."""
+        if not self.measured:
+            return True
+        return self.ours_us < self.stock_us * (1 - MARGIN)  # type: ignore[operator]
+
+    @property
+    def gain_us(self) -> float:
+        """Microseconds the group saves per run, measured where it was, else predicted."""
+        if self.measured:
+            return self.stock_us - self.ours_us  # type: ignore[operator]
+        return self.predicted_stock_us - self.predicted_us
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "pays": self.pays}
+
+
+class CostCache:
+    """Measured microseconds by key, kept in a JSON file (`path`; None: in memory only)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.entries: dict[str, float] = {}
+        if path is not None and path.is_file():
+            self.merge(path)
+
+    def merge(self, path: Path) -> None:
+        """Add the figures of a cache file (`--costs FILE`); BadInputError if it is not one."""
+        try:
+            data = json.loads(Path(path).read_text())
+            entries = data["entries"] if data.get("schema") == CACHE_SCHEMA else None
+        except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
+            raise BadInputError(f"--costs {path}: not an onnxstitch cost file ({first_line(e)})") from None
+        if not isinstance(entries, dict):
+            raise BadInputError(f"--costs {path}: not an onnxstitch cost file (schema {data.get('schema')!r})")
+        self.entries.update({str(k): float(v) for k, v in entries.items()})
+
+    def get(self, key: str) -> float | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, us: float) -> None:
+        self.entries[key] = float(us)
+
+    def save(self, path: Path | None = None) -> None:
+        """Write the figures to `path` (default the cache's own file), atomically."""
+        target = path or self.path
+        if target is None:
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"schema": CACHE_SCHEMA, "entries": self.entries}, indent=1, sort_keys=True))
+        tmp.replace(target)
+
+
+def default_cache() -> CostCache:
+    """The on-disk cache beside the compiled kernels (`$ONNXSTITCH_CACHE/costs.json`)."""
+    from .compile import cache_dir
+
+    return CostCache(cache_dir() / "costs.json")
+
+
+class Timer(Protocol):
+    """Times standalone models on a device: microseconds per copy."""
+
+    device: str  # the device's name, part of every cache key
+    runtime: str  # the runtime's version, part of every cache key
+
+    def time_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, copies: int) -> float:
+        """Microseconds per copy of one run of `model` (`outputs`: name → (dtype, shape))."""
+        ...
+
+
+def _structure(model: onnx.ModelProto) -> str:
+    """What determines a standalone model's time, names aside: its nodes (op, attributes, wiring
+    by position), input and output types and shapes, initializers' types and shapes (and the
+    values of small ones: a Pow's exponent, a scalar), the functions it calls. Layers alike
+    give one key."""
+    names: dict[str, str] = {}
+
+    def canon(t: str) -> str:
+        return "" if not t else names.setdefault(t, f"t{len(names)}")
+
+    h = hashlib.sha256()
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        h.update(f"in {canon(vi.name)} {tt.elem_type} {[d.dim_value for d in tt.shape.dim]}\n".encode())
+    for t in model.graph.initializer:
+        h.update(f"init {canon(t.name)} {t.data_type} {list(t.dims)}\n".encode())
+        if int(np.prod(t.dims)) <= 64:
+            h.update(onnx.numpy_helper.to_array(t).tobytes())
+    for n in model.graph.node:
+        attrs = sorted((a.name, a.SerializeToString()) for a in n.attribute)
+        h.update(f"node {n.domain} {n.op_type} {n.overload} {[canon(t) for t in n.input]} "
+                 f"{[canon(t) for t in n.output]}\n".encode())
+        for name, blob in attrs:
+            h.update(name.encode() + blob)
+    for vi in model.graph.output:
+        h.update(f"out {canon(vi.name)}\n".encode())
+    for f in model.functions:
+        g = onnx.FunctionProto()
+        g.CopyFrom(f)
+        h.update(g.SerializeToString())
+    return h.hexdigest()[:32]
+
+
+def key(model: onnx.ModelProto, timer_device: str, runtime: str, stitched: bool) -> str:
+    """The cache key of a standalone model's time on a device under a runtime."""
+    return f"{'ours' if stitched else 'stock'}:{_structure(model)}:{timer_device}:{runtime}"
+
+
+def _concrete(graph: FusionGraph, tensor: str) -> tuple[int, tuple[int, ...]] | None:
+    info = graph.tensors.get(tensor)
+    if info is None or info.shape is None or any(d is None for d in info.shape):
+        return None
+    dims = tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in info.shape)
+    return info.dtype, dims
+
+
+@dataclass(frozen=True)
+class _Standalone:
+    model: onnx.ModelProto
+    outputs: Mapping[str, tuple[int, tuple[int, ...]]]
+    key: str
+
+
+def _standalones(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph, grp: Group,
+                 copies: int, device: str, runtime: str) -> tuple[_Standalone, _Standalone] | str:
+    """The group's stock and stitched forms as models of `copies` copies each, or why not."""
+    reads = standalone.group_reads(original, graph, grp)
+    tensors = {t: _concrete(graph, t) for t in (*reads, *grp.outputs)}
+    if any(v is None for v in tensors.values()):
+        return "a tensor's size is not known at the planning sizes"
+    # An integer input that is no Gather's index is a shape or a count computed at run time:
+    # random values would not do, so the group keeps its prediction.
+    probe = standalone.model_of([standalone.original_piece(original, graph, grp)], original,  # type: ignore[list-item]
+                                {t: (d, list(s)) for t, (d, s) in tensors.items()})  # type: ignore[misc]
+    counts = [t for t in reads if tensors[t][0] in _INTEGERS and t not in index_inputs(probe)]  # type: ignore[index]
+    if counts:
+        return f"it reads {counts[0]}, a shape or count computed at run time"
+    forms = []
+    for stitched_form in (False, True):
+        pieces = []
+        for c in range(copies):
+            prefix = f"~c{c}~"
+            piece = standalone.fused_piece(stitched, grp.name, prefix) if stitched_form else \
+                standalone.original_piece(original, graph, grp, prefix)
+            if piece is None:
+                return "its nodes hold subgraphs" if not stitched_form else "it has no fused node"
+            pieces.append(piece)
+        more = {t: _concrete(graph, t) for p in pieces for t in p.reads + p.outputs if t not in tensors}
+        if any(v is None for v in more.values()):
+            return "a tensor's size is not known at the planning sizes"
+        types = {t: (d, list(s)) for t, (d, s) in {**tensors, **more}.items()}  # type: ignore[misc]
+        source = stitched if stitched_form else original
+        m = standalone.model_of(pieces, source, types, f"{grp.name}_{'ours' if stitched_form else 'stock'}")
+        outs = {p.prefix + t: types[t] for p in pieces for t in p.outputs}
+        forms.append(_Standalone(m, {k: (v[0], tuple(v[1])) for k, v in outs.items()},
+                                 key(_one_copy(m, pieces), device, runtime, stitched_form)))
+    return forms[0], forms[1]
+
+
+def _one_copy(model: onnx.ModelProto, pieces: Sequence[standalone.Piece]) -> onnx.ModelProto:
+    """The first copy of a model of copies: what its key describes (the copies repeat it)."""
+    first = pieces[0].prefix
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node if all(t.startswith(first) for t in n.output if t)]
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    for field_ in (out.graph.input, out.graph.output):
+        kept = [vi for vi in field_ if vi.name.startswith(first)]
+        del field_[:]
+        field_.extend(kept)
+    return out
+
+
+def copies_for(predicted_us: float) -> int:
+    """Copies of a group to time side by side: about TARGET_US in all."""
+    return max(1, min(MAX_COPIES, int(TARGET_US // max(predicted_us, 1.0))))
+
+
+def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
+            predicted_stock: Mapping[str, float], timer: Timer | None, cache: CostCache,
+            budget_s: float = 60.0, say: Callable[[str], None] | None = None) -> tuple[GroupCost, ...]:
+    """Each group's costs: cached figures, else (with a `timer`) measured now and cached. Groups
+    alike (a repeated layer) are measured once. `predicted_stock`: the plan's prediction for the
+    nodes each group replaces. Stops measuring when `budget_s` has passed (the rest keep their
+    predictions)."""
+    out: list[GroupCost] = []
+    deadline = time.monotonic() + budget_s
+    device = timer.device if timer is not None else _cached_device(cache)
+    runtime = timer.runtime if timer is not None else _cached_runtime(cache)
+    for grp in groups:
+        base = GroupCost(grp.name, grp.predicted_us, predicted_stock.get(grp.name, 0.0))
+        if grp.scheme in UNTIMED_SCHEMES:
+            out.append(_why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)"))
+            continue
+        if device is None:
+            out.append(_why(base, "no GPU here and no measured costs for this device (--costs)"))
+            continue
+        copies = copies_for(grp.predicted_us)
+        forms = _standalones(original, stitched, graph, grp, copies, device, runtime or "")
+        if isinstance(forms, str):
+            out.append(_why(base, forms))
+            continue
+        stock, ours = forms
+        got = {False: cache.get(stock.key), True: cache.get(ours.key)}
+        source = "cache"
+        if any(v is None for v in got.values()):
+            if timer is None:
+                out.append(_why(base, "not in the measured costs (--costs) for this device"))
+                continue
+            if time.monotonic() > deadline:
+                out.append(_why(base, f"the measuring budget of {budget_s:g} s ran out"))
+                continue
+            if say:
+                say(f"measuring {grp.name}")
+            try:
+                # One set of inputs for both forms, drawn for the stock form, whose Gathers show
+                # which inputs are indices (in the fused form they hide inside its function).
+                shared = random_feeds(stock.model, seed=0)
+                for form, flag in ((stock, False), (ours, True)):
+                    if got[flag] is None:
+                        names = [vi.name for vi in form.model.graph.input]
+                        feeds = {n: shared[n] for n in names if n in shared}
+                        if len(feeds) < len(names):
+                            feeds |= {n: v for n, v in random_feeds(form.model, seed=0).items() if n not in feeds}
+                        got[flag] = timer.time_us(form.model, feeds, form.outputs, flag, copies)
+                        cache.put(form.key, got[flag])
+                source = "measured"
+            except Exception as e:  # a group that cannot be timed alone keeps its prediction
+                out.append(_why(base, f"cannot be timed alone: {first_line(e)}"))
+                continue
+        out.append(GroupCost(grp.name, base.predicted_us, base.predicted_stock_us, got[True], got[False], source))
+    return tuple(out)
+
+
+def _why(base: GroupCost, why: str) -> GroupCost:
+    return GroupCost(base.group, base.predicted_us, base.predicted_stock_us, why=why)
+
+
+def _cached_device(cache: CostCache) -> str | None:
+    """On a machine without a GPU: the device the imported figures were measured on (the one
+    device of the cache's keys), or None."""
+    devices = {k.split(":")[2] for k in cache.entries if k.count(":") >= 3}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _cached_runtime(cache: CostCache) -> str | None:
+    runtimes = {k.split(":", 3)[3] for k in cache.entries if k.count(":") >= 3}
+    return runtimes.pop() if len(runtimes) == 1 else None
+
+
+class OrtCudaTimer:
+    """Times standalone models on ONNX Runtime's CUDA EP in CUDA graphs (plain runs where ORT
+    cannot capture one, for both forms alike), inputs and outputs bound on the device."""
+
+    def __init__(self, runs: int = 25, warmup: int = 3) -> None:
+        import onnxruntime as ort
+
+        from .bench import gpu_name
+
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        self.ort = ort
+        self.runs, self.warmup = runs, warmup
+        self.device = gpu_name().replace(":", " ")
+        self.runtime = ort.__version__
+        self._overhead: dict[bool, float] = {}
+
+    def _session(self, model: onnx.ModelProto, stitched: bool, graphs: bool):
+        from .runtime import session
+
+        so = self.ort.SessionOptions()
+        so.log_severity_level = 3
+        cuda = [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if graphs else "0"}), "CPUExecutionProvider"]
+        src = model.SerializeToString()
+        if stitched:
+            return session(src, providers=cuda, sess_options=so)
+        return self.ort.InferenceSession(src, so, providers=cuda)
+
+    def _run_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, graphs: bool) -> float:
+        from . import ortio
+        from onnx import helper
+
+        sess = self._session(model, stitched, graphs)
+        io = sess.io_binding()
+        keep = []
+        for name, arr in feeds.items():
+            v = ortio.to_ortvalue(arr, "cuda", 0)
+            keep.append(v)
+            io.bind_ortvalue_input(name, v)
+        for name, (dtype, shape) in outputs.items():
+            v = ortio.empty(shape, helper.tensor_dtype_to_np_dtype(dtype), "cuda", 0)
+            keep.append(v)
+            io.bind_ortvalue_output(name, v)
+        for _ in range(self.warmup):
+            sess.run_with_iobinding(io)
+        times = []
+        for _ in range(self.runs):
+            t0 = time.perf_counter()
+            sess.run_with_iobinding(io)  # synchronizes the stream before returning
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    def overhead_us(self, graphs: bool) -> float:
+        """A run of an empty graph (one Identity of one float): what every run costs besides
+        its kernels."""
+        if graphs not in self._overhead:
+            from onnx import TensorProto, helper
+
+            g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "empty",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+            self._overhead[graphs] = self._run_us(m, {"x": np.ones(1, np.float32)},
+                                                  {"y": (TensorProto.FLOAT, (1,))}, False, graphs)
+        return self._overhead[graphs]
+
+    def time_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, copies: int) -> float:
+        try:
+            total, graphs = self._run_us(model, feeds, outputs, stitched, True), True
+        except Exception as e:  # ORT could not capture it: plain runs (launches included)
+            log.info("timed without a CUDA graph: %s", first_line(e))
+            total, graphs = self._run_us(model, feeds, outputs, stitched, False), False
+        return max(total - self.overhead_us(graphs), 0.0) / copies
+
+
+def gpu_timer() -> OrtCudaTimer | None:
+    """A timer on this machine's GPU, or None without a usable one (CUDA EP and the library)."""
+    from .verify import gpu_usable
+
+    if not gpu_usable():
+        return None
+    try:
+        return OrtCudaTimer()
+    except Exception as e:
+        log.info("no GPU timer: %s", first_line(e))
+        return None
+
+
+def summary(costs: Iterable[GroupCost]) -> dict:
+    """Figures for the report: groups measured, given back, and the cost model's error."""
+    costs = list(costs)
+    measured = [c for c in costs if c.measured]
+    errors = [abs(c.predicted_us - c.ours_us) / c.ours_us for c in measured if c.ours_us]  # type: ignore[operator]
+    return {"groups": len(costs), "measured": len(measured),
+            "from_cache": sum(c.source == "cache" for c in measured),
+            "not_paying": [c.group for c in costs if not c.pays],
+            "median_prediction_error": statistics.median(errors) if errors else None}
+
+
+
+
+# The stitched model must beat stock ORT by at least this share to be written as planned.
+GATE_MARGIN = 0.01
+
+
+@dataclass(frozen=True)
+class ModelTiming:
+    """Stock ORT and the stitched model timed in interleaved rounds, in milliseconds per run,
+    and how each ran (through a CUDA graph where ORT can capture the model, else plain)."""
+
+    stock_ms: float
+    stitched_ms: float
+    stock_graphs: bool
+    stitched_graphs: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.stock_ms / self.stitched_ms if self.stitched_ms else 0.0
+
+    @property
+    def faster(self) -> bool:
+        return self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN)
+
+    @property
+    def mode(self) -> str:
+        def how(graphs: bool) -> str:
+            return "CUDA graph" if graphs else "plain"
+        if self.stock_graphs == self.stitched_graphs:
+            return how(self.stock_graphs)
+        return f"stock {how(self.stock_graphs)}, stitched {how(self.stitched_graphs)}"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "speedup": self.speedup, "mode": self.mode}
+
+
+def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
+                   libraries: Sequence[str] = (), iters: int = 40) -> ModelTiming:
+    """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
+    interleaved rounds, no profile), through CUDA graphs where ORT captures each."""
+    from .bench import STITCHED, BenchConfig, run
+
+    config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
+                         custom_op_libraries=tuple(libraries))
+    res = run(original, stitched, config=config, shapes=shapes)
+    return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
+                       res.configs[STITCHED].cuda_graph)

@@ -1,0 +1,81 @@
+"""ONNX Runtime sessions for running a model and its stitched form side by side: on the CPU, or
+on the CUDA EP (the stitched model with the onnxstitch library), with the model's weights held
+apart (weights.py) and the user's custom-op libraries registered. Verification, the gate and
+shape probing all open their sessions here."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from . import ortio
+from .load import is_large, save
+from .weights import Weights
+
+
+def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
+                    weights: Weights | None = None, libraries: Sequence[str] = (), tf32: bool = False):
+    """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
+    (the stitched one with the onnxstitch library). `weights` supply the payloads of `model`'s
+    stubs (weights.py), `model` being what `source` holds (passed through
+    `Weights.session_model`, as Runner.open does); `libraries`: custom-op libraries the model's
+    own ops need (ortio.custom_op_libraries). `tf32`: let the CUDA EP's GEMMs and convolutions
+    round their inputs to TF32, as stock ORT does by default (off for comparisons)."""
+    import onnxruntime as ort
+
+    options = ortio.with_custom_ops(ort.SessionOptions(), libraries)
+    if weights is not None and model is not None:
+        options = weights.session_options(model, options)
+    options.log_severity_level = 4  # a failing run is reported by its exception, in one line
+    # Each session runs once: prepacked copies of the weights would only double its memory.
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    if not gpu:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
+    if stitched:
+        from .runtime import session
+
+        return session(source, providers=cuda, sess_options=options)
+    return ort.InferenceSession(source, options, providers=cuda)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """Where and how verification runs models: on the GPU (the stitched model with its real
+    kernels) or the CPU (through its fallback functions), the payloads of the models' weight
+    stubs (weights.py), and the user's custom-op libraries registered in every session."""
+
+    gpu: bool
+    weights: Weights | None = None
+    libraries: tuple[str, ...] = ()
+    tf32: bool = False  # TF32 in ORT's own GEMMs and convolutions (verify's envelope run)
+
+    @property
+    def where(self) -> str:
+        return "gpu" if self.gpu else "cpu"
+
+    def open(self, model: onnx.ModelProto, stitched: bool):
+        """An ORT session of `model`."""
+        large = is_large(model)  # over 2 GiB even without the detached weights: through a file
+        if self.weights is not None:
+            # ORT joins merged weights itself and, given bytes, maps external data files rather
+            # than copy them from memory (weights.py)
+            model = self.weights.session_model(model, files=not large)
+        with tempfile.TemporaryDirectory() as tmp:
+            if large:
+                source: bytes | str = os.path.join(tmp, "model.onnx")
+                save(model, source)
+            else:
+                source = model.SerializeToString()
+            return runtime_session(source, self.gpu, stitched, model, self.weights, self.libraries, self.tf32)
+
+    def run(self, model: onnx.ModelProto, stitched: bool, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output of `model` on ORT, by name."""
+        sess = self.open(model, stitched)
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, ortio.run(sess, names, feeds)))

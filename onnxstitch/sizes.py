@@ -1,0 +1,154 @@
+"""One meaning of `--shape` for every command (optimize, bench, check) and for the library's
+`shapes=` arguments.
+
+A size is given as `name=value` or `name=DxDx…`. The name is looked up in this order:
+
+1. a graph input: the value is that input's shape (`timestep=2` is the shape of a rank-1 input
+   named timestep); the symbolic dims of its shape take their values from it, so every other
+   input sharing them (`batch`) gets the same size;
+2. a symbolic dim of the graph inputs (`batch=8`), which takes exactly one value; a dynamic dim
+   an exporter left unnamed is called `<input>_dim<i>`.
+
+Any other name is an error that lists the valid ones, as are a rank that differs from the
+model's, a fixed dim given another value, and one dim given two values. Dims given no value
+default to DEFAULT_SYMBOLIC_DIM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import onnx
+
+from .errors import BadInputError
+from .shapes import DEFAULT_SYMBOLIC_DIM, placeholder_dim
+
+Given = Mapping[str, "int | Sequence[int]"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Sizes resolved against a model: input shapes given whole, and symbolic dim values (given
+    by name, or read off a given input's shape)."""
+
+    inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+    def shape_of(self, vi: onnx.ValueInfoProto) -> tuple[int, ...]:
+        """The concrete shape of a graph input under these sizes."""
+        if vi.name in self.inputs:
+            return self.inputs[vi.name]
+        return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+                     else int(self.dims.get(dim_name(vi.name, i, d), DEFAULT_SYMBOLIC_DIM))
+                     for i, d in enumerate(vi.type.tensor_type.shape.dim))
+
+
+def dim_name(input_name: str, index: int, d: onnx.TensorShapeProto.Dimension) -> str:
+    """The name a dynamic dim of a graph input goes by: its dim_param, or `<input>_dim<i>` where
+    the exporter left it unnamed (shapes.resolve_shapes names it so in the model too)."""
+    return f"{input_name}_dim{index}" if placeholder_dim(d) else d.dim_param
+
+
+def parse(values: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """`--shape batch=8,seq=128` or `--shape x=8x128` (repeatable) → name → values, as typed.
+    Raises BadInputError for text of another form."""
+    out: dict[str, tuple[int, ...]] = {}
+    for value in values:
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            name, sep, dims = item.partition("=")
+            name = name.strip()
+            try:
+                if not sep or not name:
+                    raise ValueError
+                parsed = tuple(int(d) for d in dims.lower().split("x"))
+            except ValueError:
+                raise BadInputError(f"--shape {item!r}: expected name=value or input=DxDx...") from None
+            if any(d < 0 for d in parsed):
+                raise BadInputError(f"--shape {item!r}: dims must be non-negative")
+            if name in out and out[name] != parsed:
+                raise BadInputError(f"--shape {name}: given twice, as {_text(out[name])} and {_text(parsed)}")
+            out[name] = parsed
+    return out
+
+
+def _text(dims: Sequence[int]) -> str:
+    return "x".join(map(str, dims))
+
+
+def _runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def valid_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """The names `--shape` accepts: graph inputs (with their shapes, for the message) and the
+    symbolic dims of their shapes."""
+    inputs, dims = [], []
+    for vi in _runtime_inputs(model):
+        shape = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else None
+        if shape is None:
+            inputs.append(f"{vi.name} [?]")
+            continue
+        names = [str(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else dim_name(vi.name, i, d)
+                 for i, d in enumerate(shape)]
+        inputs.append(f"{vi.name} [{', '.join(names)}]")
+        dims += [n for i, (n, d) in enumerate(zip(names, shape)) if not (d.HasField("dim_value") and d.dim_value >= 0)]
+    return inputs, list(dict.fromkeys(dims))
+
+
+def resolve(model: onnx.ModelProto, given: Given | None) -> Sizes:
+    """`given` (name → value or values, as `parse` returns or a library caller writes) read
+    against `model`'s graph inputs by the rules above. Raises BadInputError naming the entry."""
+    inputs = {vi.name: vi for vi in _runtime_inputs(model)}
+    shapes: dict[str, tuple[int, ...]] = {}
+    dims: dict[str, int] = {}
+    source: dict[str, str] = {}
+
+    def set_dim(dim: str, value: int, why: str) -> None:
+        if dim in dims and dims[dim] != value:
+            raise BadInputError(f"--shape: dim {dim!r} is {dims[dim]} by {source[dim]} and {value} by {why}")
+        dims[dim], source[dim] = value, why
+
+    named: list[tuple[str, int]] = []
+    for name, raw in (given or {}).items():
+        values = (int(raw),) if isinstance(raw, int) else tuple(int(v) for v in raw)
+        if name in inputs:
+            shapes[name] = _input_shape(inputs[name], values, set_dim)
+        else:
+            named.append((name, values))
+    known = set(valid_names(model)[1])
+    for name, values in named:
+        if name not in known:
+            ins, ds = valid_names(model)
+            raise BadInputError(f"--shape {name}: the model has no graph input or symbolic dim of that name "
+                                f"(inputs: {'; '.join(ins) or 'none'}; dims: {', '.join(ds) or 'none'})")
+        if len(values) != 1:
+            raise BadInputError(f"--shape {name}={_text(values)}: {name!r} is a symbolic dim and takes one value")
+        set_dim(name, values[0], f"{name}={values[0]}")
+    return Sizes(shapes, dims)
+
+
+def _input_shape(vi: onnx.ValueInfoProto, values: tuple[int, ...], set_dim) -> tuple[int, ...]:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):  # rank unknown: the shape given is taken as it is
+        return values
+    dims = tt.shape.dim
+    if len(dims) != len(values):
+        raise BadInputError(f"--shape {vi.name}={_text(values)}: rank {len(values)} given, the model's input "
+                            f"{vi.name} has rank {len(dims)}")
+    for i, (d, v) in enumerate(zip(dims, values)):
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            if d.dim_value != v:
+                raise BadInputError(f"--shape {vi.name}: dim {i} is fixed at {d.dim_value} in the model, {v} given")
+            continue
+        set_dim(dim_name(vi.name, i, d), v, f"{vi.name}={_text(values)}")
+    return values
+
+
+def applicable(model: onnx.ModelProto, given: Given | None) -> dict[str, "int | Sequence[int]"]:
+    """The entries of `given` that name a graph input or a symbolic dim of `model`: for a caller
+    that sizes several models with one set of names (a benchmark sweep, the tests), where
+    `resolve` holds every name to the model."""
+    inputs = {vi.name for vi in _runtime_inputs(model)}
+    dims = set(valid_names(model)[1])
+    return {k: v for k, v in (given or {}).items() if k in inputs or k in dims}

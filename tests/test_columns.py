@@ -1,0 +1,75 @@
+"""Column reductions priced by the bandwidth they can reach: ConvNeXt V2's GRN (an L2 norm over
+H × W of NHWC activations, few long columns) planned at full bandwidth ran the model at 0.45× of
+stock ORT on an H200; priced by its columns' bytes in flight it is left to ONNX Runtime while
+the elementwise work around it still fuses, and a column reduction over many short columns
+(YOLOv8's DFL decode) still plans as one kernel."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxstitch
+from onnxstitch import cost as cost_mod
+from onnxstitch.schemes.rows import geometry as rows
+
+from .stitching import prepared
+
+
+def grn(n: int, h: int, w: int, c: int, written: str = "ReduceL2") -> onnx.ModelProto:
+    """ConvNeXt V2's GRN over NHWC x: Gx = ‖x‖₂ over (H, W); Nx = Gx / (mean_C(Gx) + 1e-6);
+    y = γ·(x·Nx) + β + x — as the TorchScript exporter writes it (ReduceL2) or the dynamo one
+    (x², ReduceSum, Sqrt)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), k) for k in ("gamma", "beta")]
+    inits += [numpy_helper.from_array(np.array([1, 2], np.int64), "hw"), numpy_helper.from_array(np.array([-1], np.int64), "ch"),
+              numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    mk = helper.make_node
+    if written == "ReduceL2":
+        norm = [mk("ReduceL2", ["x", "hw"], ["gx"], keepdims=1)]
+    else:
+        norm = [mk("Mul", ["x", "x"], ["sq"]), mk("ReduceSum", ["sq", "hw"], ["ss"], keepdims=1), mk("Sqrt", ["ss"], ["gx"])]
+    nodes = norm + [mk("ReduceMean", ["gx", "ch"], ["mean"], keepdims=1), mk("Add", ["mean", "eps"], ["den"]),
+                    mk("Div", ["gx", "den"], ["nx"]), mk("Mul", ["x", "nx"], ["xn"]), mk("Mul", ["gamma", "xn"], ["g"]),
+                    mk("Add", ["g", "beta"], ["gb"]), mk("Add", ["gb", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "grn", [helper.make_tensor_value_info("x", TP.FLOAT, [n, h, w, c])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, [n, h, w, c])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize("written", ["ReduceL2", "ReduceSum"])
+def test_grn_over_few_long_columns_is_left_to_onnx_runtime(written: str) -> None:
+    model = grn(8, 56, 56, 96, written)
+    m, g = prepared(model)
+    norm = next(n.index for n in g.nodes if n.op_type in ("ReduceL2", "ReduceSum"))
+    plan = rows.row_plan(g, frozenset({norm}))
+    assert plan.inner == 1 and plan.rows == 8 * 96 and plan.cols == 56 * 56
+    share = rows.column_share(plan, 4)
+    assert share < 0.05
+    # The column kernel is priced at its share: many times the bytes' time at full bandwidth.
+    full = cost_mod.CostModel().kernel_us(cost_mod.group_bytes(g, {norm}))
+    assert cost_mod.group_us(g, cost_mod.CostModel(), {norm}) > 10 * full
+    res = onnxstitch.optimize(model, verify=False, gate=False)
+    labels = [lbl for grp in res.report.plan.groups for lbl in grp.labels]
+    assert labels and not any(lbl.startswith(("ReduceL2", "ReduceSum")) for lbl in labels), labels
+    assert any(lbl.startswith("Div") for lbl in labels)  # the elementwise work around it still fuses
+
+
+def test_many_short_columns_still_plan_as_one_kernel() -> None:
+    """YOLOv8's DFL decode: a Softmax over 16 bins on axis 1 of [1, 16, 4, 8400], weighted sum."""
+    mk = helper.make_node
+    w = numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1), "w")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "ax")
+    nodes = [mk("Softmax", ["x"], ["p"], axis=1), mk("Mul", ["p", "w"], ["pw"]),
+             mk("ReduceSum", ["pw", "ax"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "dfl", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 16, 4, 8400])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8400])], [w, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    m, g = prepared(model)
+    sm = next(n.index for n in g.nodes if n.op_type == "Softmax")
+    assert rows.column_share(rows.row_plan(g, frozenset({sm})), 4) == 1.0
+    res = onnxstitch.optimize(model, verify=False, gate=False)
+    (grp,) = res.report.plan.groups
+    assert len(grp.nodes) == 3 and grp.scheme == "rows"

@@ -1,0 +1,141 @@
+"""Measured costs and the gate (measure.py), with a timer that plays the GPU: a group measured
+slower than the nodes it replaces goes back to ONNX Runtime and the report says what was
+measured and predicted; figures are cached by structure (a repeated layer is timed once) and
+travel in a --costs file to a machine without a GPU; a stitched model slower than stock as a
+whole gives back the groups that gain least, then all of them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import parser
+
+import onnxstitch
+from onnxstitch import measure
+from onnxstitch.cli.main import main
+
+LAYERS = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 256] x, float[256, 256] w) => (float[B, 256] z) {
+  a = Mul(x, x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Mul(m, m)
+  d = Sigmoid(c)
+  n = MatMul(d, w)
+  e = Tanh(n)
+  z = Add(e, n)
+}"""
+
+
+class FakeTimer:
+    """A GPU that says the stock form of every group takes 10 µs and the fused form 4 µs, except
+    the fused groups whose kernel reads a Tanh (`slow`), which take 30 µs."""
+
+    device = "Fake GPU"
+    runtime = "1.0"
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def time_us(self, model, feeds, outputs, stitched, copies) -> float:
+        self.calls.append(stitched)
+        assert all(np.asarray(v).shape for v in feeds.values())
+        if not stitched:
+            return 10.0
+        labels = " ".join(f.node[i].op_type for f in model.functions for i in range(len(f.node)))
+        return 30.0 if "Tanh" in labels else 4.0
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeTimer:
+    timer = FakeTimer()
+    monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measure, "gpu_timer", lambda: timer)
+    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: measure.ModelTiming(1.0, 0.8, True, True))
+    return timer
+
+
+def test_a_group_measured_slower_goes_back_and_the_report_says_so(fake_gpu: FakeTimer) -> None:
+    model = parser.parse_model(LAYERS)
+    res = onnxstitch.optimize(model, shapes={"B": [64]})
+    rep = res.report
+    names = {c.group: c for c in rep.costs}
+    slow = [c for c in rep.costs if not c.pays]
+    assert len(slow) == 1 and slow[0].ours_us == 30.0 and slow[0].stock_us == 10.0 and slow[0].source == "measured"
+    assert [d["group"] for d in rep.given_back] == [slow[0].group] and "30.0 µs" in rep.given_back[0]["reason"]
+    fused = [n.overload for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    assert slow[0].group not in fused and len(fused) == rep.fused_groups == len(names) - 1
+    doc = rep.to_json()
+    assert doc["measured"]["model"]["speedup"] == pytest.approx(1.25)
+    assert doc["measured"]["summary"]["not_paying"] == [slow[0].group]
+    grp = next(g for g in doc["plan"]["groups"] if g["name"] == slow[0].group)
+    assert grp["given_back"] and grp["measured"]["predicted_us"] > 0
+    # Planned again: every figure comes from the cache, nothing is timed.
+    fake_gpu.calls.clear()
+    again = onnxstitch.optimize(model, shapes={"B": [64]}).report
+    assert not fake_gpu.calls and {c.source for c in again.costs if c.measured} == {"cache"}
+
+
+def test_layers_alike_are_timed_once() -> None:
+    model = parser.parse_model(LAYERS.replace("e = Tanh(n)", "e = Sigmoid(n)").replace("c = Mul(m, m)",
+                                                                                         "c = Mul(m, m)"))
+    res = onnxstitch.optimize(model, shapes={"B": [64]}, verify=False, gate=False)
+    timer = FakeTimer()
+    groups = res.report.plan.groups
+    out = measure.measure(onnxstitch.pipeline._prepare(model, {"B": [64]}, onnxstitch.pipeline._Stages(None)).model,
+                          res.graph_model, _graph(model), groups, {}, timer, measure.CostCache())
+    keys = {c.group: c for c in out}
+    assert len(keys) == len(groups)
+    # Two groups of the same structure (Mul → Sigmoid at [64, 256]) share their figures.
+    assert len(timer.calls) < 2 * len(groups)
+
+
+def _graph(model: onnx.ModelProto):
+    from onnxstitch import graph as graph_mod, load, shapes
+
+    m = load.constants_to_initializers(load.load(model))
+    m, dims = shapes.resolve_shapes(m, {"B": [64]})
+    return graph_mod.build(m, shapes.infer(m)[1], dims)
+
+
+def test_costs_travel_to_a_machine_without_a_gpu(fake_gpu: FakeTimer, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "m.onnx"
+    onnx.save(parser.parse_model(LAYERS), str(src))
+    costs = tmp_path / "h100-costs.json"
+    res = CliRunner().invoke(main, ["optimize", str(src), "-o", str(tmp_path / "a.onnx"), "--shape", "B=64",
+                                    "--costs", str(costs)])
+    assert res.exit_code == 0, res.output
+    assert "given back to ONNX Runtime" in res.output and "measured groups" in res.output
+    assert json.loads(costs.read_text())["schema"] == measure.CACHE_SCHEMA
+    # Now no GPU and an empty cache: only the file's figures decide.
+    monkeypatch.setattr(measure, "gpu_timer", lambda: None)
+    monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path / "other-cache"))
+    rep = onnxstitch.optimize(str(src), shapes={"B": [64]}, costs_file=str(costs)).report
+    assert len(rep.given_back) == 1 and {c.source for c in rep.costs if c.measured} == {"cache"}
+    assert rep.timing is None  # no GPU: the model as a whole is not timed
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    res = CliRunner().invoke(main, ["optimize", str(src), "--costs", str(bad)])
+    assert res.exit_code == 2 and "not an onnxstitch cost file" in res.output
+
+
+def test_a_model_slower_as_a_whole_gives_back_what_gains_least(fake_gpu: FakeTimer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    timings = iter([measure.ModelTiming(1.0, 1.2, True, True), measure.ModelTiming(1.0, 1.1, False, False)])
+    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: next(timings))
+    res = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]})
+    rep = res.report
+    rounds = [d for d in rep.given_back if d.get("round") == "gate"]
+    assert rounds and "1.200 ms against stock ORT's 1.000 ms" in rounds[0]["reason"]
+    # Still slower after half: every group goes back and the model is written as given.
+    assert rep.fused_groups == 0 and not [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
+
+
+def test_no_gate_plans_as_planned(fake_gpu: FakeTimer) -> None:
+    rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}, gate=False).report
+    assert not rep.costs and not rep.given_back and rep.timing is None and not fake_gpu.calls

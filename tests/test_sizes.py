@@ -1,0 +1,110 @@
+"""One meaning of --shape for every command (sizes.py): graph inputs first, a single number the
+shape of a rank-1 input of that name, then symbolic dims; an unknown name is an error listing
+the valid ones. The UNet-style model of issue 35 benchmarks with the --shape that optimized it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from onnxstitch import sizes
+from onnxstitch.cli.main import main
+from onnxstitch.errors import BadInputError
+from onnxstitch.inputs import random_feeds
+
+UNET_SHAPE = "sample=2x4x8x8,timestep=2,encoder_hidden_states=2x7x16"
+
+
+def unet_like() -> onnx.ModelProto:
+    """A Stable-Diffusion-style UNet's inputs, used the way a UNet uses them: the timestep is
+    broadcast over the sample (Expand to the sample's shape, which fails where the batch sizes
+    differ), the text states pooled and added per channel."""
+    return onnx.parser.parse_model("""
+<ir_version: 10, opset_import: ["" : 18]>
+unet (float[batch, 4, 8, 8] sample, float[batch] timestep, float[batch, 77, 16] encoder_hidden_states)
+    => (float[batch, 4, 8, 8] out) {
+  shape4 = Constant<value = int64[4] {-1, 1, 1, 1}>()
+  t4 = Reshape(timestep, shape4)
+  ss = Shape(sample)
+  te = Expand(t4, ss)
+  st = Sigmoid(te)
+  mixed = Mul(sample, st)
+  axes = Constant<value = int64[1] {1}>()
+  pooled = ReduceMean<keepdims = 1>(encoder_hidden_states, axes)
+  s4 = Constant<value = int64[4] {-1, 4, 2, 2}>()
+  p4 = Reshape(pooled, s4)
+  ax = Constant<value = int64[2] {2, 3}>()
+  pc = ReduceMean<keepdims = 1>(p4, ax)
+  out = Add(mixed, pc)
+}""")
+
+
+def test_inputs_first_then_dims_and_the_dims_they_carry() -> None:
+    model = unet_like()
+    got = sizes.resolve(model, sizes.parse([UNET_SHAPE.replace("2x7x16", "2x77x16")]))
+    assert got.inputs == {"sample": (2, 4, 8, 8), "timestep": (2,), "encoder_hidden_states": (2, 77, 16)}
+    assert got.dims == {"batch": 2}
+    # A symbolic dim by name sizes every input that has it.
+    by_dim = sizes.resolve(model, sizes.parse(["batch=3"]))
+    assert by_dim.inputs == {} and by_dim.dims == {"batch": 3}
+    feeds = random_feeds(model, 0, by_dim.dims, by_dim.inputs)
+    assert {k: v.shape for k, v in feeds.items()} == {"sample": (3, 4, 8, 8), "timestep": (3,),
+                                                      "encoder_hidden_states": (3, 77, 16)}
+    # One input's shape sizes the others through their shared dim.
+    one = sizes.resolve(model, {"timestep": [5]})
+    feeds = random_feeds(model, 0, one.dims, one.inputs)
+    assert feeds["sample"].shape == (5, 4, 8, 8) and feeds["encoder_hidden_states"].shape == (5, 77, 16)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("height=64", "no graph input or symbolic dim of that name"),
+    ("sample=2x4x8", "rank 3 given"),
+    ("sample=2x3x8x8", "dim 1 is fixed at 4"),
+    ("batch=2x3", "takes one value"),
+    ("sample=2x4x8x8,timestep=3", "'batch' is 2 by sample=2x4x8x8 and 3 by timestep=3"),
+    ("batch=two", "expected name=value"),
+    ("batch=-1", "non-negative"),
+    ("batch=2,batch=3", "given twice"),
+])
+def test_wrong_sizes_are_one_line_naming_what_is_valid(text: str, message: str) -> None:
+    with pytest.raises(BadInputError) as e:
+        sizes.resolve(unet_like(), sizes.parse([text]))
+    assert message in str(e.value)
+    if "no graph input" in message:  # the valid names are listed
+        assert "sample [batch, 4, 8, 8]" in str(e.value) and "dims: batch" in str(e.value)
+
+
+def test_unnamed_dynamic_dims_are_named_after_their_input() -> None:
+    model = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 18]>
+g (float[?, 3] x, float[N] y) => (float[?, 3] z) { z = Relu(x) }""")
+    model.graph.input[0].type.tensor_type.shape.dim[0].Clear()  # no name, no value
+    got = sizes.resolve(model, {"x_dim0": 7, "N": [2]})
+    assert got.dims == {"x_dim0": 7, "N": 2}
+    assert sizes.Sizes({}, got.dims).shape_of(model.graph.input[0]) == (7, 3)
+
+
+def test_the_unet_benchmarks_with_the_shape_that_optimized_it(tmp_path: Path) -> None:
+    """Issue 35: bench took `timestep=2` for a symbolic dim named "timestep", left `batch` at 64,
+    and stock ORT failed ("invalid expand shape"), reported as the model's fault."""
+    src = tmp_path / "unet.onnx"
+    onnx.save(unet_like(), str(src))
+    out = tmp_path / "unet.stitched.onnx"
+    runner = CliRunner()
+    shape = UNET_SHAPE.replace("2x7x16", "2x77x16")
+    res = runner.invoke(main, ["optimize", str(src), "-o", str(out), "--shape", shape, "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["bench", str(src), "--stitched", str(out), "--shape", shape, "--providers",
+                               "CPUExecutionProvider", "--warmup", "1", "--iters", "2", "--json", "-q"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["inputs"] == {"sample": [2, 4, 8, 8], "timestep": [2], "encoder_hidden_states": [2, 77, 16]}
+    # A name the model lacks is exit 2 from every command, with the valid names.
+    for cmd in (["optimize", str(src), "-o", str(tmp_path / "x.onnx")],
+                ["bench", str(src), "--stitched", str(out), "--providers", "CPUExecutionProvider"],
+                ["check", str(src), "--baseline", str(tmp_path / "b.json"), "--update-baseline"]):
+        res = runner.invoke(main, [*cmd, "--shape", "height=64"])
+        assert res.exit_code == 2, (cmd, res.output)
+        assert "no graph input or symbolic dim" in res.output and "timestep [batch]" in res.output
