@@ -55,6 +55,10 @@ class BenchConfig:
     profile: bool = False  # keep each configuration's profile in the result (BenchResult.profiles)
     # Custom-op libraries the model's own ops need, registered in every session (both models).
     custom_op_libraries: tuple[str, ...] = ()
+    # cuDNN's convolution algorithm search in every CUDA session (None: ORT's default, an
+    # exhaustive search at the first run; "HEURISTIC": seconds less per CNN session, both models
+    # alike: optimize's gate, which compares them).
+    conv_algo_search: str | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -234,9 +238,10 @@ def _fits(declared, shape: Sequence[int]) -> bool:
 
 
 def _provider_list(config: BenchConfig) -> list:
-    if not config.cuda_graph:
-        return list(config.providers)
-    return [(p, {"enable_cuda_graph": "1"}) if p == "CUDAExecutionProvider" else p for p in config.providers]
+    cuda = {"enable_cuda_graph": "1"} if config.cuda_graph else {}
+    if config.conv_algo_search:
+        cuda["cudnn_conv_algo_search"] = config.conv_algo_search
+    return [(p, dict(cuda)) if p == CUDA and cuda else p for p in config.providers]
 
 
 # Timed runs are taken in this many rounds, each configuration in turn, so that a drift of the
@@ -317,12 +322,12 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
 
     def stock_maker(path: str | os.PathLike):
         def make(so=None, graphs: bool = config.cuda_graph):
-            cfg = config if graphs else BenchConfig(providers=config.providers)
+            cfg = config if graphs else dataclasses.replace(config, cuda_graph=False)
             return ort.InferenceSession(str(path), sess_options=options(so), providers=_provider_list(cfg))
         return make
 
     def stitched_maker(so=None, graphs: bool = config.cuda_graph):
-        cfg = config if graphs else BenchConfig(providers=config.providers)
+        cfg = config if graphs else dataclasses.replace(config, cuda_graph=False)
         return stitch_session(str(stitched_path), sess_options=options(so), providers=_provider_list(cfg))
 
     stock = STOCK if config.on_gpu else STOCK_CPU

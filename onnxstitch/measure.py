@@ -253,60 +253,108 @@ def copies_for(predicted_us: float) -> int:
     return max(1, min(MAX_COPIES, int(TARGET_US // max(predicted_us, 1.0))))
 
 
+@dataclass(frozen=True)
+class Job:
+    """One standalone model to time: its inputs and the shapes of its outputs."""
+
+    model: onnx.ModelProto
+    feeds: Mapping[str, np.ndarray]
+    outputs: Mapping[str, tuple[int, tuple[int, ...]]]
+    stitched: bool
+    copies: int
+
+
+def time_all(timer: Timer, jobs: Sequence[Job]) -> list[float | Exception]:
+    """Microseconds per copy of each job, or the exception that stopped it: through the timer's
+    own batch method where it has one (sessions made in parallel), else one at a time."""
+    batch = getattr(timer, "time_many", None)
+    if batch is not None:
+        return batch(jobs)
+    out: list[float | Exception] = []
+    for job in jobs:
+        try:
+            out.append(timer.time_us(job.model, job.feeds, job.outputs, job.stitched, job.copies))
+        except Exception as e:  # noqa: BLE001 - reported per group
+            out.append(e)
+    return out
+
+
 def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
             predicted_stock: Mapping[str, float], timer: Timer | None, cache: CostCache,
             budget_s: float = 60.0, say: Callable[[str], None] | None = None) -> tuple[GroupCost, ...]:
     """Each group's costs: cached figures, else (with a `timer`) measured now and cached. Groups
     alike (a repeated layer) are measured once. `predicted_stock`: the plan's prediction for the
-    nodes each group replaces. Stops measuring when `budget_s` has passed (the rest keep their
-    predictions)."""
-    out: list[GroupCost] = []
-    deadline = time.monotonic() + budget_s
+    nodes each group replaces. Models are timed in batches while `budget_s` lasts (the groups
+    left keep their predictions)."""
     device = timer.device if timer is not None else _cached_device(cache)
     runtime = timer.runtime if timer is not None else _cached_runtime(cache)
+    bases: dict[str, GroupCost] = {}
+    forms: dict[str, tuple[_Standalone, _Standalone, int]] = {}
     for grp in groups:
         base = GroupCost(grp.name, grp.predicted_us, predicted_stock.get(grp.name, 0.0))
+        bases[grp.name] = base
         if grp.scheme in UNTIMED_SCHEMES:
-            out.append(_why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)"))
+            bases[grp.name] = _why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)")
+        elif device is None:
+            bases[grp.name] = _why(base, "no GPU here and no measured costs for this device (--costs)")
+        else:
+            copies = copies_for(grp.predicted_us)
+            got = _standalones(original, stitched, graph, grp, copies, device, runtime or "")
+            if isinstance(got, str):
+                bases[grp.name] = _why(base, got)
+            else:
+                forms[grp.name] = (*got, copies)
+    # Every key not cached yet, once (layers alike share their keys), as a job.
+    jobs: dict[str, Job] = {}
+    for stock, ours, copies in forms.values():
+        if timer is None or (cache.get(stock.key) is not None and cache.get(ours.key) is not None):
             continue
-        if device is None:
-            out.append(_why(base, "no GPU here and no measured costs for this device (--costs)"))
-            continue
-        copies = copies_for(grp.predicted_us)
-        forms = _standalones(original, stitched, graph, grp, copies, device, runtime or "")
-        if isinstance(forms, str):
-            out.append(_why(base, forms))
-            continue
-        stock, ours = forms
-        got = {False: cache.get(stock.key), True: cache.get(ours.key)}
-        source = "cache"
-        if any(v is None for v in got.values()):
-            if timer is None:
-                out.append(_why(base, "not in the measured costs (--costs) for this device"))
+        # One set of inputs for both forms, drawn for the stock form, whose Gathers show which
+        # inputs are indices (in the fused form they hide inside its function).
+        shared = random_feeds(stock.model, seed=0)
+        for form, flag in ((stock, False), (ours, True)):
+            if form.key in jobs or cache.get(form.key) is not None:
                 continue
+            names = [vi.name for vi in form.model.graph.input]
+            feeds = {n: shared[n] for n in names if n in shared}
+            if len(feeds) < len(names):
+                feeds |= {n: v for n, v in random_feeds(form.model, seed=0).items() if n not in feeds}
+            jobs[form.key] = Job(form.model, feeds, form.outputs, flag, copies)
+    failed: dict[str, str] = {}
+    if jobs and timer is not None:
+        deadline = time.monotonic() + budget_s
+        keys = list(jobs)
+        for start in range(0, len(keys), BATCH):
             if time.monotonic() > deadline:
-                out.append(_why(base, f"the measuring budget of {budget_s:g} s ran out"))
-                continue
+                failed |= {k: f"the measuring budget of {budget_s:g} s ran out" for k in keys[start:]}
+                break
             if say:
-                say(f"measuring {grp.name}")
-            try:
-                # One set of inputs for both forms, drawn for the stock form, whose Gathers show
-                # which inputs are indices (in the fused form they hide inside its function).
-                shared = random_feeds(stock.model, seed=0)
-                for form, flag in ((stock, False), (ours, True)):
-                    if got[flag] is None:
-                        names = [vi.name for vi in form.model.graph.input]
-                        feeds = {n: shared[n] for n in names if n in shared}
-                        if len(feeds) < len(names):
-                            feeds |= {n: v for n, v in random_feeds(form.model, seed=0).items() if n not in feeds}
-                        got[flag] = timer.time_us(form.model, feeds, form.outputs, flag, copies)
-                        cache.put(form.key, got[flag])
-                source = "measured"
-            except Exception as e:  # a group that cannot be timed alone keeps its prediction
-                out.append(_why(base, f"cannot be timed alone: {first_line(e)}"))
-                continue
-        out.append(GroupCost(grp.name, base.predicted_us, base.predicted_stock_us, got[True], got[False], source))
+                say(f"measuring groups ({start + 1}–{min(start + BATCH, len(keys))} of {len(keys)} forms)")
+            chunk = keys[start:start + BATCH]
+            for k, got in zip(chunk, time_all(timer, [jobs[k] for k in chunk])):
+                if isinstance(got, Exception):
+                    failed[k] = f"cannot be timed alone: {first_line(got)}"
+                else:
+                    cache.put(k, got)
+    out: list[GroupCost] = []
+    for grp in groups:
+        if grp.name not in forms:
+            out.append(bases[grp.name])
+            continue
+        stock, ours, _ = forms[grp.name]
+        why = failed.get(stock.key) or failed.get(ours.key)
+        s_us, o_us = cache.get(stock.key), cache.get(ours.key)
+        if why or s_us is None or o_us is None:
+            out.append(_why(bases[grp.name], why or "not in the measured costs (--costs) for this device"))
+            continue
+        fresh = stock.key in jobs or ours.key in jobs
+        out.append(GroupCost(grp.name, grp.predicted_us, bases[grp.name].predicted_stock_us, o_us, s_us,
+                             "measured" if fresh else "cache"))
     return tuple(out)
+
+
+# Standalone models whose sessions are made at once (in parallel), then timed one by one.
+BATCH = 16
 
 
 def _why(base: GroupCost, why: str) -> GroupCost:
@@ -355,6 +403,11 @@ class OrtCudaTimer:
 
     def _run_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                 outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, graphs: bool) -> float:
+        return self._timed(*self._bound(model, feeds, outputs, stitched, graphs))
+
+    def _bound(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+               outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, graphs: bool):
+        """A session of `model` with its inputs and outputs bound on the device."""
         from . import ortio
         from onnx import helper
 
@@ -369,6 +422,11 @@ class OrtCudaTimer:
             v = ortio.empty(shape, helper.tensor_dtype_to_np_dtype(dtype), "cuda", 0)
             keep.append(v)
             io.bind_ortvalue_output(name, v)
+        return sess, io, keep
+
+    def _timed(self, sess, io, keep) -> float:
+        """Median microseconds of a bound session's runs, after warm-up runs (the first of
+        which captures the CUDA graph)."""
         for _ in range(self.warmup):
             sess.run_with_iobinding(io)
         times = []
@@ -394,12 +452,40 @@ class OrtCudaTimer:
 
     def time_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                 outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, copies: int) -> float:
-        try:
-            total, graphs = self._run_us(model, feeds, outputs, stitched, True), True
-        except Exception as e:  # ORT could not capture it: plain runs (launches included)
-            log.info("timed without a CUDA graph: %s", first_line(e))
-            total, graphs = self._run_us(model, feeds, outputs, stitched, False), False
-        return max(total - self.overhead_us(graphs), 0.0) / copies
+        (got,) = self.time_many([Job(model, feeds, outputs, stitched, copies)])
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def time_many(self, jobs: Sequence[Job]) -> list[float | Exception]:
+        """Each job's microseconds per copy (or its exception): the sessions are made in
+        parallel (ORT builds a session without holding Python's lock), then timed one at a time,
+        so that nothing else runs on the GPU while one is timed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def make(job: Job):
+            try:
+                return self._bound(job.model, job.feeds, job.outputs, job.stitched, True)
+            except Exception as e:  # noqa: BLE001 - reported per job
+                return e
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            bound = list(pool.map(make, jobs))
+        out: list[float | Exception] = []
+        for job, b in zip(jobs, bound):
+            try:
+                if isinstance(b, Exception):
+                    raise b
+                try:
+                    total, graphs = self._timed(*b), True
+                except Exception as e:  # ORT could not capture it: plain runs (launches included)
+                    log.info("timed without a CUDA graph: %s", first_line(e))
+                    total, graphs = self._timed(*self._bound(job.model, job.feeds, job.outputs, job.stitched,
+                                                             False)), False
+                out.append(max(total - self.overhead_us(graphs), 0.0) / job.copies)
+            except Exception as e:  # noqa: BLE001 - reported per job
+                out.append(e)
+        return out
 
 
 def gpu_timer() -> OrtCudaTimer | None:
@@ -465,11 +551,13 @@ class ModelTiming:
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
                    libraries: Sequence[str] = (), iters: int = 40) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
-    interleaved rounds, no profile), through CUDA graphs where ORT captures each."""
+    interleaved rounds, no profile), through CUDA graphs where ORT captures each, cuDNN's
+    heuristic convolution algorithms in both (the convolutions are ORT's in both: an exhaustive
+    search would cost seconds per session and change neither side's share)."""
     from .bench import STITCHED, BenchConfig, run
 
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
-                         custom_op_libraries=tuple(libraries))
+                         custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC")
     res = run(original, stitched, config=config, shapes=shapes)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -113,7 +113,7 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        res = onnxstitch.optimize(job["path"], shapes=job["shapes"], epilogues=job.get("epilogues", False))
+        res = onnxstitch.optimize(job["path"], shapes=job["shapes"], **job.get("options", {}))
     except Exception as e:
         msg = first_line(e)
         internal = not isinstance(e, StitchError) or msg.startswith("internal error")
@@ -147,8 +147,8 @@ def time_child(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _job(entry: Mapping[str, Any], corpus: Path, gpu: bool, iters: int, keep: Path | None,
-         epilogues: bool = False) -> dict[str, Any]:
-    return {"path": str(corpus / entry["file"]), "shapes": entry["shapes"], "epilogues": epilogues,
+         options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {"path": str(corpus / entry["file"]), "shapes": entry["shapes"], "options": dict(options or {}),
             "input_names": [i["name"] for i in entry["inputs"]], "gpu": gpu, "iters": iters,
             "keep": str(keep / f"{entry['name']}.stitched.onnx") if keep else ""}
 
@@ -173,15 +173,20 @@ def _in_child(kind: str, job: Mapping[str, Any], timeout: float) -> dict[str, An
             "optimize_s": round(time.perf_counter() - t0, 1)}
 
 
+# optimize's options as the command line says them, for the repro line.
+FLAGS = {("epilogues", True): "--epilogues", ("gate", False): "--no-gate"}
+
+
 def measure(entry: Mapping[str, Any], corpus: Path, timeout: float, gpu: bool, iters: int,
-            keep: Path | None = None, epilogues: bool = False) -> dict[str, Any]:
-    """Optimize one manifest entry in a fresh process (the stitched model written into `keep`
-    when given, for timing later)."""
+            keep: Path | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Optimize one manifest entry in a fresh process with `options` (optimize's keywords; the
+    stitched model written into `keep` when given, for timing later)."""
     path = str(corpus / entry["file"])
     row: dict[str, Any] = {"model": entry["name"], "source": entry["source"], "exporter": entry["exporter"],
                            "opset": entry.get("opset"), "bytes": entry["bytes"], "shapes": entry["shapes"],
-                           "repro": repro(path, entry["shapes"]) + (" --epilogues" if epilogues else "")}
-    return row | _in_child("optimize", _job(entry, corpus, gpu, iters, keep, epilogues), timeout)
+                           "repro": repro(path, entry["shapes"]) + "".join(
+                               f" {flag}" for (k, v), flag in FLAGS.items() if (options or {}).get(k, not v) == v)}
+    return row | _in_child("optimize", _job(entry, corpus, gpu, iters, keep, options), timeout)
 
 
 def _verification(row: Mapping[str, Any]) -> str:
@@ -268,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=60, help="timed runs per configuration with --gpu")
     ap.add_argument("--out", type=Path, help="output folder (default bench/results/<gpu or cpu>/corpus)")
     ap.add_argument("--epilogues", action="store_true", help="optimize with GEMM and conv epilogues (optimize --epilogues)")
+    ap.add_argument("--no-gate", dest="gate", action="store_false",
+                    help="optimize without measured costs and the gate (optimize --no-gate): the plan as planned")
     ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only the models that failed")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "JOB", "ROW"), help=argparse.SUPPRESS)
@@ -309,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as keep_dir, ThreadPoolExecutor(max(1, args.jobs)) as pool, status as spin:
         keep = Path(keep_dir) if gpu else None
         # Optimizing runs `--jobs` models at once; timings are taken one model at a time after.
+        options = {"epilogues": args.epilogues, "gate": args.gate}
         for e, row in zip(entries, pool.map(lambda e: measure(e, args.corpus, args.timeout, gpu, args.iters, keep,
-                                                                      args.epilogues),
+                                                                      options),
                                             entries)):
             rows.append(row)
             note = row.get("error", "") + (" UNVERIFIED" if row.get("unverified") else "")

@@ -7,6 +7,7 @@
 #            warm with the gate (time, peak RSS, measured costs), its speed plain and in graphs
 #   unseen   carry build/unseenc: corpus_report --gpu over the models nobody here wrote
 #            (MODELS=a,b to choose), default flags: measured costs, the gate, GPU verification
+#   ab       the same (MODELS) with the gate and with --no-gate, one after the other
 #   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones)
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
@@ -42,6 +43,13 @@ case "$part" in
     fill build/unseenc /tmp/unseen
     python3 scripts/corpus_report.py --gpu --corpus /tmp/unseen --out "$OUT/unseen" --timeout 400 \
       ${MODELS:+--models "$MODELS"} 2>&1 | tee "$log"
+    ;;
+  ab)  # the same models with the gate and without it (--no-gate), same machine, same run
+    fill build/unseenc /tmp/unseen
+    for flag in "" --no-gate; do
+      python3 scripts/corpus_report.py --gpu --corpus /tmp/unseen --out "$OUT/ab${flag:+-nogate}" --timeout 400 \
+        ${MODELS:+--models "$MODELS"} $flag 2>&1 | tee -a "$log"
+    done
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} 2>&1 \
