@@ -230,6 +230,9 @@ class Options:
     # A cost file to import before planning (figures measured on the target GPU) and to write
     # the figures to after.
     costs_file: str | None = None
+    # Seconds the groups may be timed for when their figures are not cached yet; the groups the
+    # cost model is surest of are left unmeasured first.
+    measure_budget_s: float = 10.0
 
     def __post_init__(self) -> None:  # library callers pass lists and None alike
         object.__setattr__(self, "shapes", dict(self.shapes or {}))
@@ -423,7 +426,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
         stitched = _rewritten(given, planned, built, linked, stage)
         stock_us = {grp.name: sum(cost_mod.node_us(g, opts.cost, i) for i in grp.nodes) for grp, _ in built}
         costs = stage("measure", lambda: measure_mod.measure(m, stitched, g, [grp for grp, _ in built], stock_us,
-                                                              timer, cache, say=stage.say))
+                                                              timer, cache, opts.measure_budget_s, stage.say))
         slow = {c.group for c in costs if not c.pays}
         if slow & linked:
             slow |= linked

@@ -36,6 +36,10 @@ VERIFY_DIM = 3
 # accident of broadcasting ([1, 96, 1, 1] against [1, 96, 4, 4] in PP-OCR's detector), hiding
 # faults that show at real sizes. 64 survives five stride-2 stages (64 / 32 = 2 pixels).
 VERIFY_SPATIAL_DIM = 64
+# On the GPU every size is verified as planned but the batch (the symbolic dims at axis 0 of the
+# inputs), which verifies at most this: a batch of 8 made EfficientNet's verification copy and
+# compare ~10 GB of activations (25–30 s on an H200), and the kernels take the same paths per row.
+VERIFY_GPU_BATCH = 2
 _SPATIAL_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Resize", "Upsample"})
 
 
@@ -276,8 +280,11 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     planned = {d: DEFAULT_SYMBOLIC_DIM for d in _symbolic_dims(original)}
     planned.update(dim_values or {})
     spatial = _spatial_dims(original)
-    small = planned if gpu else {d: min(v, VERIFY_SPATIAL_DIM if d in spatial else VERIFY_DIM)
-                                 for d, v in planned.items()}
+    if gpu:  # the batch small, every other size as planned (the kernels' paths at those sizes)
+        batch = _batch_dims(original)
+        small = {d: min(v, VERIFY_GPU_BATCH) if d in batch else v for d, v in planned.items()}
+    else:
+        small = {d: min(v, VERIFY_SPATIAL_DIM if d in spatial else VERIFY_DIM) for d, v in planned.items()}
     sizes = [small] + ([planned] if planned != small else [])
     exposed = [t for grp in groups for t in grp.outputs]
     stitched_names = {t for n in stitched.graph.node for t in n.output} | {i.name for i in stitched.graph.input}
@@ -291,11 +298,12 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
              if t not in exposed and t not in graph_inputs and t in graph.tensors]
     ref_model = _expose(original, graph, exposed + reads)
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
+    ahead = runner.open_ahead({"ref": (ref_model, False), "new": (new_model, True), "written": (stitched, True)})
     failures = []
     for dims in sizes:
         feeds = random_feeds(original, seed, dims)
         try:
-            expected = runner.run(ref_model, False, feeds)
+            expected = runner.run(ref_model, False, feeds, ahead["ref"])
             break
         except Exception as e:  # the original itself cannot run at these sizes
             failures.append(f"{_sizes(dims)}: {first_line(e)}")
@@ -311,8 +319,8 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
                            f"({'; '.join(failures)}){hint}: give sizes it runs at with --shape, or --no-verify")
     judge = _Judge(original, feeds, expected, runner, any(grp.tf32 for grp in groups))
-    checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge)
-    _as_written(stitched, original, feeds, runner, judge)
+    checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge, ahead["new"])
+    _as_written(stitched, original, feeds, runner, judge, ahead["written"])
     return dataclasses.replace(checked, outputs=judge.stats())
 
 
@@ -404,14 +412,14 @@ class _Judge:
 
 
 def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dict, runner: Runner,
-                judge: _Judge) -> None:
+                judge: _Judge, session=None) -> None:
     """The stitched model once more as it will be written, with no tensor exposed: ORT then
     optimizes the graph around the fused nodes as a user's session will (fusions the exposed
     tensors held back), and that graph must run and give the same outputs too. A failure here
     names no group (VerifyError.groups is empty)."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds)
+        actual = runner.run(stitched, True, feeds, session)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model as written does not run: "
                           f"{first_line(e)}") from e
@@ -507,13 +515,13 @@ def _scale(feeds: Mapping[str, np.ndarray]) -> float:
 
 def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
                   feeds: dict, runner: Runner, expected: dict[str, np.ndarray],
-                  source: onnx.ModelProto | None, judge: _Judge) -> Verification:
+                  source: onnx.ModelProto | None, judge: _Judge, session=None) -> Verification:
     """Run the stitched model; judge every group on its own inputs and the graph outputs
     within the model's envelope (`judge`); with `source` (the model as given, before
     normalization) its graph outputs are compared with the stitched run too."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds)
+        actual = runner.run(stitched, True, feeds, session)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     values = {**feeds, **expected, **actual}
@@ -579,6 +587,12 @@ def _half_inputs(graph: FusionGraph, grp: Group) -> bool:
 
 def _symbolic_dims(model: onnx.ModelProto) -> set[str]:
     return {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _batch_dims(model: onnx.ModelProto) -> set[str]:
+    """Symbolic dims at axis 0 of the graph inputs: the batch, as exporters write it."""
+    return {vi.type.tensor_type.shape.dim[0].dim_param for vi in model.graph.input
+            if len(vi.type.tensor_type.shape.dim) and vi.type.tensor_type.shape.dim[0].dim_param}
 
 
 def _spatial_dims(model: onnx.ModelProto) -> set[str]:

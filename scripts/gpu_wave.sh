@@ -51,6 +51,12 @@ case "$part" in
         ${MODELS:+--models "$MODELS"} $flag 2>&1 | tee -a "$log"
     done
     ;;
+  quick)  # BERT-base optimize cold and warm, then MODELS through corpus_report (default flags)
+    bash scripts/gpu_optimize_time.sh 2>&1 | tee "$log"
+    fill build/unseenc /tmp/unseen
+    python3 scripts/corpus_report.py --gpu --corpus /tmp/unseen --out "$OUT/quick" --timeout 400 \
+      ${MODELS:+--models "$MODELS"} 2>&1 | tee -a "$log"
+    ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} 2>&1 \
       | tee "$log" | tail -30

@@ -127,6 +127,9 @@ def _summary(report, out: Path) -> Table:
 @click.option("--costs", "costs_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Measured costs to plan with (imported if the file exists) and to write the figures measured "
                    "here to: take them from the target GPU to a machine without one.")
+@click.option("--measure-budget", type=click.FloatRange(0), default=10.0, show_default=True,
+              help="Seconds the fused groups may be timed for on the GPU when their figures are not cached yet "
+                   "(the groups the cost model is surest of are left unmeasured first).")
 @click.option("--verify-budget", type=click.FloatRange(0), default=120.0, show_default=True,
               help="Seconds verification may spend finding the group behind an end-to-end difference that no "
                    "group explains on its own inputs; past it the suspects left all go to ONNX Runtime.")
@@ -153,7 +156,7 @@ def _summary(report, out: Path) -> Table:
 @verbosity
 def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
              archs: tuple[str, ...], time_limit: float, no_verify: bool, gate: bool, costs_file: Path | None,
-             verify_budget: float, strict_verify: bool, reductions: bool,
+             measure_budget: float, verify_budget: float, strict_verify: bool, reductions: bool,
              pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None,
              custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
     """Fuse MODEL and write the stitched model."""
@@ -182,6 +185,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
                               verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
                               merge=merge, attention=attention, epilogues=epilogues, verify_budget_s=verify_budget,
                               gate=gate, costs_file=str(costs_file) if costs_file else None,
+                              measure_budget_s=measure_budget,
                               custom_op_libraries=ortio.custom_op_libraries(custom_ops))
     written = save_atomic(result.save, out)
     made = bundle.write_bundle(out, written, library) if library is not None else None
