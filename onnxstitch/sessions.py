@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -78,23 +77,8 @@ class Runner:
                 source = model.SerializeToString()
             return runtime_session(source, self.gpu, stitched, model, self.weights, self.libraries, self.tf32)
 
-    def run(self, model: onnx.ModelProto, stitched: bool, feeds: Mapping[str, np.ndarray],
-            session: "Future | None" = None) -> dict[str, np.ndarray]:
-        """Every output of `model` on ORT, by name (in `session` where one was opened ahead)."""
-        sess = session.result() if session is not None else self.open(model, stitched)
+    def run(self, model: onnx.ModelProto, stitched: bool, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output of `model` on ORT, by name."""
+        sess = self.open(model, stitched)
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, ortio.run(sess, names, feeds)))
-
-    def open_ahead(self, models: Mapping[str, tuple[onnx.ModelProto, bool]]) -> dict[str, "Future | None"]:
-        """Sessions of several models opened at once in threads, on the GPU (ORT builds a session
-        without Python's lock; a big model's took a second or more each, one after the other):
-        name → a future of the session. On the CPU, where a session copies the weights given in
-        memory, nothing is opened ahead (None each)."""
-        if not self.gpu:
-            return dict.fromkeys(models)
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=len(models) or 1)
-        out = {k: pool.submit(self.open, m, stitched) for k, (m, stitched) in models.items()}
-        pool.shutdown(wait=False)
-        return out

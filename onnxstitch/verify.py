@@ -298,12 +298,11 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
              if t not in exposed and t not in graph_inputs and t in graph.tensors]
     ref_model = _expose(original, graph, exposed + reads)
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
-    ahead = runner.open_ahead({"ref": (ref_model, False), "new": (new_model, True), "written": (stitched, True)})
     failures = []
     for dims in sizes:
         feeds = random_feeds(original, seed, dims)
         try:
-            expected = runner.run(ref_model, False, feeds, ahead["ref"])
+            expected = runner.run(ref_model, False, feeds)
             break
         except Exception as e:  # the original itself cannot run at these sizes
             failures.append(f"{_sizes(dims)}: {first_line(e)}")
@@ -319,8 +318,8 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
                            f"({'; '.join(failures)}){hint}: give sizes it runs at with --shape, or --no-verify")
     judge = _Judge(original, feeds, expected, runner, any(grp.tf32 for grp in groups))
-    checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge, ahead["new"])
-    _as_written(stitched, original, feeds, runner, judge, ahead["written"])
+    checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge)
+    _as_written(stitched, original, feeds, runner, judge)
     return dataclasses.replace(checked, outputs=judge.stats())
 
 
@@ -412,14 +411,14 @@ class _Judge:
 
 
 def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dict, runner: Runner,
-                judge: _Judge, session=None) -> None:
+                judge: _Judge) -> None:
     """The stitched model once more as it will be written, with no tensor exposed: ORT then
     optimizes the graph around the fused nodes as a user's session will (fusions the exposed
     tensors held back), and that graph must run and give the same outputs too. A failure here
     names no group (VerifyError.groups is empty)."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds, session)
+        actual = runner.run(stitched, True, feeds)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model as written does not run: "
                           f"{first_line(e)}") from e
@@ -515,13 +514,13 @@ def _scale(feeds: Mapping[str, np.ndarray]) -> float:
 
 def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
                   feeds: dict, runner: Runner, expected: dict[str, np.ndarray],
-                  source: onnx.ModelProto | None, judge: _Judge, session=None) -> Verification:
+                  source: onnx.ModelProto | None, judge: _Judge) -> Verification:
     """Run the stitched model; judge every group on its own inputs and the graph outputs
     within the model's envelope (`judge`); with `source` (the model as given, before
     normalization) its graph outputs are compared with the stitched run too."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds, session)
+        actual = runner.run(stitched, True, feeds)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     values = {**feeds, **expected, **actual}

@@ -56,6 +56,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeTimer:
     monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(measure, "gpu_timer", lambda: timer)
     monkeypatch.setattr(measure, "compare_models", lambda *a, **k: measure.ModelTiming(1.0, 0.8, True, True))
+    monkeypatch.setattr(measure, "CLEAR_GAIN", float("inf"))  # every group measured, whatever its prediction
     return timer
 
 
@@ -139,3 +140,14 @@ def test_a_model_slower_as_a_whole_gives_back_what_gains_least(fake_gpu: FakeTim
 def test_no_gate_plans_as_planned(fake_gpu: FakeTimer) -> None:
     rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}, gate=False).report
     assert not rep.costs and not rep.given_back and rep.timing is None and not fake_gpu.calls
+
+
+def test_a_clear_predicted_gain_is_not_measured(fake_gpu: FakeTimer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the groups the cost model is unsure of are timed (a column reduction, a split row, a
+    library or attention kernel, a predicted gain under CLEAR_GAIN); the rest say why not."""
+    monkeypatch.setattr(measure, "CLEAR_GAIN", 1.5)
+    rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}).report
+    skipped = [c for c in rep.costs if not c.measured]
+    assert skipped and all("a clear gain" in c.why for c in skipped), rep.costs
+    assert all(c.predicted_stock_us >= 1.5 * c.predicted_us for c in skipped)
+    assert len(fake_gpu.calls) == 2 * sum(c.measured for c in rep.costs)
