@@ -1,4 +1,5 @@
-"""GPU detection: tests marked `gpu` are skipped where no GPU and CUDA EP are usable."""
+"""GPU detection: tests marked `gpu` are skipped where no GPU and CUDA EP are usable. A failing
+test's report names the random seeds it drew (stitching.fresh_seed), so it can be replayed."""
 from __future__ import annotations
 
 import pytest
@@ -25,3 +26,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeds():
+    from .stitching import SEEDS
+
+    SEEDS.clear()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when == "call":
+        from .stitching import SEEDS
+
+        if SEEDS:
+            report.sections.append(("random seeds", f"drew {SEEDS}; replay with ONNXSTITCH_SEED={SEEDS[0]} "
+                                                    f"python3 -m pytest '{item.nodeid}'"))

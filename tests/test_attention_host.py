@@ -32,6 +32,7 @@ or V's pairs swapped is tested to fail them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,14 +236,21 @@ def test_a_broken_half_kernel_fails_the_tolerance(mistake: str, dtype: str, fold
 
 # Projected operands (attention.Projection): the kernel reads q, kᵀ and v at their heads' columns
 # of the projections' outputs and adds the biases itself.
+def _projected() -> list:
+    """PROJECTED as parameters; a BERT-sized one (20-40 s on the host) goes to one test worker
+    with the others of its size (`--dist loadgroup`), so two never contend for the two cores."""
+    return [pytest.param(p, id=p.id, marks=[pytest.mark.xdist_group("bert-sized-host-attention")]
+                         if math.prod(p.core.lead) * p.core.sq >= 8 * 12 * 128 else []) for p in PROJECTED]
+
+
 @pytest.mark.parametrize("variant", ["default", "keys-128"])
-@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+@pytest.mark.parametrize("p", _projected())
 def test_projected_attention_kernel_matches_float64(p, variant, folder) -> None:
     check_projected(p, OPTIONS[variant], folder)
 
 
 @pytest.mark.parametrize("dtype", list(HALVES))
-@pytest.mark.parametrize("p", PROJECTED, ids=lambda p: p.id)
+@pytest.mark.parametrize("p", _projected())
 def test_half_projected_attention_kernel_matches_float64(p: Projected, dtype: str, folder) -> None:
     check_projected(dataclasses.replace(p, core=dataclasses.replace(p.core, dtype=HALVES[dtype])), OPTIONS["default"],
                     folder)
