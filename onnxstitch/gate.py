@@ -90,9 +90,10 @@ def _regressions(current: "CheckResult", baseline: Mapping[str, Any], max_slowdo
 def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | None, *,
               shapes: Mapping[str, Sequence[int]] | None = None, max_slowdown_pct: float = 10.0,
               atol: float | None = None, rtol: float | None = None, seed: int = 0, iters: int = 50,
-              custom_op_libraries: Sequence[str] = ()) -> CheckResult:
-    """Optimize `model_path`, check its numerics against stock ORT (GPU when present, else CPU
-    through the fallback), time it on a GPU, and compare with the baseline JSON if given."""
+              custom_op_libraries: Sequence[str] = (), options: Mapping[str, Any] | None = None) -> CheckResult:
+    """Optimize `model_path` (with optimize's `options`), check its numerics against stock ORT
+    (GPU when present, else CPU through the fallback), time it on a GPU, and compare with the
+    baseline JSON if given."""
     from . import load
 
     original = load.load(model_path)
@@ -106,7 +107,9 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
     given = sizes.resolve(original, shapes)  # a wrong --shape fails here, before any work
     libraries = tuple(custom_op_libraries)
-    res = optimize(original, shapes=shapes, verify=False, seed=seed, custom_op_libraries=libraries)
+    settings = {"verify": False, **(options or {})}  # check compares the outputs itself; a zoo run verifies too
+    res = optimize(original, shapes=shapes, seed=seed, custom_op_libraries=libraries,
+                   **{k: v for k, v in settings.items() if k != "seed"})
     gpu = gpu_usable()
     outputs = _numerics(str(model_path), res.model, original, gpu, seed, given, atol, rtol, libraries)
     notes = [] if gpu else ["no GPU here (or no built custom-op library): numerics ran on CPU through the fallback "

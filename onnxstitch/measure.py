@@ -115,10 +115,19 @@ class CostCache:
         self.entries[key] = float(us)
 
     def save(self, path: Path | None = None) -> None:
-        """Write the figures to `path` (default the cache's own file), atomically."""
+        """Write the figures to `path` (default the cache's own file), atomically, merged with
+        what the file holds by then: several optimizes on one machine (a zoo run's tasks) share
+        it, and none loses the others' figures."""
         target = path or self.path
         if target is None:
             return
+        if target.is_file():
+            try:
+                old = json.loads(target.read_text())
+                if old.get("schema") == CACHE_SCHEMA and isinstance(old.get("entries"), dict):
+                    self.entries = {**{str(k): float(v) for k, v in old["entries"].items()}, **self.entries}
+            except (OSError, ValueError, TypeError, AttributeError):
+                pass  # a torn or foreign file is replaced
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({"schema": CACHE_SCHEMA, "entries": self.entries}, indent=1, sort_keys=True))

@@ -1,4 +1,4 @@
-"""Entry point: `onnxstitch optimize | bench | check | explain | build-library`."""
+"""Entry point: `onnxstitch optimize | bench | check | zoo | explain | build-library`."""
 from __future__ import annotations
 
 import contextlib
@@ -337,6 +337,52 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
         for r in res.regressions:
             click.echo(f"onnxstitch: error: regression: {r}", err=True)
     if failed:
+        sys.exit(1)
+
+
+@main.command("zoo")
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("zoo-report"), show_default=True,
+              help="Folder for the report (zoo.md, zoo.json), written as results arrive.")
+@click.option("--address", help="A Ray cluster to join (HOST:PORT or ray://HOST:PORT); default: a local Ray where "
+                                "Ray is installed, else local processes.")
+@click.option("--local", is_flag=True, help="Local processes even where Ray is installed.")
+@click.option("--jobs", type=click.IntRange(1), help="Models at once on a machine without GPUs (default: its cores).")
+@click.option("--update-baselines", is_flag=True, help="Write each passing model's baseline file.")
+@click.option("--max-slowdown", type=click.FloatRange(0, 100), default=10.0, show_default=True,
+              help="Allowed drop of a model's measured speedup below its baseline, in percent (GPU only).")
+@verbosity
+def zoo(manifest: Path, out: Path, address: str | None, local: bool, jobs: int | None, update_baselines: bool,
+        max_slowdown: float, verbose: bool, quiet: bool) -> None:
+    """Check every model of a zoo MANIFEST (optimize, verify, time) across GPUs or a Ray cluster;
+    exit 1 if any regressed or failed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from onnxstitch import zoo as zoo_mod
+
+    models = zoo_mod.read_manifest(manifest)  # a wrong manifest fails before anything starts
+    run = zoo_mod.executor(address, jobs, local)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=progress_console, disable=quiet, transient=True)
+    with bar:
+        task = bar.add_task(f"checking {len(models)} models on {run.describe()}", total=len(models))
+
+        def arrived(r, k: int, n: int) -> None:
+            bar.advance(task)
+            if not quiet:
+                speed = f" {r.speedup:.2f}×" if r.speedup else ""
+                again = " (run again: its worker died)" if r.attempts > 1 else ""
+                bar.console.print(f"{r.name}: {r.status}{speed}{again}" + (f" — {r.error}" if r.error else ""))
+
+        report = zoo_mod.run_zoo(manifest, out=out, run=run, update=update_baselines, max_slowdown=max_slowdown,
+                                 progress=arrived)
+    if not quiet:
+        console.print(report.summary())
+        console.print(f"report: {out / 'zoo.md'}, {out / 'zoo.json'}")
+    for r in report.failed:
+        click.echo(f"onnxstitch: {r.status}: {r.name}: " + "; ".join([*r.regressions, r.error][:3]).strip("; "),
+                   err=True)
+    if report.failed:
         sys.exit(1)
 
 
