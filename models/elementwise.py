@@ -91,5 +91,6 @@ def random_graph(n_nodes: int, seed: int = 0, shape: Sequence[int | str] = ("bat
     used = {t for n in nodes for t in n.input}
     outs = [v for v in values[2:] if v not in used]
     outs += [v for v in values[2:] if v in used and rng.random() < 0.02]
-    graph = helper.make_graph(nodes, "random", inputs, [helper.make_tensor_value_info(o, dtype, _dims(shape)) for o in outs], inits)
+    outputs = [helper.make_tensor_value_info(o, dtype, _dims(shape)) for o in outs]
+    graph = helper.make_graph(nodes, "random", inputs, outputs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

@@ -38,6 +38,8 @@ from onnx import helper, numpy_helper
 
 from onnxstitch.inputs import random_array, random_feeds
 
+from .tolerances import chain_tolerance
+
 Dim = int | str
 Shape = tuple[Dim, ...]
 
@@ -773,7 +775,7 @@ def exact_mismatch(actual: np.ndarray, expected: np.ndarray) -> str | None:
 def float32_reference(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with every float16 in float32: inputs, outputs, value_info, initializers,
     Constant node values and Cast's `to` — the reference for half-precision kernels, which
-    compute in float32 (tests.stitching.as_float32 covers the first four only)."""
+    compute in float32 (the tests' as_float32 covers the first four only)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -801,15 +803,13 @@ def tolerant_mismatch(actual: np.ndarray, expected: np.ndarray, half_model: bool
     """None when a GPU result is close enough to the CPU reference, else what differs.
 
     - float32/float64: Inf and NaN at the same positions, the rest within
-      tests.stitching.chain_tolerance (float32 ~1e-4; float64 1e-12);
+      models.tolerances.chain_tolerance (float32 ~1e-4; float64 1e-12);
     - float16, and every float output of a model with float16 math (`half_model`; reference:
       the float32 model, which never rounds to half): ‖a − b‖ ≤ 1e-2·‖b‖ over finite values;
     - integers and bools: exact, except in models with float16 math (`half_model`), where a
       value computed in float32 inside a kernel may round across a threshold that the float32
       reference does not: at most 1% of the elements (and at least one) may differ.
     """
-    from tests.stitching import chain_tolerance
-
     a, b = np.asarray(actual), np.asarray(expected)
     if a.shape != b.shape:
         return f"shape {a.shape} != {b.shape}"
@@ -831,7 +831,8 @@ def tolerant_mismatch(actual: np.ndarray, expected: np.ndarray, half_model: bool
         bad = ~np.isclose(a64[fin], b64[fin], rtol=rtol, atol=atol)
         if bad.any():
             i = int(np.argmax(bad))
-            return f"{int(bad.sum())} of {bad.size} elements beyond rtol={rtol} atol={atol}, e.g. {a64[fin][i]!r} vs {b64[fin][i]!r}"
+            return (f"{int(bad.sum())} of {bad.size} elements beyond rtol={rtol} atol={atol}, "
+                    f"e.g. {a64[fin][i]!r} vs {b64[fin][i]!r}")
         return None
     if a.dtype != b.dtype:
         return f"dtype {a.dtype} != {b.dtype}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["optimize", "Options", "OptimizeResult", "Report", "library_path", "session", "__version__"]
 
 if TYPE_CHECKING:

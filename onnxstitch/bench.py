@@ -303,7 +303,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     fallback functions."""
     import onnxruntime as ort
 
-    from . import __version__
+    from .version import __version__
     from .runtime import session as stitch_session
 
     say = progress or (lambda _m: None)
@@ -357,7 +357,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
                 # ORT cannot capture this model (shape arithmetic placed on the CPU, control
                 # flow): it is timed plain, and its row says so; it fails only if it cannot run.
                 try:
-                    bounds[label], startup[label] = _loaded(lambda: make(graphs=False), feeds, None)
+                    bounds[label], startup[label] = _loaded(lambda make=make: make(graphs=False), feeds, None)
                 except Exception:
                     pass
                 else:

@@ -49,6 +49,7 @@ from typing import Iterable, Sequence
 from .cost import ort_share
 from .folds import concats, views
 from .schemes.rows import geometry as rows_mod
+from .planned import Rejection
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind
 from .shapes import Shape, TensorInfo, broadcast_shapes, fmt
@@ -79,19 +80,6 @@ def reachability(graph: FusionGraph) -> Reachability:
             a |= anc[p] | (1 << p)
         anc[i] = a
     return Reachability(tuple(desc), tuple(anc))
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A neighbour left out of a group, and why (printable, names the node)."""
-
-    group: tuple[int, ...]
-    node: int
-    reason: str
-
-    def to_json(self) -> dict:
-        """A JSON-ready dict."""
-        return {"group": list(self.group), "node": self.node, "reason": self.reason}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from . import __version__, ortio, sizes
+from . import ortio, sizes
+from .version import __version__
 from .errors import BadInputError
 from .inputs import random_feeds
 from .pipeline import optimize

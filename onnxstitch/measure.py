@@ -33,7 +33,7 @@ from . import standalone
 from .errors import BadInputError, first_line
 from .graph import FusionGraph
 from .inputs import index_inputs, random_feeds
-from .plan import Group
+from .planned import Group
 from .shapes import symbolic_value
 
 log = logging.getLogger(__name__)

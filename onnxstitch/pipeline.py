@@ -1,5 +1,6 @@
 """The pipeline as a short list of named stages: load → shapes → simplify → merge → normalize →
-graph → attention → epilogues → plan → pack → codegen → compile → rewrite → validate → verify. `optimize` is the library entry point; the CLI wraps it."""
+graph → attention → epilogues → plan → pack → codegen → compile → rewrite → measure → validate →
+verify → gate. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,7 @@ import onnx
 from . import compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
 from . import pack as pack_mod, rewrite, siblings, simplify as simplify_mod
 from . import cost as cost_mod, measure as measure_mod, ortio, probe as probe_mod, verify as verify_mod
-from . import shapes as shapes_mod
+from . import shapes as shapes_mod, sizes as sizes_mod
 from .cost import CostModel
 from .explain.outline import GraphOutline, outline
 from .errors import BadInputError, StitchError, first_line
@@ -280,7 +281,7 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
     that inference cannot know are read off runs of the model (probe.py)."""
     loaded, weights = stage("load", lambda: load.load_detached(model))
     m = load.constants_to_initializers(loaded)
-    m, dim_values = shapes_mod.resolve_shapes(m, shapes)
+    m, dim_values = sizes_mod.resolve_shapes(m, shapes)
     refusal = graph_mod.opset_refusal(m)
     if refusal:
         log.warning("%s: the model is left unchanged", refusal)
@@ -340,9 +341,9 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
         convs = stage("conv epilogues", lambda: conv_mod.find(g, given.weights))
     while True:
         ours = proposed + [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
-        plan = stage("plan", lambda: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=ours))
+        plan = stage("plan", lambda ours=ours: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=ours))
         if opts.pack:
-            plan = stage("pack", lambda: pack_mod.pack(g, plan, opts.cost))
+            plan = stage("pack", lambda plan=plan: pack_mod.pack(g, plan, opts.cost))
         # Tensors passing between conv groups alone stay NHWC (schemes/conv); a conv group whose
         # layout changes cost more than it saves is left out and the model planned again.
         plan = conv_mod.layouts(g, plan)

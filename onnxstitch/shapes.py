@@ -156,27 +156,6 @@ def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, Shape | None] | None:
     return tt.elem_type, tuple(dims)
 
 
-def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """Planning values for symbolic dims, `shapes` read as sizes.py says (graph inputs first,
-    then symbolic dims; anything else is an error). The model keeps its dynamic dims (the
-    stitched model must run at any size); unnamed dynamic input dims get a name so they can
-    carry a value, and an input declared without a shape gets one of named dims where a shape
-    is given for it. Returns (model, symbolic dim → value)."""
-    from .sizes import resolve
-
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    _name_dynamic_dims(model.graph)
-    given = resolve(model, shapes)
-    values = dict(given.dims)
-    for vi in model.graph.input:
-        tt = vi.type.tensor_type
-        if vi.name in given.inputs and not tt.HasField("shape"):
-            for i, v in enumerate(given.inputs[vi.name]):
-                tt.shape.dim.add().dim_param = f"{vi.name}_dim{i}"
-                values[f"{vi.name}_dim{i}"] = int(v)
-    return model, values
-
-
 # Dim names exporters write for "unknown", not for a size shared by every dim so named: older
 # paddle2onnx writes "?" for each dynamic dim (PP-OCRv3's detector: x [-1, 3, "?", "?"], whose
 # height and width differ at run time).
@@ -189,23 +168,6 @@ def placeholder_dim(d: onnx.TensorShapeProto.Dimension) -> bool:
     if d.HasField("dim_value"):
         return d.dim_value < 0
     return not d.dim_param or d.dim_param.strip() in PLACEHOLDER_DIM_NAMES
-
-
-def _name_dynamic_dims(graph: onnx.GraphProto) -> None:
-    """Exporters such as paddle2onnx write a dynamic dim as dim_value -1 or "?", and some leave
-    input dims unnamed (`placeholder_dim`): a graph input's such dim gets a name of its own
-    (`<input>_dim<i>`, as inputs.input_shapes reads it) so that --shape can size it, two of them
-    are not taken for one size, and the stitched model stays dynamic there; elsewhere such a dim
-    becomes an unknown dim."""
-    inits = {t.name for t in graph.initializer}
-    for vi in (vi for vi in graph.input if vi.name not in inits):
-        for i, d in enumerate(vi.type.tensor_type.shape.dim):
-            if placeholder_dim(d):
-                d.dim_param = f"{vi.name}_dim{i}"
-    for vi in list(graph.output) + list(graph.value_info):
-        for d in vi.type.tensor_type.shape.dim:
-            if placeholder_dim(d):
-                d.Clear()
 
 
 def _skeleton(model: onnx.ModelProto, keep_elements: int = 4096) -> onnx.ModelProto:

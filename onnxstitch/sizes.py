@@ -45,7 +45,7 @@ class Sizes:
 
 def dim_name(input_name: str, index: int, d: onnx.TensorShapeProto.Dimension) -> str:
     """The name a dynamic dim of a graph input goes by: its dim_param, or `<input>_dim<i>` where
-    the exporter left it unnamed (shapes.resolve_shapes names it so in the model too)."""
+    the exporter left it unnamed (resolve_shapes names it so in the model too)."""
     return f"{input_name}_dim{index}" if placeholder_dim(d) else d.dim_param
 
 
@@ -152,3 +152,39 @@ def applicable(model: onnx.ModelProto, given: Given | None) -> dict[str, "int | 
     inputs = {vi.name for vi in _runtime_inputs(model)}
     dims = set(valid_names(model)[1])
     return {k: v for k, v in (given or {}).items() if k in inputs or k in dims}
+
+
+def resolve_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Planning values for symbolic dims, `shapes` read as sizes.py says (graph inputs first,
+    then symbolic dims; anything else is an error). The model keeps its dynamic dims (the
+    stitched model must run at any size); unnamed dynamic input dims get a name so they can
+    carry a value, and an input declared without a shape gets one of named dims where a shape
+    is given for it. Returns (model, symbolic dim → value)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    _name_dynamic_dims(model.graph)
+    given = resolve(model, shapes)
+    values = dict(given.dims)
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        if vi.name in given.inputs and not tt.HasField("shape"):
+            for i, v in enumerate(given.inputs[vi.name]):
+                tt.shape.dim.add().dim_param = f"{vi.name}_dim{i}"
+                values[f"{vi.name}_dim{i}"] = int(v)
+    return model, values
+
+
+def _name_dynamic_dims(graph: onnx.GraphProto) -> None:
+    """Exporters such as paddle2onnx write a dynamic dim as dim_value -1 or "?", and some leave
+    input dims unnamed (`placeholder_dim`): a graph input's such dim gets a name of its own
+    (`<input>_dim<i>`, as inputs.input_shapes reads it) so that --shape can size it, two of them
+    are not taken for one size, and the stitched model stays dynamic there; elsewhere such a dim
+    becomes an unknown dim."""
+    inits = {t.name for t in graph.initializer}
+    for vi in (vi for vi in graph.input if vi.name not in inits):
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if placeholder_dim(d):
+                d.dim_param = f"{vi.name}_dim{i}"
+    for vi in list(graph.output) + list(graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if placeholder_dim(d):
+                d.Clear()

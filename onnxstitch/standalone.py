@@ -12,7 +12,7 @@ from onnx import helper
 
 from .edit import implicit_inputs
 from .graph import FusionGraph
-from .plan import Group
+from .planned import Group
 from .rewrite import DOMAIN, OP_TYPE
 
 

@@ -22,7 +22,7 @@ from .sessions import Runner
 from .errors import BadInputError, StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
-from .plan import Group
+from .planned import Group
 from .shapes import DEFAULT_SYMBOLIC_DIM
 from .weights import Weights
 

@@ -314,7 +314,7 @@ def executor(address: str | None = None, jobs: int | None = None, local: bool = 
             import ray  # noqa: F401
         except ImportError:
             if address:
-                raise BadInputError(f"--address {address}: Ray is not installed (pip install 'onnxstitch[fleet]')")
+                raise BadInputError(f"--address {address}: Ray is not installed (pip install 'onnxstitch[fleet]')") from None
         else:
             return RayExecutor(address)
     return LocalExecutor(jobs)

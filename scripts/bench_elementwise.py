@@ -82,11 +82,11 @@ def variant_images(model: onnx.ModelProto, shapes: dict) -> dict[str, tuple[byte
     from onnxstitch import compile as nvrtc, graph as graph_mod, load
 
     from onnxstitch.schemes.elementwise import codegen
-    from onnxstitch import shapes as shapes_mod
+    from onnxstitch import shapes as shapes_mod, sizes as sizes_mod
     from onnxstitch.plan import make_plan
 
     m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes_mod.resolve_shapes(m, shapes)
+    m, dims = sizes_mod.resolve_shapes(m, shapes)
     g = graph_mod.build(m, shapes_mod.infer(m)[1], dims)
     (grp,) = make_plan(g).groups
     arch = f"sm_{cp.cuda.Device().compute_capability}"

@@ -21,10 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def stack(blocks: int, width: int = 64) -> "onnx.ModelProto":
+def stack(blocks: int, width: int = 64) -> "onnx.ModelProto":  # noqa: F821 (imported in the body)
     """`blocks` × [MatMul, bias Add, LayerNorm-like Sub/Mul/Add, Sigmoid, Mul, residual Add,
     ReduceMean]: 10 nodes a block, each with its own small weights."""
-    import onnx
     from onnx import TensorProto as TP
     from onnx import helper, numpy_helper
 

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from onnxstitch import graph as graph_mod, load, shapes
+from onnxstitch import graph as graph_mod, load, shapes, sizes
 from onnxstitch.schemes.attention import match as attention
 
 
@@ -273,7 +273,7 @@ PROJECTED = [
 def attention_graph(model: onnx.ModelProto) -> tuple[graph_mod.FusionGraph, attention.Found]:
     """The model's FusionGraph, built as the pipeline builds it, and its attention chains."""
     m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes.resolve_shapes(m, {})
+    m, dims = sizes.resolve_shapes(m, {})
     g = graph_mod.build(m, shapes.infer(m)[1], dims)
     return g, attention.find(g)
 

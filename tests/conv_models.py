@@ -46,9 +46,9 @@ class Net:
 
     @property
     def id(self) -> str:
-        acts = "-".join(f"{'bn/' if l.bn else ''}{l.activation or 'none'}{'+r' if l.residual else ''}{'+s' if l.shortcut else ''}{'+se' if l.se else ''}{f'/g{l.group}' if l.group > 1 else ''}"
-                        f"{f'/s{l.stride}' if l.stride > 1 else ''}{f'/d{l.dilation}' if l.dilation > 1 else ''}"
-                        for l in self.layers)
+        acts = "-".join(f"{'bn/' if ly.bn else ''}{ly.activation or 'none'}{'+r' if ly.residual else ''}{'+s' if ly.shortcut else ''}{'+se' if ly.se else ''}{f'/g{ly.group}' if ly.group > 1 else ''}"
+                        f"{f'/s{ly.stride}' if ly.stride > 1 else ''}{f'/d{ly.dilation}' if ly.dilation > 1 else ''}"
+                        for ly in self.layers)
         return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
 
 
@@ -59,29 +59,29 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
     rng = np.random.default_rng(net.seed)
     nodes, inits = [], []
     x, c = "x", net.channels
-    for k, l in enumerate(net.layers):
-        pad = l.pad if l.pad is not None else (l.dilation * (l.kernel - 1) // 2,) * 4
-        w = rng.standard_normal((l.out, c // l.group, l.kernel, l.kernel)) / np.sqrt(c // l.group * l.kernel ** 2)
+    for k, ly in enumerate(net.layers):
+        pad = ly.pad if ly.pad is not None else (ly.dilation * (ly.kernel - 1) // 2,) * 4
+        w = rng.standard_normal((ly.out, c // ly.group, ly.kernel, ly.kernel)) / np.sqrt(c // ly.group * ly.kernel ** 2)
         inits.append(numpy_helper.from_array(w.astype(np_dtype), f"w{k}"))
         ins = [x, f"w{k}"]
-        if l.bias:
-            inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(l.out)).astype(np_dtype), f"b{k}"))
+        if ly.bias:
+            inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(ly.out)).astype(np_dtype), f"b{k}"))
             ins.append(f"b{k}")
         t = f"conv{k}"
-        nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[l.stride] * 2,
-                                      dilations=[l.dilation] * 2, group=l.group, kernel_shape=[l.kernel] * 2))
-        if l.bn:
-            params = [rng.uniform(0.5, 1.5, l.out), 0.3 * rng.standard_normal(l.out), 0.3 * rng.standard_normal(l.out),
-                      rng.uniform(0.5, 2.0, l.out)]
+        nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[ly.stride] * 2,
+                                      dilations=[ly.dilation] * 2, group=ly.group, kernel_shape=[ly.kernel] * 2))
+        if ly.bn:
+            params = [rng.uniform(0.5, 1.5, ly.out), 0.3 * rng.standard_normal(ly.out), 0.3 * rng.standard_normal(ly.out),
+                      rng.uniform(0.5, 2.0, ly.out)]
             for name, v in zip(("scale", "beta", "mean", "var"), params):
                 inits.append(numpy_helper.from_array(v.astype(np_dtype), f"bn_{name}{k}"))
             nodes.append(helper.make_node("BatchNormalization", [t] + [f"bn_{n}{k}" for n in ("scale", "beta", "mean", "var")],
                                           [f"bn{k}"], epsilon=1e-3))
             t = f"bn{k}"
-        if l.residual:
+        if ly.residual:
             nodes.append(helper.make_node("Add", [t, x], [f"sum{k}"]))
             t = f"sum{k}"
-        a = l.activation
+        a = ly.activation
         if a in ("relu", "sigmoid", "tanh"):
             nodes.append(helper.make_node(a.capitalize(), [t], [f"act{k}"]))
         elif a == "relu6":
@@ -113,11 +113,11 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
             nodes.append(helper.make_node("Sigmoid", [t], [f"sig{k}"]))
             nodes.append(helper.make_node("Mul", [t, f"sig{k}"], [f"act{k}"]))
         t = f"act{k}" if a else t
-        if l.se:
-            squeeze = max(8, l.out // 4)
-            for name, shape in ((f"se_w1_{k}", (squeeze, l.out, 1, 1)), (f"se_w2_{k}", (l.out, squeeze, 1, 1))):
+        if ly.se:
+            squeeze = max(8, ly.out // 4)
+            for name, shape in ((f"se_w1_{k}", (squeeze, ly.out, 1, 1)), (f"se_w2_{k}", (ly.out, squeeze, 1, 1))):
                 inits.append(numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np_dtype), name))
-            for name, size in ((f"se_b1_{k}", squeeze), (f"se_b2_{k}", l.out)):
+            for name, size in ((f"se_b1_{k}", squeeze), (f"se_b2_{k}", ly.out)):
                 inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(size)).astype(np_dtype), name))
             if net.opset >= 18:
                 inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), f"se_axes{k}"))
@@ -132,10 +132,10 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
                       helper.make_node("HardSigmoid", [f"se_fc2_{k}"], [f"se_gate{k}"], alpha=1 / 6, beta=0.5),
                       helper.make_node("Mul", [t, f"se_gate{k}"], [f"se{k}"])]
             t = f"se{k}"
-        if l.shortcut:
+        if ly.shortcut:
             nodes.append(helper.make_node("Add", [x, t], [f"short{k}"]))
             t = f"short{k}"
-        x, c = t, l.out
+        x, c = t, ly.out
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, ["n", net.channels, "h", "w"])],
                               [helper.make_tensor_value_info("y", dtype, [None] * 4)], inits)

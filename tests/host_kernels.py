@@ -313,7 +313,7 @@ def plan_sources(model: onnx.ModelProto, dims: Mapping[str, Sequence[int]]):
     from onnxstitch.pipeline import generate_kernel
 
     m = load.constants_to_initializers(load.load(model))
-    m, dim_values = shapes.resolve_shapes(m, sizes.applicable(m, dims))
+    m, dim_values = sizes.resolve_shapes(m, sizes.applicable(m, dims))
     _, infos = shapes.infer(m)
     merged = siblings.merge(m, infos)
     m, infos = merged.model, merged.tensors

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import parser
 
 import onnxstitch
-from onnxstitch import measure
+from onnxstitch import measure, sizes
 from onnxstitch.cli.main import main
 
 LAYERS = """<ir_version: 8, opset_import: ["" : 17]>
@@ -99,7 +99,7 @@ def _graph(model: onnx.ModelProto):
     from onnxstitch import graph as graph_mod, load, shapes
 
     m = load.constants_to_initializers(load.load(model))
-    m, dims = shapes.resolve_shapes(m, {"B": [64]})
+    m, dims = sizes.resolve_shapes(m, {"B": [64]})
     return graph_mod.build(m, shapes.infer(m)[1], dims)
 
 

@@ -15,7 +15,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxstitch
-from onnxstitch import load, shapes, simplify
+from onnxstitch import load, shapes, simplify, sizes
 
 from .stitching import fresh_seed
 
@@ -62,7 +62,7 @@ def mask_model(*, start: int = 0, bound: int = 0, scores_rows: bool = True, grid
 
 def simplified(model: onnx.ModelProto) -> simplify.Simplified:
     m = load.constants_to_initializers(model)
-    m, _ = shapes.resolve_shapes(m, {})
+    m, _ = sizes.resolve_shapes(m, {})
     return simplify.simplify(m, shapes.infer(m)[1])
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import onnxstitch
 from models import zoo
-from tests.stitching import chain_tolerance
+from models.tolerances import chain_tolerance
 
 SMALL = Path(__file__).resolve().parents[1] / "models" / "small"
 MANIFEST = json.loads((SMALL / "manifest.json").read_text())

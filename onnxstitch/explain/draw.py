@@ -72,7 +72,8 @@ def svg(view: PlanView, title: str) -> str:
 
 def html(view: PlanView, title: str) -> str:
     """The SVG inside a self-contained HTML page (nothing fetched to view it)."""
-    style = "body { margin: 0; background: #fff; } .unit:hover rect { stroke-width: 3; } p { font: 13px sans-serif; margin: 8px 20px; }"
+    style = ("body { margin: 0; background: #fff; } .unit:hover rect { stroke-width: 3; } "
+             "p { font: 13px sans-serif; margin: 8px 20px; }")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>" + escape(title)
             + f"</title><style>{style}</style></head>\n<body>\n<p>Hover a box for all its nodes and every reason; hover "
             "a red edge for why it was not fused.</p>\n" + svg(view, title) + "\n</body>\n</html>\n")

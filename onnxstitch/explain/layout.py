@@ -149,7 +149,7 @@ def _positions(slots: Sequence[tuple[float, float]], routed: Sequence[Sequence[t
     # is integer.
     x = [model.add_var(lb=0.0, obj=1e-4, var_type=mip.INTEGER) for _ in items]
     rows: dict[int, list[int]] = {}
-    for k, (sx, layer, _) in sorted(enumerate(items), key=lambda t: (t[1][1], t[1][0], t[0])):
+    for k, (_sx, layer, _) in sorted(enumerate(items), key=lambda t: (t[1][1], t[1][0], t[0])):
         rows.setdefault(layer, []).append(k)
     for row in rows.values():
         for i, j in zip(row, row[1:]):

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 import onnx
 
 from ..graph import FusionGraph
-from ..plan import Group
+from ..planned import Group
 from .source import KernelSource
 
 

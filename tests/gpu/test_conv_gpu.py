@@ -69,7 +69,7 @@ def stitched(net: Net):
     res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]},
                               cost=CostModel(layout_changes=False))
     convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
-    want = sum(l.group in (1, l.out) for l in net.layers) + 2 * sum(l.se for l in net.layers)  # SE: two 1×1 convs
+    want = sum(ly.group in (1, ly.out) for ly in net.layers) + 2 * sum(ly.se for ly in net.layers)  # SE: two 1×1 convs
     assert len(convs) == want and not res.report.dropped, res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     return res

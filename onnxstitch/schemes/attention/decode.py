@@ -26,7 +26,7 @@ from onnx import TensorProto as TP
 
 from ...cost import CostModel
 from ...graph import FusionGraph
-from . import match as attention
+from . import chain as attention
 from .flavors import FLAVORS
 
 ROWS = 16  # query rows a decode block holds at most (g · Sq); 4 or 8 where the planned rows fit

@@ -40,7 +40,7 @@ from ... import ops
 
 from ...graph import FusionGraph
 from ...shapes import symbolic_value
-from . import match as attention
+from . import chain as attention
 
 # Nodes an in-graph causal mask may take to compute (transformers': ~10); larger ones are not
 # evaluated.
@@ -123,9 +123,9 @@ def _repeated(g: FusionGraph, t: str, reader: int, along: set[int] | None = None
         return None
     group, heads = es[2], xs[1]
     ok = us[2] == 1 and list(us[:2]) == list(xs[:2]) and list(us[3:]) == list(xs[2:]) and \
-        all(attention._same(a, b) for k, (a, b) in enumerate(zip(es, us)) if k != 2) and \
+        all(attention.same(a, b) for k, (a, b) in enumerate(zip(es, us)) if k != 2) and \
         isinstance(group, int) and group >= 2 and isinstance(heads, int) and \
-        attention._same(rsh[0], xs[0]) and rsh[1] == heads * group and list(rsh[2:]) == list(xs[2:])
+        attention.same(rsh[0], xs[0]) and rsh[1] == heads * group and list(rsh[2:]) == list(xs[2:])
     return (x, group, (un, ex, rs)) if ok else None
 
 
@@ -150,7 +150,7 @@ def _transposed(g: FusionGraph, t: str, reader: int, along: set[int]) -> tuple[s
     # kept), so back at [b, H] the three are X's last two axes swapped.
     if xs is None or ms is None or ts is None or len(xs) != 4 or len(ms) != 3 or len(ts) != 4 or \
             list(ms[1:]) != list(xs[2:]) or list(ts[2:]) != [xs[3], xs[2]] or \
-            not (attention._same(ts[0], xs[0]) and attention._same(ts[1], xs[1])):
+            not (attention.same(ts[0], xs[0]) and attention.same(ts[1], xs[1])):
         return None
     return x, (merge, tr, split)
 
@@ -328,8 +328,8 @@ def with_causal(g: FusionGraph, m: attention.Match) -> attention.Match | str:
     if at is None or g.nodes[at].op_type != "Where":
         return ""
     cond, zero, fill = g.nodes[at].inputs[:3]
-    fill_value = attention._scalar(g, fill)
-    if attention._scalar(g, zero) != 0 or fill_value is None or not fill_value < 0:
+    fill_value = attention.scalar(g, fill)
+    if attention.scalar(g, zero) != 0 or fill_value is None or not fill_value < 0:
         return ""
     sq, sk = (g.shape(m.q) or (None, None))[-2], (g.shape(m.v) or (None, None))[-2]
     operands = [t for t in _and_operands(g, cond) if not _all_true(g, t)]
@@ -361,7 +361,7 @@ def _broadcasts(g: FusionGraph, mask: str, m: attention.Match) -> str | None:
         return "unknown shape"
     scores = tuple(qs[:-1]) + (vs[-2],)
     for have, want in zip(reversed(ms), reversed(scores)):
-        if have != 1 and not attention._same(have, want):
+        if have != 1 and not attention.same(have, want):
             return f"the mask {list(ms)} does not broadcast to the scores {list(scores)}"
     return None
 

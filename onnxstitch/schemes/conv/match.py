@@ -53,7 +53,7 @@ from ...cost import CostModel, node_us
 from ..gemm.match import FP16_TFLOPS, TF32_TFLOPS, library_operands, residual_add
 from ... import ops
 from ...graph import FusionGraph, TensorInfo, constant_value, row_axes
-from ...plan import Group, Plan
+from ...planned import Group, Plan
 from ...weights import Weights
 from .. import CONV, written
 from .spec import DTYPES, ConvSpec

@@ -28,8 +28,8 @@ def _bits(v: float) -> int:
 
 @dataclass(frozen=True)
 class ConvSpec(Spec):
-    """Y = act(conv(X, W) + bias + R), or act(conv(X, W) + bias) + R (`residual_after`): X [N, C, H, W] (or NHWC, `layouts[0]`), W [K, C/group,
-    R, S] as ONNX stores it, the bias [K] (`bias`), R of Y's shape (`residual`, NHWC with
+    """Y = act(conv(X, W) + bias + R), or act(conv(X, W) + bias) + R (`residual_after`): X [N, C, H, W]
+    (or NHWC, `layouts[0]`), W [K, C/group, R, S] as ONNX stores it, the bias [K] (`bias`), R of Y's shape (`residual`, NHWC with
     `layouts[2]`), Y NCHW or NHWC (`layouts[1]`)."""
 
     scheme: ClassVar[str] = CONV

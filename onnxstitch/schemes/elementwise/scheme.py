@@ -8,7 +8,7 @@ from onnx import helper
 
 from ...folds import views
 from ...graph import FusionGraph
-from ...plan import Group
+from ...planned import Group
 from .. import ELEMENTWISE
 from ..source import KernelSource
 from . import codegen

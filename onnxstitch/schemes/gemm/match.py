@@ -51,7 +51,7 @@ from onnx import TensorProto as TP, helper
 
 from ...cost import CostModel, node_us
 from ...graph import FusionGraph
-from ...plan import Group, Plan
+from ...planned import Group, Plan
 from .. import GEMM, written
 from .spec import DTYPES, GemmSpec
 

@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from ...graph import FusionGraph
-from ...plan import Group
+from ...planned import Group
 from .. import GEMM
 from ..source import BROADCAST, KernelSource
 from .match import Match

@@ -7,7 +7,7 @@ import onnx
 from onnx import helper
 
 from ...graph import FusionGraph
-from ...plan import Group
+from ...planned import Group
 from .. import ROWS
 from ..source import KernelSource
 from . import codegen
