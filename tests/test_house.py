@@ -13,45 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, children = work[-1]
-            for w in children:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
-                    break
-                if w in on:
-                    low[v] = min(low[v], index[w])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
-                if low[v] == index[v]:
-                    comp = []
-                    while True:
-                        w = stack.pop()
-                        on.discard(w)
-                        comp.append(w)
-                        if w == v:
-                            break
-                    if len(comp) > 1:
-                        out.append(sorted(comp))
-    return out
+    """Strongly connected components of more than one module (the planner's own finder)."""
+    from onnxstitch.plan import _sccs
+
+    mods = sorted(graph.modules)
+    at = {m: k for k, m in enumerate(mods)}
+    adj = [{at[w] for w in graph.find_modules_directly_imported_by(m)} for m in mods]
+    return sorted(sorted(mods[k] for k in comp) for comp in _sccs(adj) if len(comp) > 1)
 
 
 def test_no_import_cycle_in_the_package() -> None:
