@@ -41,3 +41,34 @@ def test_the_import_contracts_hold() -> None:
     res = subprocess.run([sys.executable, "-m", "importlinter.cli", "--config", str(ROOT / "pyproject.toml")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def test_the_kernel_abi_struct_agrees_in_its_three_places() -> None:
+    """StitchArgs is written in the runtime's header (stitch_abi.h), in the generated kernels'
+    prelude (schemes/source.py) and as ctypes for the host kernels (tests/host_kernels.py): the
+    same members in the same order, the same limits, and the ctypes offsets the header pins."""
+    import re
+
+    from onnxstitch.schemes import source
+
+    from .host_kernels import _Args as StitchArgs
+
+    header = (ROOT / "onnxstitch" / "runtime" / "csrc" / "stitch_abi.h").read_text()
+
+    def members(text: str) -> list[str]:
+        body = re.search(r"struct StitchArgs \{(.*?)\};", text, re.S).group(1)  # type: ignore[union-attr]
+        return [ln.strip() for ln in body.strip().splitlines()]
+
+    def limits(text: str) -> dict[str, int]:
+        return {k: int(v) for k, v in re.findall(r"#define (STITCH_MAX_\w+) (\d+)", text)}
+
+    assert members(source.ARGS_STRUCT) == members(header)
+    assert limits(source.ARGS_STRUCT) == limits(header)
+    pinned = {k: int(v) for k, v in re.findall(r"offsetof\(StitchArgs, (\w+)\) == (\d+)", header)}
+    ctypes_names = {"in": "inp"}  # `in` is a Python keyword
+    assert {k: getattr(StitchArgs, ctypes_names.get(k, k)).offset for k in pinned} == pinned
+    import ctypes
+
+    assert ctypes.sizeof(StitchArgs) == int(re.search(r"sizeof\(StitchArgs\) == (\d+)", header).group(1))  # type: ignore[union-attr]
+    names = [m.split("[")[0].split()[-1].rstrip(";") for m in members(header)]
+    assert [f[0] for f in StitchArgs._fields_] == [ctypes_names.get(n, n) for n in names]
