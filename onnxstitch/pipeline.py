@@ -34,6 +34,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class StageNotes:
+    """What one stage rewrote or matched (one line each) and what it refused, with why."""
+
+    rewrites: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Report:
     """What `optimize` did, in numbers (printed by the CLI, written by --report)."""
 
@@ -47,31 +55,34 @@ class Report:
     verification: verify_mod.Verification | None = None
     # Groups verification refused and left to ONNX Runtime: {"group", "reason"} each.
     dropped: tuple[Mapping[str, str], ...] = field(default_factory=tuple)
-    # Exact rewrites of the simplify stage (exported mask arithmetic, simplify.py).
-    simplified: tuple[str, ...] = ()
-    # Rewrites of the normalize stage (group norms into their stitchable form), and refusals.
-    normalized: tuple[str, ...] = ()
-    normalize_refusals: tuple[str, ...] = ()
-    # Sibling MatMuls merged into one GEMM (siblings.py), and the sets left apart, with why.
-    merged: tuple[str, ...] = ()
-    merge_refusals: tuple[str, ...] = ()
-    # Attention chains run as one kernel each (attention.py), and the near-misses with why.
-    attention: tuple[str, ...] = ()
-    attention_refusals: tuple[str, ...] = ()
+    # What each rewriting or matching stage did and refused, by stage (STAGE_NOTES): exact
+    # rewrites of exported forms (simplify), group norms (normalize), sibling GEMMs (merge),
+    # attention chains, GEMM and convolution epilogues.
+    notes: Mapping[str, StageNotes] = field(default_factory=dict)
     # The planned graph's nodes and edges (the groups' node ids index it): for plan pictures.
     graph: GraphOutline | None = None
-    # GEMMs run through cuBLASLt with their epilogue (schemes/gemm), and the refusals with why.
-    epilogues: tuple[str, ...] = ()
-    epilogue_refusals: tuple[str, ...] = ()
-    # Convolutions run through cuDNN's graph API with their epilogue (schemes/conv), and refusals.
-    conv_epilogues: tuple[str, ...] = ()
-    conv_refusals: tuple[str, ...] = ()
     # Each group's predicted and measured costs (measure.py), the written model timed against
     # stock ORT, and the groups given back to ONNX Runtime because they did not pay.
     costs: tuple[measure_mod.GroupCost, ...] = ()
     timing: measure_mod.ModelTiming | None = None
     given_back: tuple[Mapping[str, str], ...] = ()
     gate_note: str = ""
+
+    def _notes(self, stage: str) -> StageNotes:
+        return self.notes.get(stage, StageNotes())
+
+    # Each stage's notes by the names the report has always had.
+    simplified = property(lambda self: self._notes("simplify").rewrites)
+    normalized = property(lambda self: self._notes("normalize").rewrites)
+    normalize_refusals = property(lambda self: self._notes("normalize").refusals)
+    merged = property(lambda self: self._notes("merge").rewrites)
+    merge_refusals = property(lambda self: self._notes("merge").refusals)
+    attention = property(lambda self: self._notes("attention").rewrites)
+    attention_refusals = property(lambda self: self._notes("attention").refusals)
+    epilogues = property(lambda self: self._notes("epilogues").rewrites)
+    epilogue_refusals = property(lambda self: self._notes("epilogues").refusals)
+    conv_epilogues = property(lambda self: self._notes("conv epilogues").rewrites)
+    conv_refusals = property(lambda self: self._notes("conv epilogues").refusals)
 
     @property
     def fused_groups(self) -> int:
@@ -179,14 +190,18 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     merged, normal, found = planned.merged, planned.normal, planned.found
     # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
     # and a model that goes out unchanged keeps its own.
-    report = Report(_kernels_written(g, plan, written.model), _compute_nodes(given.model), _compute_nodes(written.model),
-                    next((k.archs for k in kernels if k.images), opts.archs), g.dim_values, stage.times, kinfo,
-                    written.verification, written.dropped, given.simple.rewrites, normal.rewrites, normal.refusals,
-                    tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone,
-                    tuple(x.describe() for x in found.matches), found.refusals, outline(g, planned.normal.model),
-                    tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals,
-                    tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals,
-                    written.costs, written.timing, written.given_back, written.gate_note)
+    notes = {"simplify": StageNotes(given.simple.rewrites),
+             "normalize": StageNotes(normal.rewrites, normal.refusals),
+             "merge": StageNotes(tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone),
+             "attention": StageNotes(tuple(x.describe() for x in found.matches), found.refusals),
+             "epilogues": StageNotes(tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals),
+             "conv epilogues": StageNotes(tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals)}
+    report = Report(plan=_kernels_written(g, plan, written.model), nodes_before=_compute_nodes(given.model),
+                    nodes_after=_compute_nodes(written.model),
+                    archs=next((k.archs for k in kernels if k.images), opts.archs), dim_values=g.dim_values,
+                    stage_seconds=stage.times, kernels=kinfo, verification=written.verification,
+                    dropped=written.dropped, notes=notes, graph=outline(g, planned.normal.model), costs=written.costs,
+                    timing=written.timing, given_back=written.given_back, gate_note=written.gate_note)
     return OptimizeResult(written.model, report, given.weights)
 
 

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import click
 import onnx
@@ -31,6 +31,14 @@ progress_console = Console(stderr=True)  # spinners stay off stdout, which --jso
 @click.version_option(__version__, prog_name="onnxstitch")
 def main() -> None:
     """Fuse memory-bound ONNX operators into generated CUDA kernels for ONNX Runtime."""
+
+
+def _parsed_shapes(values: tuple[str, ...]) -> dict:
+    """`--shape` parsed (sizes.parse), a wrong one a usage error (exit status 2)."""
+    try:
+        return sizes.parse(values)
+    except BadInputError as e:
+        raise click.BadParameter(str(e).removeprefix("--shape "), param_hint="'--shape'") from None
 
 
 def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> list[Path]:
@@ -110,7 +118,7 @@ def _summary(report, out: Path) -> Table:
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Stitched model (default MODEL.stitched.onnx).")
-@click.option("--shape", "shape", multiple=True,
+@click.option("--shape", "shapes", multiple=True, callback=lambda _ctx, _param, v: _parsed_shapes(v),
               help="Planning sizes: input=8x128 (a graph input's shape), then batch=8,seq=128 (symbolic dims).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the plan as JSON.")
 @click.option("--plan-picture", "picture", type=click.Path(path_type=Path),
@@ -119,21 +127,23 @@ def _summary(report, out: Path) -> Table:
               help="Write a deployable folder: the stitched model, the custom-op library, a README.")
 @click.option("--arch", "archs", multiple=True, default=("sm_80", "sm_90"), show_default=True,
               help="GPU architectures to embed cubins for (repeatable).")
-@click.option("--time-limit", type=float, default=30.0, show_default=True, help="ILP solver time limit (s).")
-@click.option("--no-verify", is_flag=True, help="Skip running the stitched model against the original.")
+@click.option("--time-limit", "time_limit_s", type=float, default=30.0, show_default=True,
+              help="ILP solver time limit (s).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Run the stitched model against the original before writing it.")
 @click.option("--gate/--no-gate", default=True, show_default=True,
               help="On a GPU, time each fused group against the ONNX Runtime nodes it replaces and the stitched model "
                    "against stock ORT; what is not faster goes back to ONNX Runtime (--no-gate: the plan as planned).")
 @click.option("--costs", "costs_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Measured costs to plan with (imported if the file exists) and to write the figures measured "
                    "here to: take them from the target GPU to a machine without one.")
-@click.option("--measure-budget", type=click.FloatRange(0), default=10.0, show_default=True,
+@click.option("--measure-budget", "measure_budget_s", type=click.FloatRange(0), default=10.0, show_default=True,
               help="Seconds the fused groups may be timed for on the GPU when their figures are not cached yet "
                    "(the groups the cost model is surest of are left unmeasured first).")
-@click.option("--verify-budget", type=click.FloatRange(0), default=120.0, show_default=True,
+@click.option("--verify-budget", "verify_budget_s", type=click.FloatRange(0), default=120.0, show_default=True,
               help="Seconds verification may spend finding the group behind an end-to-end difference that no "
                    "group explains on its own inputs; past it the suspects left all go to ONNX Runtime.")
-@click.option("--strict-verify", is_flag=True,
+@click.option("--strict-verify", "strict", is_flag=True,
               help="Write nothing if any fused group differs (default: leave such groups to ONNX Runtime).")
 @click.option("--reductions/--no-reductions", default=True, show_default=True,
               help="Stitch reductions, Softmax, LayerNormalization and global pools with their neighbours.")
@@ -150,19 +160,18 @@ def _summary(report, out: Path) -> Table:
                    "1.39-1.58x over stock ORT with CUDA graphs on an H200; cuDNN chooses its engines at session "
                    "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
                    "cuBLASLt call, where the plan finds it cheaper.")
-@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
+@click.option("--custom-op-library", "custom_op_libraries", multiple=True, type=click.Path(path_type=Path),
               help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
                    "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
-def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: Path | None, bundle_dir: Path | None,
-             archs: tuple[str, ...], time_limit: float, no_verify: bool, gate: bool, costs_file: Path | None,
-             measure_budget: float, verify_budget: float, strict_verify: bool, reductions: bool,
-             pack: bool, merge: bool, attention: bool, epilogues: bool, picture: Path | None,
-             custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
+def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: Path | None, picture: Path | None,
+             verbose: bool, quiet: bool, **settings: Any) -> None:
     """Fuse MODEL and write the stitched model."""
-    from onnxstitch import optimize as run_optimize
+    from onnxstitch import Options, optimize as run_optimize
 
-    shapes = sizes.parse(shape)
+    # Every other option is a field of Options under its own name: a new flag is a field there
+    # and an option here, nothing else.
+    options = Options(**{k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
     if picture:
         explain_mod.format_of(picture)  # a wrong suffix fails before the work, not after
     library = None
@@ -181,12 +190,7 @@ def optimize(model: Path, output: Path | None, shape: tuple[str, ...], report: P
             status.update(f"{stage}…")
 
     with status or contextlib.nullcontext():
-        result = run_optimize(model, shapes=shapes, archs=archs, time_limit_s=time_limit, progress=progress,
-                              verify=not no_verify, reductions=reductions, strict=strict_verify, pack=pack,
-                              merge=merge, attention=attention, epilogues=epilogues, verify_budget_s=verify_budget,
-                              gate=gate, costs_file=str(costs_file) if costs_file else None,
-                              measure_budget_s=measure_budget,
-                              custom_op_libraries=ortio.custom_op_libraries(custom_ops))
+        result = run_optimize(model, options, progress=progress)
     written = save_atomic(result.save, out)
     made = bundle.write_bundle(out, written, library) if library is not None else None
     if report:
