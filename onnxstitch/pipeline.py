@@ -17,7 +17,7 @@ import onnx
 
 from . import compile as nvrtc_compile, graph as graph_mod, load, normalize as normalize_mod
 from . import pack as pack_mod, rewrite, siblings, simplify as simplify_mod
-from . import cost as cost_mod, measure as measure_mod, ortio, probe as probe_mod, verify as verify_mod
+from . import bodies as bodies_mod, cost as cost_mod, measure as measure_mod, ortio, probe as probe_mod, verify as verify_mod
 from . import shapes as shapes_mod, sizes as sizes_mod
 from .cost import CostModel
 from .explain.outline import GraphOutline, outline
@@ -123,6 +123,8 @@ class Report:
             "kernels": list(self.kernels),
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
+            "bodies": {"rewrites": list(self._notes("bodies").rewrites),
+                       "refusals": list(self._notes("bodies").refusals)},
             "simplify": {"rewrites": list(self.simplified)},
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
@@ -170,7 +172,13 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     if opts.custom_op_libraries:
         opts = dataclasses.replace(opts, custom_op_libraries=ortio.custom_op_libraries(opts.custom_op_libraries))
     stage = _Stages(progress)
-    given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries)
+    def body_optimizer(body: onnx.ModelProto, shapes: Mapping[str, Any]) -> "OptimizeResult":
+        # A body is a model of its own: planned, verified (both branches of an If, each on its
+        # own inputs) and written; the whole model is timed by the outer gate.
+        return optimize(body, dataclasses.replace(opts, shapes=shapes, gate=False, costs_file=None), progress=progress)
+
+    given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
+                     body_optimizer if opts.control_flow else None)
     planned = _plan(given, opts, stage)
     g, plan = planned.graph, planned.plan
     sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
@@ -190,7 +198,7 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     merged, normal, found = planned.merged, planned.normal, planned.found
     # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
     # and a model that goes out unchanged keeps its own.
-    notes = {"simplify": StageNotes(given.simple.rewrites),
+    notes = {"bodies": given.bodies or StageNotes(), "simplify": StageNotes(given.simple.rewrites),
              "normalize": StageNotes(normal.rewrites, normal.refusals),
              "merge": StageNotes(tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone),
              "attention": StageNotes(tuple(x.describe() for x in found.matches), found.refusals),
@@ -249,6 +257,8 @@ class Options:
     # Seconds the groups may be timed for when their figures are not cached yet; the groups the
     # cost model is surest of are left unmeasured first.
     measure_budget_s: float = 10.0
+    # Fuse inside the bodies of If, Loop and Scan, each body planned as a model of its own.
+    control_flow: bool = True
 
     def __post_init__(self) -> None:  # library callers pass lists and None alike
         object.__setattr__(self, "shapes", dict(self.shapes or {}))
@@ -288,12 +298,17 @@ class _Given:
     weights: Weights
     refusal: str | None  # why the model is left unchanged (an opset the project does not know)
     simple: simplify_mod.Simplified
+    # The model before its If/Loop/Scan bodies were stitched (None when none were): what the
+    # written model's outputs are verified against, and what the bodies stage did.
+    original: onnx.ModelProto | None = None
+    bodies: "StageNotes" = None  # type: ignore[assignment]
 
 
 def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
-             stage: _Stages, libraries: Sequence[str] = ()) -> _Given:
-    """load → shapes → simplify. With custom-op `libraries`, the shapes of custom ops' outputs
-    that inference cannot know are read off runs of the model (probe.py)."""
+             stage: _Stages, libraries: Sequence[str] = (), body_optimizer: bodies_mod.Optimizer | None = None) -> _Given:
+    """load → shapes → bodies → simplify. With custom-op `libraries`, the shapes of custom ops'
+    outputs that inference cannot know are read off runs of the model (probe.py); with a
+    `body_optimizer`, the bodies of If, Loop and Scan nodes are stitched (bodies.py)."""
     loaded, weights = stage("load", lambda: load.load_detached(model))
     m = load.constants_to_initializers(loaded)
     m, dim_values = sizes_mod.resolve_shapes(m, shapes)
@@ -309,10 +324,16 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
             dim_values |= probed.dim_values
             _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
+    done, original = None, None
+    if refusal is None and body_optimizer is not None and bodies_mod.has_bodies(m):
+        done = stage("bodies", lambda: bodies_mod.stitch_bodies(m, infos, dim_values, body_optimizer))
+        if done.bodies:
+            original, m, loaded = m, done.model, bodies_mod.apply(loaded, done)
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:
         simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))
-    return _Given(loaded, m, infos, dim_values, weights, refusal, simple)
+    notes = StageNotes(done.rewrites, done.refusals) if done else StageNotes()
+    return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes)
 
 
 @dataclass(frozen=True)
@@ -429,7 +450,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
         return made, stage("verify", lambda: verify_mod.verify(
             m, made, g, [grp for grp, _ in _linked_whole(subset, linked)], seed=opts.seed,
             dim_values=given.dim_values, weights=given.weights,
-            source=given.model if m is not given.model else None,
+            source=given.original or (given.model if m is not given.model else None),
             libraries=opts.custom_op_libraries)) if opts.verify else None
 
     timer = measure_mod.gpu_timer() if opts.gate else None

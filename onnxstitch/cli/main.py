@@ -79,6 +79,10 @@ def _summary(report, out: Path) -> Table:
     if packed:
         left += f" ({len(packed)} packed from {sum(len(g.parts) for g in packed)} independent groups)"
     t.add_row("fused groups", "", f"{report.fused_groups}{left}")
+    body = report.notes.get("bodies")
+    if body and (body.rewrites or body.refusals):
+        t.add_row("control flow", "", f"{len(body.rewrites)} bodies stitched"
+                  + (f", {len(body.refusals)} left as they were" if body.refusals else ""))
     if report.simplified:
         t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites of exported forms")
     if report.normalized:
@@ -154,6 +158,8 @@ def _summary(report, out: Path) -> Table:
 @click.option("--attention/--no-attention", default=True, show_default=True,
               help="Run each attention core (MatMul, scale, masks, Softmax, MatMul) as one kernel on tensor cores "
                    "(TF32 for float32), with a split-KV form for decode shapes.")
+@click.option("--control-flow/--no-control-flow", default=True, show_default=True,
+              help="Fuse inside the bodies of If, Loop and Scan, each body planned and verified as a model of its own.")
 @click.option("--epilogues/--no-epilogues", default=False, show_default=True,
               help="Run Conv (depthwise too) [+ bias] [+ residual] [+ activation] as one cuDNN graph in NHWC, "
                    "tensors between them NHWC (ResNet-50 1.70-2.0x, MobileNetV3 1.53-1.66x, a YOLOv8-style net "

@@ -1,0 +1,197 @@
+"""Fusion inside If, Loop and Scan: every subgraph body of the main graph is optimized as a model
+of its own, and the stitched body goes back into its node.
+
+A body becomes a model whose inputs are its own (a Loop's iteration number, condition and
+carried values; a Scan's state and slices; none for an If branch) followed by the outer tensors
+it reads, typed and shaped as the outer graph's inference found them (a loop-carried dim stays
+symbolic). That model goes through the whole pipeline — its own plan, kernels, rewrite and
+verification, which runs every branch of an If on its own inputs whichever branch the model's
+inputs would take — and, nested bodies included, comes back with FusedKernel nodes whose
+fallback functions hold its original nodes. The body's extra inputs are dropped again (inside
+the node they are the outer tensors they name), its groups renamed after the node and branch so
+no two bodies' kernels share a name, and its functions join the model's.
+
+A body that cannot be optimized (a type the outer inference does not know, a verification that
+cannot run it) stays as it was, with the reason among the stage's refusals.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import onnx
+from onnx import helper
+
+from .edit import implicit_inputs
+from .errors import StitchError, first_line
+from .rewrite import DOMAIN, IR_VERSION, OP_TYPE
+from .shapes import TensorInfo
+
+log = logging.getLogger(__name__)
+
+# Control-flow ops whose graph attributes are bodies, and the attributes that hold them.
+BODIES = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+# Bodies with fewer compute nodes than this have nothing to fuse.
+MIN_NODES = 2
+
+# optimize(body model, shapes) → (the stitched body model, weights inside; its report)
+Optimizer = Callable[[onnx.ModelProto, Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Bodies:
+    """The main model with its bodies stitched, and what was done: a line per body stitched,
+    a line per body left as it was (with why)."""
+
+    model: onnx.ModelProto
+    rewrites: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+    # output name of the control-flow node → {attribute: stitched body}, to apply to another copy
+    bodies: Mapping[str, Mapping[str, onnx.GraphProto]] = field(default_factory=dict)
+    functions: tuple[onnx.FunctionProto, ...] = ()
+
+
+def has_bodies(model: onnx.ModelProto) -> bool:
+    """Whether the main graph has an If, Loop or Scan node."""
+    return any(n.op_type in BODIES and n.domain in ("", "ai.onnx") for n in model.graph.node)
+
+
+def _compute_nodes(g: onnx.GraphProto) -> int:
+    return sum(1 for n in g.node if n.op_type not in ("Constant", "Identity"))
+
+
+def body_model(body: onnx.GraphProto, node: onnx.NodeProto, model: onnx.ModelProto,
+               infos: Mapping[str, TensorInfo]) -> onnx.ModelProto | str:
+    """`body` (an attribute of `node` in `model`'s main graph) as a model: its inputs, then the
+    outer tensors it reads; or why it cannot be one."""
+    g = onnx.GraphProto()
+    g.CopyFrom(body)
+    outer = []
+    defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+    probe = onnx.NodeProto()
+    probe.attribute.add().CopyFrom(helper.make_attribute("body", body))
+    for t in implicit_inputs(probe):
+        if t in defined:
+            continue
+        info = infos.get(t)
+        if info is None or not info.dtype:
+            return f"it reads {t}, whose type the outer graph's inference does not know"
+        outer.append(helper.make_tensor_value_info(t, info.dtype, None if info.shape is None else list(info.shape)))
+    g.input.extend(outer)
+    for vi in list(g.input) + list(g.output):
+        if not vi.type.tensor_type.elem_type:
+            return f"its {'input' if vi in g.input else 'output'} {vi.name} has no type"
+    g.name = f"{node.name or node.output[0]}_body"
+    m = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=max(model.ir_version, 4))
+    m.functions.extend(model.functions)
+    return m
+
+
+def _renamed(result: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
+    """The stitched body with its fused groups renamed `prefix + name` (nodes and functions)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(result)
+
+    def walk(g: onnx.GraphProto) -> None:
+        for n in g.node:
+            if n.op_type == OP_TYPE and n.domain == DOMAIN:
+                n.overload = prefix + n.overload
+                n.name = prefix + n.name if n.name else n.name
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub)
+
+    walk(out.graph)
+    for f in out.functions:
+        if f.domain == DOMAIN:
+            f.overload = prefix + f.overload
+    return out
+
+
+def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_values: Mapping[str, int],
+                  optimize: Optimizer) -> Bodies:
+    """Every body of `model`'s main graph optimized by `optimize` (nested bodies by its own
+    recursion), stitched bodies in place."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    rewrites: list[str] = []
+    refusals: list[str] = []
+    bodies: dict[str, dict[str, onnx.GraphProto]] = {}
+    functions: dict[tuple[str, str, str], onnx.FunctionProto] = {}
+    for node in out.graph.node:
+        for attr in node.attribute:
+            if node.op_type not in BODIES or attr.name not in BODIES[node.op_type] or not attr.HasField("g"):
+                continue
+            where = f"{node.op_type} {node.name or node.output[0]}: {attr.name}"
+            if _compute_nodes(attr.g) < MIN_NODES:
+                continue
+            m = body_model(attr.g, node, out, infos)
+            if isinstance(m, str):
+                refusals.append(f"{where}: left as it is: {m}")
+                continue
+            named = {d.dim_param for vi in m.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+            try:
+                result = optimize(m, {k: [v] for k, v in dim_values.items() if k in named})
+            except StitchError as e:
+                refusals.append(f"{where}: left as it is: {first_line(e)}")
+                continue
+            stitched = result.model
+            fused = sum(1 for n in _all_nodes(stitched.graph) if n.op_type == OP_TYPE and n.domain == DOMAIN)
+            if not fused:
+                refusals.append(f"{where}: nothing fused ({result.report.plan.message or 'no group pays'})")
+                continue
+            prefix = f"{(node.name or node.output[0]).replace('/', '_')}.{attr.name}."
+            stitched = _renamed(stitched, prefix)
+            g = onnx.GraphProto()
+            g.CopyFrom(stitched.graph)
+            formal = [i.name for i in attr.g.input]
+            keep = [vi for vi in g.input if vi.name in formal]
+            del g.input[:]
+            g.input.extend(sorted(keep, key=lambda vi: formal.index(vi.name)))
+            g.name = attr.g.name
+            attr.g.CopyFrom(g)
+            bodies.setdefault(node.output[0], {})[attr.name] = g
+            for f in stitched.functions:
+                if f.domain == DOMAIN:
+                    functions[(f.domain, f.name, f.overload)] = f
+            ver = result.report.verification
+            left = len(result.report.dropped)
+            rewrites.append(f"{where}: {fused} fused kernel(s)" + (f", {left} left to ONNX Runtime by its verification"
+                                                                   if left else "")
+                            + f" ({ver.summary() if ver else 'not verified'})")
+    if functions:
+        _add_functions(out, functions.values())
+    return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()))
+
+
+def _all_nodes(g: onnx.GraphProto):
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _all_nodes(sub)
+
+
+def _add_functions(model: onnx.ModelProto, functions) -> None:
+    have = {(f.domain, f.name, f.overload) for f in model.functions}
+    model.functions.extend(f for f in functions if (f.domain, f.name, f.overload) not in have)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    model.ir_version = max(model.ir_version, IR_VERSION)
+
+
+def apply(model: onnx.ModelProto, done: Bodies) -> onnx.ModelProto:
+    """Another copy of the model (as loaded, before the stages' own rewrites) with the same
+    bodies stitched: the nodes are found by their first output."""
+    if not done.bodies:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        new = done.bodies.get(node.output[0]) if node.output else None
+        for attr in node.attribute if new else ():
+            if attr.name in new:
+                attr.g.CopyFrom(new[attr.name])
+    _add_functions(out, done.functions)
+    return out

@@ -1,0 +1,149 @@
+"""Fusion inside If, Loop and Scan (bodies.py): each body is planned, stitched and verified as a
+model of its own; the written model keeps its control flow, its bodies hold FusedKernel nodes
+with their fallback functions under names of their own, and it computes what the original does
+on fresh inputs that take each branch and run the loop and the scan for several steps."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxstitch
+from onnxstitch import bodies
+
+from .stitching import fresh_seed
+
+N = helper.make_node
+
+
+def _chain(x: str, out: str, tag: str, extra: str | None = None) -> list[onnx.NodeProto]:
+    """Five elementwise ops (and a read of `extra` from the outer scope): one fused group."""
+    a, b, c, d = (f"{tag}_{k}" for k in "abcd")
+    return [N("Sigmoid", [x], [a]), N("Mul", [a, x], [b]), N("Tanh", [b], [c]),
+            N("Add", [c, extra or x], [d]), N("Mul", [d, d], [out])]
+
+
+def control_flow_model() -> onnx.ModelProto:
+    """x [B, 64] and a flag: an If whose branches each run a chain over x (reading an outer
+    tensor), a Loop that applies a chain to a carried state `steps` times, and a Scan over the rows
+    of a sequence [T, B, 64] with a chain in its body (an RNN-like recurrence)."""
+    s = helper.make_tensor_value_info
+    then = helper.make_graph(_chain("x", "t_out", "t", "bias"), "then", [], [s("t_out", TP.FLOAT, ["B", 64])])
+    other = helper.make_graph([N("Neg", ["x"], ["nx"])] + _chain("nx", "e_out", "e"), "else", [],
+                              [s("e_out", TP.FLOAT, ["B", 64])])
+    loop_body = helper.make_graph(
+        [N("Identity", ["cond_in"], ["cond_out"])] + _chain("h_in", "h_out", "l", "bias"), "loop_body",
+        [s("i", TP.INT64, []), s("cond_in", TP.BOOL, []), s("h_in", TP.FLOAT, ["B", 64])],
+        [s("cond_out", TP.BOOL, []), s("h_out", TP.FLOAT, ["B", 64])])
+    scan_body = helper.make_graph(
+        [N("Add", ["st_in", "row"], ["sum"])] + _chain("sum", "st_out", "s") + [N("Identity", ["st_out"], ["y_row"])],
+        "scan_body", [s("st_in", TP.FLOAT, ["B", 64]), s("row", TP.FLOAT, ["B", 64])],
+        [s("st_out", TP.FLOAT, ["B", 64]), s("y_row", TP.FLOAT, ["B", 64])])
+    nodes = [N("Relu", ["x"], ["bias"]),
+             N("If", ["flag"], ["branch"], then_branch=then, else_branch=other),
+             N("Loop", ["steps", "", "branch"], ["looped"], body=loop_body),
+             N("Scan", ["looped", "seq"], ["state", "ys"], body=scan_body, num_scan_inputs=1)]
+    graph = helper.make_graph(nodes, "control", [s("x", TP.FLOAT, ["B", 64]), s("flag", TP.BOOL, []),
+                                                  s("steps", TP.INT64, []), s("seq", TP.FLOAT, ["T", "B", 64])],
+                              [s("state", TP.FLOAT, ["B", 64]), s("ys", TP.FLOAT, ["T", "B", 64])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_bodies_are_stitched_and_compute_what_the_original_does() -> None:
+    model = control_flow_model()
+    res = onnxstitch.optimize(model, shapes={"B": [4], "T": [5]})
+    notes = res.report.notes["bodies"]
+    assert len(notes.rewrites) == 4, (notes.rewrites, notes.refusals)  # then, else, loop body, scan body
+    stitched = res.model
+    fused = [n for n in bodies._all_nodes(stitched.graph) if n.op_type == "FusedKernel"]
+    assert len(fused) >= 4 and len({n.overload for n in fused}) == len(fused)
+    assert {(f.domain, f.overload) for f in stitched.functions} >= {(n.domain, n.overload) for n in fused}
+    assert [n.op_type for n in stitched.graph.node if n.op_type in ("If", "Loop", "Scan")] == ["If", "Loop", "Scan"]
+    rng = np.random.default_rng(fresh_seed())
+    for flag in (True, False):  # each branch, and several loop and scan steps
+        feeds = {"x": rng.standard_normal((3, 64)).astype(np.float32), "flag": np.array(flag),
+                 "steps": np.array(3, np.int64), "seq": rng.standard_normal((4, 3, 64)).astype(np.float32)}
+        for got, want in zip(_run(stitched, feeds), _run(model, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert "bodies" in res.report.to_json() and res.report.to_json()["bodies"]["rewrites"]
+
+
+def test_a_body_is_verified_on_its_own_and_a_wrong_one_stays_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The If's then branch with a broken fallback (Sub for Mul): its own verification finds the
+    group and leaves it to ONNX Runtime; the other bodies are stitched, the model still right."""
+    from onnxstitch import rewrite
+
+    real = rewrite._function
+
+    def broken(m, g, grp):
+        fn = real(m, g, grp)
+        if any(n.op_type == "Tanh" for n in fn.node) and any(i.startswith("bias") for i in fn.input):
+            for n in fn.node:
+                if n.op_type == "Mul":
+                    n.op_type = "Sub"
+        return fn
+
+    monkeypatch.setattr(rewrite, "_function", broken)
+    model = control_flow_model()
+    res = onnxstitch.optimize(model, shapes={"B": [4], "T": [5]})
+    rng = np.random.default_rng(fresh_seed())
+    feeds = {"x": rng.standard_normal((3, 64)).astype(np.float32), "flag": np.array(True),
+             "steps": np.array(2, np.int64), "seq": rng.standard_normal((2, 3, 64)).astype(np.float32)}
+    for got, want in zip(_run(res.model, feeds), _run(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_no_control_flow_leaves_the_bodies_alone() -> None:
+    model = control_flow_model()
+    res = onnxstitch.optimize(model, shapes={"B": [4], "T": [5]}, control_flow=False)
+    assert not [n for n in bodies._all_nodes(res.model.graph) if n.op_type == "FusedKernel"]
+    assert not res.report.notes["bodies"].rewrites
+
+
+def test_a_body_reading_an_untyped_outer_tensor_is_left_with_why() -> None:
+    s = helper.make_tensor_value_info
+    then = helper.make_graph(_chain("u", "t_out", "t"), "then", [], [s("t_out", TP.FLOAT, [4])])
+    other = helper.make_graph(_chain("u", "e_out", "e"), "else", [], [s("e_out", TP.FLOAT, [4])])
+    graph = helper.make_graph([N("CustomThing", ["x"], ["u"], domain="my.ops"),
+                               N("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "g",
+                              [s("x", TP.FLOAT, [4]), s("flag", TP.BOOL, [])], [s("y", TP.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("my.ops", 1)],
+                              ir_version=10)
+    from onnxstitch import load, shapes
+
+    m = load.constants_to_initializers(model)
+    _, infos = shapes.infer(m)
+    done = bodies.stitch_bodies(m, infos, {}, lambda bm, shapes: pytest.fail("nothing to optimize"))
+    assert not done.bodies and all("whose type the outer graph's inference does not know" in r for r in done.refusals)
+    assert len(done.refusals) == 2
+
+
+def test_bodies_with_initializers_and_nested_ifs_round_trip() -> None:
+    """A branch holding its own initializer and a nested If: the inner bodies are stitched by the
+    body's own optimize, the initializer stays in the branch."""
+    s = helper.make_tensor_value_info
+    w = numpy_helper.from_array(np.linspace(-1, 1, 64).astype(np.float32), "w_in_branch")
+    inner_then = helper.make_graph(_chain("x", "it", "it"), "inner_then", [], [s("it", TP.FLOAT, ["B", 64])])
+    inner_else = helper.make_graph(_chain("x", "ie", "ie", "x"), "inner_else", [], [s("ie", TP.FLOAT, ["B", 64])])
+    then = helper.make_graph([N("Mul", ["x", "w_in_branch"], ["xw"])] + _chain("xw", "t1", "t") +
+                             [N("If", ["flag2"], ["t2"], then_branch=inner_then, else_branch=inner_else),
+                              N("Add", ["t1", "t2"], ["t_out"])], "then", [], [s("t_out", TP.FLOAT, ["B", 64])], [w])
+    other = helper.make_graph(_chain("x", "e_out", "e"), "else", [], [s("e_out", TP.FLOAT, ["B", 64])])
+    graph = helper.make_graph([N("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "g",
+                              [s("x", TP.FLOAT, ["B", 64]), s("flag", TP.BOOL, []), s("flag2", TP.BOOL, [])],
+                              [s("y", TP.FLOAT, ["B", 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    res = onnxstitch.optimize(model, shapes={"B": [4]})
+    assert len([n for n in bodies._all_nodes(res.model.graph) if n.op_type == "FusedKernel"]) >= 3
+    rng = np.random.default_rng(fresh_seed())
+    for f1 in (True, False):
+        for f2 in (True, False):
+            feeds = {"x": rng.standard_normal((2, 64)).astype(np.float32), "flag": np.array(f1), "flag2": np.array(f2)}
+            np.testing.assert_allclose(_run(res.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
