@@ -1,4 +1,4 @@
-"""Stage 4: candidates — which node sets MAY become one fused kernel (legality only).
+"""The candidates stage: which node sets MAY become one fused kernel (legality only).
 
 Design note
 -----------

@@ -1,4 +1,4 @@
-"""Stage 7: NVRTC compilation of generated kernels, on the CPU machine (no GPU needed).
+"""The compile stage: NVRTC compilation of generated kernels, on the CPU machine (no GPU needed).
 
 Cubins for each target architecture plus one PTX for the driver to JIT elsewhere. Results are
 cached on disk keyed by source, options and NVRTC version (Triton-style), so re-optimizing an

@@ -1,4 +1,4 @@
-"""Stage 1: load and validate a model; normalize Constant nodes into initializers.
+"""The load stage: load and validate a model; normalize Constant nodes into initializers.
 
 Every failure here is the user's input: a BadInputError with one line naming the file.
 """

@@ -1,4 +1,4 @@
-"""Stage 2b: rewrites that put known decompositions into shapes the planner can stitch. Each
+"""The normalize stage: rewrites that put known decompositions into shapes the planner can stitch. Each
 keeps the model's values: the same ops run on the same elements, only shapes are relabelled.
 
 Group normalization. Exporters write GroupNorm as Reshape(x [N, C, *S] → [N, G, -1]) →

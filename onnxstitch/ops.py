@@ -1,11 +1,11 @@
-"""Stage 3: the operator table — one place that says what each ONNX op is and how it prints.
+"""The operator table (the graph stage classifies ops by it): one place that says what each ONNX op is and how it prints.
 
 Kinds form an ordered lattice (TVM's FuseOps): ELEMENTWISE < BROADCAST < INJECTIVE < REDUCE <
 OPAQUE. ELEMENTWISE/BROADCAST ops map to a C expression printer over already-loaded operand
 values, in the value's compute type (float32 for float16/bfloat16). REDUCE ops reduce a
 run of consecutive axes of their input (the row, trailing or followed by others: a column;
 keepdims either way) and are stitched with the
-elementwise work around them (codegen_rows); each names its reducer in REDUCERS or its
+elementwise work around them (schemes/rows); each names its reducer in REDUCERS or its
 expansion there. INJECTIVE ops here are the layout ops (LAYOUT): they join a group only as
 a tail on one of its outputs, which the kernel then writes reshaped and transposed
 (views.py). SLICE ops (Slice, Split) join only at a group's inputs: the kernel reads their
@@ -337,7 +337,7 @@ REDUCE_ELEMENT = {"ReduceSumSquare": "({x} * {x})", "ReduceL1": "stitch_abs({x})
 ARG_REDUCERS = {"ArgMax": ">", "ArgMin": "<"}
 # Pools over every spatial axis, as the reduction they are (keepdims, axes 2..rank-1).
 GLOBAL_POOLS = {"GlobalAveragePool": "ReduceMean", "GlobalMaxPool": "ReduceMax"}
-# Ops made of reductions and elementwise steps (codegen_rows expands them).
+# Ops made of reductions and elementwise steps (schemes/rows expands them).
 ROW_COMPOSITES = ("Softmax", "LogSoftmax", "LayerNormalization", "ReduceLogSumExp", "InstanceNormalization")
 
 for _op in list(REDUCERS) + list(ROW_COMPOSITES) + list(GLOBAL_POOLS) + list(ARG_REDUCERS):

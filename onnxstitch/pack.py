@@ -1,4 +1,4 @@
-"""Stage 5b: pack — independent groups over one iteration space share one launch.
+"""The pack stage: independent groups over one iteration space share one launch.
 
 Design note
 -----------

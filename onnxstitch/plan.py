@@ -1,4 +1,4 @@
-"""Stage 5: plan — which legal groups to fuse (choice), by integer linear program.
+"""The plan stage: which legal groups to fuse (choice), by integer linear program.
 
 Design note
 -----------

@@ -1,4 +1,4 @@
-"""Stage 8: the stitched model. Each fused group becomes one `com.onnxstitch::FusedKernel`
+"""The rewrite stage: the stitched model. Each fused group becomes one `com.onnxstitch::FusedKernel`
 node carrying its compiled kernel (docs/abi.md), backed by a model-local function whose
 body is the original subgraph, so ONNX Runtime without the library still runs it.
 """

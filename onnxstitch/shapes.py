@@ -1,4 +1,4 @@
-"""Stage 2: shape and dtype inference.
+"""The shapes stage: shape and dtype inference.
 
 onnx's inference runs first (with data propagation); onnxruntime's symbolic inference then
 fills in symbolic dims where it can. The result is a plain map from tensor name to

@@ -1,4 +1,4 @@
-"""Stage 2a: sibling MatMuls merged into one GEMM.
+"""The merge stage: sibling MatMuls merged into one GEMM.
 
 Transformers project one activation several times with constant weights: attention's Q, K and
 V (BERT, LLaMA), a gated MLP's gate and up projections. Run apart, each projection is a GEMM

@@ -1,4 +1,4 @@
-"""Stage 2a: simplify — exact rewrites of index arithmetic exporters leave around masks.
+"""The simplify stage: exact rewrites of index arithmetic exporters leave around masks.
 
 transformers (5.x) exported by torch.onnx builds BERT's padding mask as
     GatherND(mask [b, s], Concat(Unsqueeze(Expand(batch index)), Unsqueeze(Expand(key index))))

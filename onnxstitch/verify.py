@@ -1,4 +1,4 @@
-"""Stage 9: verify the stitched model against the original before anything is written.
+"""The verify stage: the stitched model checked against the original before anything is written.
 
 Both models run on the same seeded random inputs, with every fused group's outputs exposed as
 graph outputs, so a mismatch names the first group that went wrong. On a machine with a GPU
@@ -95,7 +95,7 @@ class Verification:
                 "summary": self.summary(), "outputs": [o.to_json() for o in self.outputs]}
 
 
-# Products on TF32 tensor cores (attention.py) against ONNX Runtime's own TF32 GEMMs: each
+# Products on TF32 tensor cores (schemes/attention) against ONNX Runtime's own TF32 GEMMs: each
 # rounds its inputs to 10 mantissa bits (unit roundoff 2^-11 ≈ 4.9e-4), in its own order; the
 # two differ by ~5e-4 relative at BERT's sizes (scripts/probe_attention.py), so 8 unit roundoffs.
 TF32_TOLERANCE = 4e-3

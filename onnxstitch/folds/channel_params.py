@@ -7,7 +7,7 @@ the node constant inputs of shape `[C, 1, …, 1]` instead (the rewrite adds the
 initializers; the fallback body keeps the original op and its original constants):
 - BatchNormalization (inference): `y = x·s + b` with `s = scale / sqrt(var + eps)` and
   `b = B − mean·s`, computed once in float64 — one elementwise op;
-- InstanceNormalization: `scale` and `B` reshaped — a row op over axes 2… (codegen_rows).
+- InstanceNormalization: `scale` and `B` reshaped — a row op over axes 2… (schemes/rows).
 """
 from __future__ import annotations
 

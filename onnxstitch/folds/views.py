@@ -133,7 +133,7 @@ def group_views(graph: FusionGraph, members: frozenset[int], outputs: Sequence[s
 
 def tile_key(vs: Sequence[View | None]) -> tuple | None:
     """(split, output-innermost axis) of the first view that moves the innermost axis: the
-    kernel's one shared-memory tile serves the views that agree on both (codegen_views)."""
+    kernel's one shared-memory tile serves the views that agree on both (schemes/elementwise/view_code.py)."""
     lead = next((v for v in vs if v is not None and v.moves_innermost), None)
     return None if lead is None else (lead.split, lead.perm[-1])
 

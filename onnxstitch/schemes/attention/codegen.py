@@ -1,4 +1,4 @@
-"""Stage 6 for attention chains (attention.py): one kernel for QKᵀ·scale + masks → Softmax → ·V.
+"""Code generation for attention chains (schemes/attention/match.py): one kernel for QKᵀ·scale + masks → Softmax → ·V.
 
 Kernel ABI: docs/abi.md, shape_rule "attention". A block of 4 warps owns 64 queries of one
 (batch, head); each warp holds its 16 queries as TF32 `mma.sync` m16n8k8 A fragments for the

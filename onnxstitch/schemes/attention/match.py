@@ -1,4 +1,4 @@
-"""Stage 5b: attention — the core of scaled dot-product attention as one kernel.
+"""The attention stage: the core of scaled dot-product attention as one kernel.
 
 Design note
 -----------

@@ -1,4 +1,4 @@
-"""Stage 6: one CUDA kernel per fused group, printed from the op table.
+"""Code generation, elementwise scheme: one CUDA kernel per fused group, printed from the op table.
 
 The kernel follows docs/abi.md: one `StitchArgs` parameter, two entries sharing one templated
 body — vectorized with 32-bit indices (the fast path) and scalar with 64-bit indices (any size,

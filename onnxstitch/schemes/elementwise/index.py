@@ -1,4 +1,4 @@
-"""Index arithmetic shared by the kernel printers (codegen, codegen_rows, codegen_views)."""
+"""Index arithmetic shared by the kernel printers (the elementwise, rows and view code printers)."""
 from __future__ import annotations
 
 from typing import Mapping

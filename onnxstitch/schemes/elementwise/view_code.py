@@ -1,4 +1,4 @@
-"""Stage 6, layout folding (views.py): how an elementwise kernel writes outputs through views.
+"""Code generation, layout folding (folds/views.py): how an elementwise kernel writes outputs through views.
 
 A view that keeps the source's innermost axis innermost is a re-addressed store: 16 bytes at
 a time when whole vectors stay inside that axis. A view that moves the innermost axis (BERT's

@@ -1,4 +1,4 @@
-"""Stage 6, stitched form: one kernel for a group that reduces a run of consecutive axes of its
+"""Code generation, rows scheme: one kernel for a group that reduces a run of consecutive axes of its
 iteration space (Reduce*, Softmax, LogSoftmax, LayerNormalization, global pools) together with
 the elementwise work before and after the reductions (FusionStitching's warp and block
 composition).
@@ -16,7 +16,7 @@ then the per-element outputs — from registers: one read and one write of the r
 than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row steps run
 as soon as their inputs exist; lane 0 stores per-row outputs.
 
-Steps, row levels and geometry come from rows.py. Kernel ABI: docs/abi.md, shape_rule "rows",
+Steps, row levels and geometry come from geometry.py. Kernel ABI: docs/abi.md, shape_rule "rows",
 entries `<name>_rows` (32-bit indices) and `<name>_rows64`.
 """
 from __future__ import annotations

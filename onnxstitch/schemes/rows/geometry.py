@@ -1,6 +1,6 @@
 """Row groups before printing: a group with reductions as micro-steps (each node, composites
 expanded into reductions and elementwise steps), whether each tensor varies along the row or
-is constant per row, and how a row maps onto threads (RowGeometry). codegen_rows prints the
+is constant per row, and how a row maps onto threads (RowGeometry). schemes/rows/codegen.py prints the
 CUDA from these.
 """
 from __future__ import annotations
