@@ -59,6 +59,8 @@ class BenchConfig:
     # exhaustive search at the first run; "HEURISTIC": seconds less per CNN session, both models
     # alike: optimize's gate, which compares them).
     conv_algo_search: str | None = None
+    # Inputs that take one value (`--value`), as optimize's verification gives them.
+    values: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def on_gpu(self) -> bool:
@@ -313,7 +315,8 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         raise BadInputError("CUDA graphs need the CUDA EP among the providers")
     model = onnx.load(str(model_path), load_external_data=False)
     sizes = sizes_mod.resolve(model, shapes)
-    feeds = random_feeds(model, config.seed, sizes.dims, sizes.inputs)
+    sizes_mod.check_values(model, config.values)
+    feeds = random_feeds(model, config.seed, sizes.dims, sizes.inputs, config.values)
     first = next(iter(feeds.values()), np.zeros(1))
     batch = int(first.shape[0]) if first.ndim else 1
 

@@ -15,7 +15,7 @@ import onnx
 
 from . import ortio, sizes
 from .version import __version__
-from .errors import BadInputError
+from .errors import BadInputError, first_line
 from .inputs import random_feeds
 from .pipeline import optimize
 from .sessions import runtime_session
@@ -64,10 +64,14 @@ def _plan_summary(report) -> dict[str, Any]:
 
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,
               given: sizes.Sizes, atol: float | None, rtol: float | None,
-              libraries: Sequence[str]) -> tuple[OutputCheck, ...]:
-    feeds = random_feeds(original, seed, given.dims, given.inputs)
+              libraries: Sequence[str], values: Mapping[str, float]) -> tuple[OutputCheck, ...]:
+    feeds = random_feeds(original, seed, given.dims, given.inputs, values)
     names = [o.name for o in original.graph.output]
-    ref = ortio.run(runtime_session(model_path, gpu, stitched=False, libraries=libraries), names, feeds)
+    try:
+        ref = ortio.run(runtime_session(model_path, gpu, stitched=False, libraries=libraries), names, feeds)
+    except Exception as e:  # the model itself does not run on these inputs: the user's to size or value
+        raise BadInputError(f"{model_path}: stock ONNX Runtime cannot run the model on random inputs at these sizes "
+                            f"({first_line(e)}): give sizes with --shape and fixed input values with --value") from e
     got = ortio.run(runtime_session(stitched.SerializeToString(), gpu, stitched=True, libraries=libraries), names, feeds)
     return tuple(compare_elementwise(o.name, g, r, atol, rtol) for o, g, r in zip(original.graph.output, got, ref))
 
@@ -91,7 +95,8 @@ def _regressions(current: "CheckResult", baseline: Mapping[str, Any], max_slowdo
 def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | None, *,
               shapes: Mapping[str, Sequence[int]] | None = None, max_slowdown_pct: float = 10.0,
               atol: float | None = None, rtol: float | None = None, seed: int = 0, iters: int = 50,
-              custom_op_libraries: Sequence[str] = (), options: Mapping[str, Any] | None = None) -> CheckResult:
+              custom_op_libraries: Sequence[str] = (), options: Mapping[str, Any] | None = None,
+              values: Mapping[str, float] | None = None) -> CheckResult:
     """Optimize `model_path` (with optimize's `options`), check its numerics against stock ORT
     (GPU when present, else CPU through the fallback), time it on a GPU, and compare with the
     baseline JSON if given."""
@@ -108,11 +113,14 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
     given = sizes.resolve(original, shapes)  # a wrong --shape fails here, before any work
     libraries = tuple(custom_op_libraries)
-    settings = {"verify": False, **(options or {})}  # check compares the outputs itself; a zoo run verifies too
+    values = dict(values or {})
+    sizes.check_values(original, values)
+    # check compares the outputs itself (a zoo run verifies too)
+    settings = {"verify": False, **(options or {}), "values": values}
     res = optimize(original, shapes=shapes, seed=seed, custom_op_libraries=libraries,
                    **{k: v for k, v in settings.items() if k != "seed"})
     gpu = gpu_usable()
-    outputs = _numerics(str(model_path), res.model, original, gpu, seed, given, atol, rtol, libraries)
+    outputs = _numerics(str(model_path), res.model, original, gpu, seed, given, atol, rtol, libraries, values)
     notes = [] if gpu else ["no GPU here (or no built custom-op library): numerics ran on CPU through the fallback "
                                "functions, and speed was not measured"]
     speedup = None
@@ -126,7 +134,7 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             stitched = Path(tmp) / "stitched.onnx"
             load.save(res.model, stitched)
             while not readings or (floor is not None and max(readings) < floor and len(readings) < SPEED_READINGS):
-                config = BenchConfig(warmup=10, iters=iters, custom_op_libraries=libraries)
+                config = BenchConfig(warmup=10, iters=iters, custom_op_libraries=libraries, values=values)
                 readings.append(bench_run(model_path, stitched, config=config,
                                           shapes=shapes).speedup)
         speedup = max(readings)

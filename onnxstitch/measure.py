@@ -590,7 +590,8 @@ class ModelTiming:
 
 
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
-                   libraries: Sequence[str] = (), iters: int = 40) -> ModelTiming:
+                   libraries: Sequence[str] = (), values: Mapping[str, float] | None = None,
+                   iters: int = 40) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
     interleaved rounds, no profile), through CUDA graphs where ORT captures each, cuDNN's
     heuristic convolution algorithms in both (the convolutions are ORT's in both: an exhaustive
@@ -598,7 +599,8 @@ def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, sha
     from .bench import STITCHED, BenchConfig, run
 
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
-                         custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC")
+                         custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
+                         values=dict(values or {}))
     res = run(original, stitched, config=config, shapes=shapes)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -169,13 +169,18 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     stage's name as it starts. Raises BadInputError for unusable input (a wrong size, a custom-op
     library that does not load) and CompileError when NVRTC rejects a kernel."""
     opts = dataclasses.replace(options or Options(), **settings)
+    if opts.values and isinstance(model, onnx.ModelProto):
+        sizes_mod.check_values(model, opts.values)
     if opts.custom_op_libraries:
         opts = dataclasses.replace(opts, custom_op_libraries=ortio.custom_op_libraries(opts.custom_op_libraries))
     stage = _Stages(progress)
     def body_optimizer(body: onnx.ModelProto, shapes: Mapping[str, Any]) -> "OptimizeResult":
         # A body is a model of its own: planned, verified (both branches of an If, each on its
         # own inputs) and written; the whole model is timed by the outer gate.
-        return optimize(body, dataclasses.replace(opts, shapes=shapes, gate=False, costs_file=None), progress=progress)
+        names = {i.name for i in body.graph.input}
+        values = {k: v for k, v in opts.values.items() if k in names}
+        return optimize(body, dataclasses.replace(opts, shapes=shapes, values=values, gate=False, costs_file=None),
+                        progress=progress)
 
     given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
                      body_optimizer if opts.control_flow else None)
@@ -259,9 +264,13 @@ class Options:
     measure_budget_s: float = 10.0
     # Fuse inside the bodies of If, Loop and Scan, each body planned as a model of its own.
     control_flow: bool = True
+    # Inputs that take one value wherever onnxstitch makes inputs (verification, timing): a
+    # sample rate or a flag a model branches on, where random values would not run it.
+    values: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:  # library callers pass lists and None alike
         object.__setattr__(self, "shapes", dict(self.shapes or {}))
+        object.__setattr__(self, "values", dict(self.values or {}))
         object.__setattr__(self, "archs", tuple(self.archs))
         object.__setattr__(self, "custom_op_libraries", tuple(str(x) for x in self.custom_op_libraries))
 
@@ -451,7 +460,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
             m, made, g, [grp for grp, _ in _linked_whole(subset, linked)], seed=opts.seed,
             dim_values=given.dim_values, weights=given.weights,
             source=given.original or (given.model if m is not given.model else None),
-            libraries=opts.custom_op_libraries)) if opts.verify else None
+            libraries=opts.custom_op_libraries, values=opts.values)) if opts.verify else None
 
     timer = measure_mod.gpu_timer() if opts.gate else None
     cache = measure_mod.default_cache() if opts.gate else measure_mod.CostCache()
@@ -535,7 +544,7 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
                 big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
                 given.weights.save(model, path, big)
                 paths.append(path)
-            return measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries)
+            return measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries, opts.values)
 
     try:
         return stage("gate", timed), ""

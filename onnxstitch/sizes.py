@@ -71,6 +71,32 @@ def parse(values: Iterable[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def parse_values(values: Iterable[str]) -> dict[str, float]:
+    """`--value sr=16000` (repeatable, or comma-separated): input name → the one value it takes
+    wherever onnxstitch makes inputs (a sample rate, a flag a model branches on)."""
+    out: dict[str, float] = {}
+    for value in values:
+        for item in filter(None, (v.strip() for v in value.split(","))):
+            name, sep, text = item.partition("=")
+            word = text.strip().lower()
+            try:
+                if not sep or not name.strip():
+                    raise ValueError
+                out[name.strip()] = {"true": 1, "false": 0}[word] if word in ("true", "false") else \
+                    (int(word) if word.lstrip("-").isdigit() else float(word))
+            except ValueError:
+                raise BadInputError(f"--value {item!r}: expected input=NUMBER (or true/false)") from None
+    return out
+
+
+def check_values(model: onnx.ModelProto, values: Mapping[str, float] | None) -> None:
+    """Every name of `values` is a graph input of `model`, else BadInputError listing them."""
+    names = [vi.name for vi in _runtime_inputs(model)]
+    for name in values or {}:
+        if name not in names:
+            raise BadInputError(f"--value {name}: the model has no graph input of that name (inputs: {', '.join(names)})")
+
+
 def _text(dims: Sequence[int]) -> str:
     return "x".join(map(str, dims))
 

@@ -250,7 +250,8 @@ def _load_fault(model: onnx.ModelProto, runner: Runner) -> str | None:
 def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGraph,
            groups: Sequence[Group], *, seed: int = 0, dim_values: Mapping[str, int] | None = None,
            device: str = "auto", source: onnx.ModelProto | None = None,
-           weights: Weights | None = None, libraries: Sequence[str] = ()) -> Verification:
+           weights: Weights | None = None, libraries: Sequence[str] = (),
+           values: Mapping[str, float] | None = None) -> Verification:
     """Run both models on seeded random inputs and judge the stitched one in two ways:
 
     - every fused group (`groups`, in the plan's topological order) on its own inputs: its
@@ -300,7 +301,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
     failures = []
     for dims in sizes:
-        feeds = random_feeds(original, seed, dims)
+        feeds = random_feeds(original, seed, dims, values=values)
         try:
             expected = runner.run(ref_model, False, feeds)
             break

@@ -9,7 +9,8 @@ The manifest (ZOO.json) is the corpus manifest's form:
        "options": {"epilogues": false}, "baseline": "baselines/bert.json"}, ...]}
 
 `file` (or `path`) and `baseline` are relative to the manifest; `shapes` are read as `--shape`
-is (sizes.py); `options` are optimize's (pipeline.Options fields); a model without a baseline is
+is (sizes.py), `values` as `--value` (inputs that take one value: a sample rate); `options` are
+optimize's (pipeline.Options fields); a model without a baseline is
 checked for numerics only, and `--update-baselines` writes one for every model that passes.
 
 Each model is one task: `gate.run_check` in a child process of its own (so a crash or a killed
@@ -57,6 +58,7 @@ class ZooModel:
     shapes: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     baseline: Path | None = None
+    values: Mapping[str, float] = field(default_factory=dict)  # inputs that take one value (--value)
 
 
 def read_manifest(path: str | os.PathLike) -> list[ZooModel]:
@@ -72,7 +74,7 @@ def read_manifest(path: str | os.PathLike) -> list[ZooModel]:
         raise BadInputError(f"{path}: not a JSON zoo manifest ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise BadInputError(f"{path}: a zoo manifest is an object with a list of \"models\"")
-    fields = set(Options.__dataclass_fields__) - {"shapes", "cost", "custom_op_libraries"}
+    fields = set(Options.__dataclass_fields__) - {"shapes", "cost", "custom_op_libraries", "values"}
     out: list[ZooModel] = []
     for k, m in enumerate(data["models"]):
         where = f"{path}: models[{k}]"
@@ -86,8 +88,11 @@ def read_manifest(path: str | os.PathLike) -> list[ZooModel]:
             bad = sorted(set(options) - fields) if isinstance(options, dict) else options
             raise BadInputError(f"{where} ({m['name']}): unknown options {bad} (optimize takes {sorted(fields)})")
         base = m.get("baseline")
+        values = m.get("values") or {}
+        if not isinstance(values, dict) or not all(isinstance(v, (int, float, bool)) for v in values.values()):
+            raise BadInputError(f"{where} ({m['name']}): \"values\" maps input names to numbers")
         out.append(ZooModel(m["name"], path.parent / file, dict(m.get("shapes") or {}), dict(options),
-                            path.parent / base if isinstance(base, str) else None))
+                            path.parent / base if isinstance(base, str) else None, dict(values)))
     names = [m.name for m in out]
     if len(set(names)) != len(names):
         raise BadInputError(f"{path}: model names repeat: {sorted({n for n in names if names.count(n) > 1})}")
@@ -129,7 +134,7 @@ def run_task(task: Mapping[str, Any]) -> dict:
         baseline = Path(task["baseline"]) if task.get("baseline") else None
         res = run_check(task["path"], baseline if baseline and baseline.exists() and not task.get("update") else None,
                         shapes=task.get("shapes") or None, max_slowdown_pct=task.get("max_slowdown", 10.0),
-                        options=task.get("options") or {})
+                        options=task.get("options") or {}, values=task.get("values") or {})
         numerics_ok = all(o.ok for o in res.outputs)
         if task.get("update") and baseline is not None and numerics_ok:
             baseline.parent.mkdir(parents=True, exist_ok=True)
@@ -151,6 +156,7 @@ def _task(model: ZooModel, update: bool, max_slowdown: float) -> dict:
     # optimize as a user runs it: verified before written (check alone compares outputs only)
     options = {"verify": True, **model.options}
     return {"name": model.name, "path": str(model.path), "shapes": dict(model.shapes), "options": options,
+            "values": dict(model.values),
             "baseline": str(model.baseline) if model.baseline else "", "update": update, "max_slowdown": max_slowdown}
 
 

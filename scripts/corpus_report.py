@@ -18,6 +18,7 @@ fused but verification skipped), so `--slice cpu` serves as a CI check.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import math
@@ -79,7 +80,8 @@ def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
         label = "cuda graphs" if graphs else "plain"
         try:
             cfg = bench.BenchConfig(warmup=10, iters=job["iters"], cuda_graph=graphs, profile_runs=2)
-            r = bench.run(job["path"], stitched, config=cfg, shapes=job["shapes"])
+            r = bench.run(job["path"], stitched, config=dataclasses.replace(cfg, values=job.get("values", {})),
+                          shapes=job["shapes"])
             runs.append({"label": label, "stock_ms": r.stock.median_ms, "stitched_ms": r.stitched.median_ms,
                          "speedup": r.speedup, "max_abs_err": r.max_abs_err,
                          "launches": {k: v.launches_per_run for k, v in r.configs.items()}})
@@ -113,7 +115,8 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
-        res = onnxstitch.optimize(job["path"], shapes=job["shapes"], **job.get("options", {}))
+        res = onnxstitch.optimize(job["path"], shapes=job["shapes"], values=job.get("values", {}),
+                                  **job.get("options", {}))
     except Exception as e:
         msg = first_line(e)
         internal = not isinstance(e, StitchError) or msg.startswith("internal error")
@@ -149,6 +152,7 @@ def time_child(job: Mapping[str, Any]) -> dict[str, Any]:
 def _job(entry: Mapping[str, Any], corpus: Path, gpu: bool, iters: int, keep: Path | None,
          options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {"path": str(corpus / entry["file"]), "shapes": entry["shapes"], "options": dict(options or {}),
+            "values": dict(entry.get("values", {})),
             "input_names": [i["name"] for i in entry["inputs"]], "gpu": gpu, "iters": iters,
             "keep": str(keep / f"{entry['name']}.stitched.onnx") if keep else ""}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -108,3 +109,34 @@ def test_the_unet_benchmarks_with_the_shape_that_optimized_it(tmp_path: Path) ->
         res = runner.invoke(main, [*cmd, "--shape", "height=64"])
         assert res.exit_code == 2, (cmd, res.output)
         assert "no graph input or symbolic dim" in res.output and "timestep [batch]" in res.output
+
+
+def test_values_fix_inputs_a_model_branches_on(tmp_path: Path) -> None:
+    """--value gives an input one value wherever onnxstitch makes inputs: silero-vad branches on
+    its sample rate, and random values run neither branch."""
+    assert sizes.parse_values(["sr=16000", "flag=true,scale=0.5"]) == {"sr": 16000, "flag": 1, "scale": 0.5}
+    for bad in ("sr", "sr=fast", "=3"):
+        with pytest.raises(BadInputError, match="expected input=NUMBER"):
+            sizes.parse_values([bad])
+    model = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 18]>
+g (float[N, 8] x, int64 sr) => (float[N, 8] y) {
+  rate = Constant<value = int64 {16000}>()
+  is16 = Equal(sr, rate)
+  y = If(is16) <then_branch = t () => (float[N, 8] yt) { a = Sigmoid(x)  yt = Mul(a, x) },
+                else_branch = e () => (float[N, 8] ye) { bad = Constant<value = int64[2] {7, 7}>()  ye = Reshape(x, bad) }>
+}""")
+    feeds = random_feeds(model, 0, {"N": 2}, values={"sr": 16000})
+    assert feeds["sr"].dtype == np.int64 and feeds["sr"].shape == () and int(feeds["sr"]) == 16000
+    with pytest.raises(BadInputError, match="no graph input of that name"):
+        sizes.check_values(model, {"rate": 1})
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    runner = CliRunner()
+    res = runner.invoke(main, ["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--shape", "N=4", "--value", "sr=16000"])
+    assert res.exit_code == 0 and "1 bodies stitched" in res.output, res.output
+    res = runner.invoke(main, ["check", str(src), "--baseline", str(tmp_path / "b.json"), "--update-baseline",
+                               "--shape", "N=4"])
+    assert res.exit_code == 2 and "--value" in res.output  # random sr runs the else branch, which fails
+    res = runner.invoke(main, ["check", str(src), "--baseline", str(tmp_path / "b.json"), "--update-baseline",
+                               "--shape", "N=4", "--value", "sr=16000"])
+    assert res.exit_code == 0, res.output

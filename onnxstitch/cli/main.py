@@ -41,6 +41,14 @@ def _parsed_shapes(values: tuple[str, ...]) -> dict:
         raise click.BadParameter(str(e).removeprefix("--shape "), param_hint="'--shape'") from None
 
 
+def _parsed_values(values: tuple[str, ...]) -> dict:
+    """`--value` parsed (sizes.parse_values), a wrong one a usage error (exit status 2)."""
+    try:
+        return sizes.parse_values(values)
+    except BadInputError as e:
+        raise click.BadParameter(str(e).removeprefix("--value "), param_hint="'--value'") from None
+
+
 def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> list[Path]:
     """Write into a temporary folder beside the target, then rename into place (external data
     first, the model last): a failure never leaves a half-written model. `model`: a model
@@ -166,6 +174,9 @@ def _summary(report, out: Path) -> Table:
                    "1.39-1.58x over stock ORT with CUDA graphs on an H200; cuDNN chooses its engines at session "
                    "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
                    "cuBLASLt call, where the plan finds it cheaper.")
+@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
+              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
+                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
 @click.option("--custom-op-library", "custom_op_libraries", multiple=True, type=click.Path(path_type=Path),
               help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
                    "registered in every ONNX Runtime session onnxstitch opens.")
@@ -233,13 +244,16 @@ def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: 
                                               "stitched model, top op types (and GPU kernels) side by side.")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per --profile table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (schema in the result).")
+@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
+              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
+                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
 @click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
               help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
                    "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
 def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int, providers: str,
           cuda_graph: bool, peer_type: str | None, profile: bool, top: int, as_json: bool,
-          custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
+          values: dict, custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
     """Time MODEL on ONNX Runtime's CUDA EP against its stitched version."""
     from onnxstitch import bench as bench_mod
     from onnxstitch import load, optimize as run_optimize
@@ -258,7 +272,8 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
                             f"in --providers")
     libraries = ortio.custom_op_libraries(custom_ops)
     config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph,
-                                   profile=profile, profile_runs=10 if profile else 5, custom_op_libraries=libraries)
+                                   profile=profile, profile_runs=10 if profile else 5, custom_op_libraries=libraries,
+                                   values=values)
     status = None if (quiet or as_json) else progress_console.status("benchmarking…")
 
     def say(msg: str) -> None:
@@ -269,7 +284,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
         if stitched is None:
             say("optimizing")
             stitched = Path(tmp) / "stitched.onnx"
-            save_atomic(run_optimize(model, shapes=shapes, custom_op_libraries=libraries).save, stitched)
+            save_atomic(run_optimize(model, shapes=shapes, custom_op_libraries=libraries, values=values).save, stitched)
         peers = {}
         if peer_type:
             say("running ORT's transformers optimizer")
@@ -302,13 +317,16 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
               help="Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
                    "(symbolic dims).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
+              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
+                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
 @click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
               help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
                    "registered in every ONNX Runtime session onnxstitch opens.")
 @verbosity
 def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: float, atol: float | None,
-          rtol: float | None, shape: tuple[str, ...], as_json: bool, custom_ops: tuple[Path, ...], verbose: bool,
-          quiet: bool) -> None:
+          rtol: float | None, shape: tuple[str, ...], as_json: bool, values: dict, custom_ops: tuple[Path, ...],
+          verbose: bool, quiet: bool) -> None:
     """Re-optimize MODEL and fail (exit 1) if numerics, plan or speed regressed against BASELINE."""
     from onnxstitch.gate import run_check
 
@@ -318,7 +336,7 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
     with status or contextlib.nullcontext():
         res = run_check(model, None if update_baseline else baseline, shapes=sizes.parse(shape),
                         max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol,
-                        custom_op_libraries=ortio.custom_op_libraries(custom_ops))
+                        custom_op_libraries=ortio.custom_op_libraries(custom_ops), values=values)
     numerics_ok = all(o.ok for o in res.outputs)
     if update_baseline and numerics_ok:
         baseline.parent.mkdir(parents=True, exist_ok=True)
