@@ -24,9 +24,6 @@ from .explain.outline import GraphOutline, outline
 from .errors import BadInputError, StitchError, first_line
 from .plan import Group, Plan, make_plan, unfused_totals
 from .schemes import registry, source as source_mod
-from .schemes.attention import match as attention_mod
-from .schemes.conv import match as conv_mod
-from .schemes.gemm import match as gemm_mod
 from .weights import Weights
 
 Progress = Callable[[str], None]
@@ -200,15 +197,15 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
                    "input_kinds": ["full" if x == source_mod.FULL else "broadcast" for x in k.source.input_kinds],
                    "image_bytes": sum(len(i) for i in k.images) + len(k.ptx)}
                   for grp, k in written.built)
-    merged, normal, found = planned.merged, planned.normal, planned.found
+    merged, normal = planned.merged, planned.normal
     # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
     # and a model that goes out unchanged keeps its own.
     notes = {"bodies": given.bodies or StageNotes(), "simplify": StageNotes(given.simple.rewrites),
              "normalize": StageNotes(normal.rewrites, normal.refusals),
              "merge": StageNotes(tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone),
-             "attention": StageNotes(tuple(x.describe() for x in found.matches), found.refusals),
-             "epilogues": StageNotes(tuple(x.describe() for x in planned.gemms.matches), planned.gemms.refusals),
-             "conv epilogues": StageNotes(tuple(x.describe() for x in planned.convs.matches), planned.convs.refusals)}
+             **{m.stage: StageNotes(tuple(x.describe() for x in planned.found[name].matches),
+                                    planned.found[name].refusals)
+                for name, m in registry.matchers() if name in planned.found}}
     report = Report(plan=_kernels_written(g, plan, written.model), nodes_before=_compute_nodes(given.model),
                     nodes_after=_compute_nodes(written.model),
                     archs=next((k.archs for k in kernels if k.images), opts.archs), dim_values=g.dim_values,
@@ -347,21 +344,23 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
 
 @dataclass(frozen=True)
 class _Planned:
-    """merge → normalize → graph → attention → epilogues → plan → pack, and what was left apart."""
+    """merge → normalize → graph → the schemes' matchers → plan → pack, and what was left apart."""
 
     merged: siblings.Merged
     normal: normalize_mod.Normalized
     graph: graph_mod.FusionGraph
     plan: Plan
-    found: attention_mod.Found
+    # Each matcher scheme's matches as the plan took them (the rest refused with why), by scheme.
+    found: Mapping[str, Any] = field(default_factory=dict)
     undone: tuple[str, ...] = ()  # sibling merges undone, with why
-    gemms: gemm_mod.Found = gemm_mod.Found()
-    convs: conv_mod.Found = conv_mod.Found()
 
 
 def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Planned:
-    """One pass of merge → normalize → graph → attention → plan → pack, siblings into `skip`
-    left apart."""
+    """One pass of merge → normalize → graph → matchers → plan → pack, siblings into `skip` left
+    apart. Every scheme that finds its own groups (schemes/registry.matchers) proposes them as
+    candidates of the one program, against the rows and elementwise groups over the same nodes
+    and ORT's own kernels; after the plan each may settle it (conv: NHWC between its groups) and
+    have it planned again without some of its matches."""
     simple, refusal = given.simple, given.refusal
     merged = siblings.Merged(simple.model, simple.tensors)
     if refusal is None and opts.merge:
@@ -371,33 +370,22 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
         normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
     g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, given.dim_values, opts.reductions,
                                                opts.clusters))
-    found = attention_mod.Found()
-    if refusal is None and opts.reductions and opts.attention:
-        found = stage("attention", lambda: attention_mod.find(g))
-    # Every scheme's candidates compete in the one program: attention chains against the rows
-    # and elementwise groups over the same nodes (and ORT's own kernels).
-    proposed = [attention_mod.group_of(g, opts.cost, f"a{k}", m) for k, m in enumerate(found.matches)]
-    gemms = gemm_mod.Found()
-    if refusal is None and opts.epilogues:
-        gemms = stage("epilogues", lambda: gemm_mod.find(g))
-        proposed += [gemm_mod.group_of(g, opts.cost, f"e{k}", m) for k, m in enumerate(gemms.matches)]
-    convs = conv_mod.Found()
-    if refusal is None and opts.epilogues:
-        convs = stage("conv epilogues", lambda: conv_mod.find(g, given.weights))
+    matchers = [(name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts)]
+    found = {name: stage(m.stage, lambda m=m: m.find(g, given.weights)) for name, m in matchers}
     while True:
-        ours = proposed + [conv_mod.group_of(g, opts.cost, f"c{k}", m) for k, m in enumerate(convs.matches)]
+        ours = [m.group_of(g, opts.cost, f"{m.prefix}{k}", x) for name, m in matchers
+                for k, x in enumerate(found[name].matches)]
         plan = stage("plan", lambda ours=ours: make_plan(g, opts.cost, time_limit_s=opts.time_limit_s, proposed=ours))
         if opts.pack:
             plan = stage("pack", lambda plan=plan: pack_mod.pack(g, plan, opts.cost))
-        # Tensors passing between conv groups alone stay NHWC (schemes/conv); a conv group whose
-        # layout changes cost more than it saves is left out and the model planned again.
-        plan = conv_mod.layouts(g, plan)
-        worse = conv_mod.unprofitable(g, opts.cost, plan)
-        if not worse:
+        again = False
+        for name, m in matchers:
+            plan, fewer = m.settle(g, opts.cost, plan, found[name])
+            if fewer is not None:
+                found[name], again = fewer, True
+        if not again:
             break
-        convs = conv_mod.without(convs, worse)
-    return _Planned(merged, normal, g, plan, attention_mod.chosen(found, plan), gemms=gemm_mod.chosen(gemms, plan),
-                    convs=conv_mod.chosen(convs, plan))
+    return _Planned(merged, normal, g, plan, {name: m.chosen(found[name], plan) for name, m in matchers})
 
 
 def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:
@@ -448,8 +436,8 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
     instead); then the whole model is timed against stock ORT and, where it is not faster, the
     groups that gain least go back until it is (or none are left)."""
     m, g = planned.normal.model, planned.graph
-    # Conv groups linked by NHWC tensors (schemes/conv) are fused all together or not at all.
-    linked = conv_mod.linked(grp for grp, _ in built)
+    # Groups a scheme links (conv groups sharing NHWC tensors) are fused all together or not at all.
+    linked = set().union(*(m.linked(grp for grp, _ in built) for _, m in registry.matchers()))
 
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
         """rewrite → validate → verify with the groups of `subset` fused."""

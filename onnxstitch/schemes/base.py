@@ -1,22 +1,25 @@
 """The interface every kernel scheme implements (docs/architecture.md)."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol
 
 import onnx
 
 from ..graph import FusionGraph
-from ..planned import Group
+from ..planned import Group, Plan
 from .source import KernelSource
 
 
 class Scheme(Protocol):
     """One kind of kernel. Which groups it runs is decided before it is asked: the plan's
     legality (candidates.py) and cost (cost.py) for elementwise and rows groups, the scheme's
-    own matcher for attention chains; a group carries its scheme's name and what the scheme
-    matched (`Group.scheme`, `Group.payload`)."""
+    own `matcher` for attention chains and library epilogues; a group carries its scheme's name
+    and what the scheme matched (`Group.scheme`, `Group.payload`)."""
 
     name: str
+    # How it finds its own groups (base.Matcher), or None where the plan's candidates are its.
+    matcher: "Matcher | None"
     # The fused node's fallback function is the group's nodes exactly as they were (rather than
     # rebuilt around folded Slices, layout views and runtime shapes).
     fallback_verbatim: bool
@@ -32,3 +35,36 @@ class Scheme(Protocol):
     def attributes(self, src: KernelSource) -> list[onnx.AttributeProto]:
         """The fused node's attributes the runtime reads for this scheme (docs/abi.md)."""
         ...
+
+
+class Found(Protocol):
+    """What a matcher found over a graph: its matches (each with `describe()`) and the
+    near-misses, one line each with why."""
+
+    matches: tuple[Any, ...]
+    refusals: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """How a scheme that finds its own groups (attention chains, GEMM and convolution epilogues)
+    takes part in planning: the pipeline asks every registered matcher in turn, names no scheme.
+
+    - `enabled(options)`: whether optimize's options ask for it (pipeline.Options, read by field);
+    - `find(graph, weights)`: its matches and refusals (a Found), reported under `stage`;
+    - `group_of(graph, cost, name, match)`: a match as a candidate group of the one ILP, named
+      `prefix` + its index;
+    - `settle(graph, cost, plan, found)`: after the plan, the plan as the scheme needs it and the
+      matches to plan again without (None when it is settled);
+    - `chosen(found, plan)`: the matches the plan took, the rest refused with why;
+    - `linked(groups)`: groups that are fused all together or not at all."""
+
+    stage: str
+    prefix: str
+    enabled: Callable[[Any], bool]
+    find: Callable[[FusionGraph, Any], Found]
+    group_of: Callable[[FusionGraph, Any, str, Any], Group]
+    chosen: Callable[[Found, Plan], Found]
+    settle: Callable[[FusionGraph, Any, Plan, Found], "tuple[Plan, Found | None]"] = \
+        lambda _g, _cost, plan, _found: (plan, None)
+    linked: Callable[[Iterable[Group]], set[str]] = lambda _groups: set()

@@ -4,13 +4,18 @@ one line here (docs/architecture.md)."""
 from __future__ import annotations
 
 from .attention.scheme import SCHEME as ATTENTION
-from .base import Scheme
+from .base import Matcher, Scheme
 from .conv.scheme import SCHEME as CONV
 from .elementwise.scheme import SCHEME as ELEMENTWISE
 from .gemm.scheme import SCHEME as GEMM
 from .rows.scheme import SCHEME as ROWS
 
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION, GEMM, CONV)}
+
+
+def matchers() -> list[tuple[str, Matcher]]:
+    """The schemes that find their own groups, by name, in the order they are asked."""
+    return [(name, s.matcher) for name, s in SCHEMES.items() if s.matcher is not None]
 
 
 def get(name: str) -> Scheme:

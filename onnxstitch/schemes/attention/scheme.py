@@ -9,12 +9,20 @@ from onnx import helper
 from ...graph import FusionGraph
 from ...planned import Group
 from .. import ATTENTION
+from ..base import Matcher
 from ..source import KernelSource
 from . import codegen, match
 
 
+# (Looked up at each call, so that what the match module holds is what runs.)
+MATCHER = Matcher(
+    stage="attention", prefix="a", enabled=lambda o: o.reductions and o.attention,
+    find=lambda g, _weights: match.find(g), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
+
+
 class Attention:
     name = ATTENTION
+    matcher = MATCHER
     # The chain's nodes read their own shape and slice parameters (its projections' Slices and
     # Reshapes): its fallback is the chain as it is, its Transpose included.
     fallback_verbatim = True

@@ -13,6 +13,8 @@ from ...graph import FusionGraph
 from ...planned import Group
 from .. import CONV
 from ..source import BROADCAST, KernelSource
+from ..base import Matcher
+from . import match
 from .match import Match
 from .spec import ACTIVATIONS
 
@@ -43,8 +45,24 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
     return tuple(body)
 
 
+def _settle(g: FusionGraph, cost, plan, found):
+    """Tensors passing between conv groups alone stay NHWC; a conv group whose layout changes
+    cost more than it saves is left out and the model planned again."""
+    plan = match.layouts(g, plan)
+    worse = match.unprofitable(g, cost, plan)
+    return plan, (match.without(found, worse) if worse else None)
+
+
+# (Looked up at each call, so that what the match module holds is what runs.)
+MATCHER = Matcher(
+    stage="conv epilogues", prefix="c", enabled=lambda o: o.epilogues, find=lambda *a: match.find(*a),
+    group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a), settle=_settle,
+    linked=lambda groups: match.linked(groups))
+
+
 class Conv:
     name = CONV
+    matcher = MATCHER
     fallback_verbatim = True  # the body is the scheme's own (`fallback`)
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:

@@ -15,6 +15,7 @@ from . import codegen
 
 
 class Elementwise:
+    matcher = None  # its groups are the plan's candidates (candidates.py)
     name = ELEMENTWISE
     fallback_verbatim = False
 

@@ -10,12 +10,20 @@ from onnx import helper
 from ...graph import FusionGraph
 from ...planned import Group
 from .. import GEMM
+from ..base import Matcher
 from ..source import BROADCAST, KernelSource
+from . import match
 from .match import Match
+
+# (Looked up at each call, so that what the match module holds is what runs.)
+MATCHER = Matcher(
+    stage="epilogues", prefix="e", enabled=lambda o: o.epilogues,
+    find=lambda g, _weights: match.find(g), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
 
 
 class Gemm:
     name = GEMM
+    matcher = MATCHER
     # The chain's nodes as they are: the fallback runs the product, its Adds and its activation.
     fallback_verbatim = True
 

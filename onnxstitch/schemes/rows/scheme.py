@@ -14,6 +14,7 @@ from . import codegen
 
 
 class Rows:
+    matcher = None  # its groups are the plan's candidates (candidates.py)
     name = ROWS
     fallback_verbatim = False
 
