@@ -19,7 +19,30 @@ def gpu_available() -> bool:
         return False
 
 
+# The host-kernel sweeps (every op, dtype and shape of the generated kernels compiled with g++ and
+# run a thread per CUDA thread: most of the suite's time) run one case in SWEEP_SAMPLE by default,
+# the same cases on every run (by the test's id); ONNXSTITCH_FULL_SWEEP=1 runs them all
+# (scripts/host_sweep.sh). Tests that plant a mistake are never sampled out.
+SWEEP_MODULES = ("test_host_kernels.py", "test_attention_host.py", "test_attention_decoder.py")
+SWEEP_SAMPLE = 3
+
+
+def _sampled_out(item: pytest.Item) -> bool:
+    import os
+    import zlib
+
+    if os.environ.get("ONNXSTITCH_FULL_SWEEP") or item.path.name not in SWEEP_MODULES:
+        return False
+    if not hasattr(item, "callspec") or "broken" in item.name or "mistake" in item.name:
+        return False
+    return zlib.crc32(item.nodeid.encode()) % SWEEP_SAMPLE != 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept = [item for item in items if not _sampled_out(item)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if _sampled_out(item)])
+        items[:] = kept
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU and onnxruntime-gpu (scripts/gpu_check.sh runs these)")
