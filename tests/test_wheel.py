@@ -101,7 +101,7 @@ def test_wheel_holds_every_module_and_scheme_source(wheel: Path) -> None:
     onnxstitch/ is in the wheel (a hand-written package list once lost onnxstitch.schemes.conv,
     and only the editable install worked), and every folder of Python code is a package."""
     tree = ROOT / "onnxstitch"
-    wanted = {p.relative_to(ROOT).as_posix() for ext in ("*.py", "*.cc", "*.h", "*.map") for p in tree.rglob(ext)
+    wanted = {p.relative_to(ROOT).as_posix() for ext in ("*.py", "*.cc", "*.h", "*.map", "*.cu.in") for p in tree.rglob(ext)
               if "__pycache__" not in p.parts and "lib" not in p.relative_to(tree).parts[:2]}
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())

@@ -20,6 +20,8 @@ fit a block (prefill launches of the same node stay tiled).
 from __future__ import annotations
 
 import math
+import string
+from pathlib import Path
 from dataclasses import dataclass
 
 from onnx import TensorProto as TP
@@ -40,6 +42,10 @@ CUDA_CORE_TFLOPS = 67.0 * 0.25
 # bandwidth: a kernel with fewer reaches that fraction of it (the tiled kernel at decode shapes
 # has one block per (batch, head); the decode kernel's splits fill the GPU).
 FULL_BLOCKS = 4 * 132
+
+
+# The two kernels' CUDA, with named places for what each chain fills in (decode.cu.in).
+TEMPLATE = string.Template((Path(__file__).parent / "decode.cu.in").read_text())
 
 
 @dataclass(frozen=True)
@@ -211,162 +217,31 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
         const int r = r0 + {i} * RSTEP;
         ps[r * KT + j] = key < k1 && r < rows ? {scaled(i)} : NEG_INF;
       }}""" for i in range(rpt))
-    source = f"""
-// Decode form (decode.py) of the chain above: a block per (batch, KV head, split of the keys).
-#define ELEM {fl.elem}
-#define VEC4 {fl.vec4}
-#define ZERO {fl.zero}
-#define ZERO4 {fl.zero4}
-#define STORE_ELEM(x) {store}
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_decode(const StitchArgs a) {{
-  constexpr int D = {d}, G = {g}, R = {rows}, KT = {kt}, THREADS = {THREADS}, KP = D + {1 if not half else 2};
-  constexpr int RSTEP = THREADS / KT, RPT = R / RSTEP, OUTS = (R * D + THREADS - 1) / THREADS, RW = R / (THREADS / 32);
-  constexpr int NV = (KT * D / 4 + THREADS - 1) / THREADS, NK = (KT * D + THREADS - 1) / THREADS;  // loads a tile
-  constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
-  constexpr float LOG2E = 1.4426950408889634f, SCALE = {scale};
-  const float NEG_INF = -__int_as_float(0x7f800000);
-{fill}  extern __shared__ __align__(16) float stitch_smem[];
-  float* qs = stitch_smem;     // [R][D]: the rows' queries
-  float* ps = qs + R * D;      // [R][KT]: the tile's scores, then probabilities
-  float* cs = ps + R * KT;     // [R]: each row's rescaling of this tile
-  float* ms = cs + R;          // [R]: maxima and
-  float* ls = ms + R;          // [R]: sums at the end
-  ELEM* ks = reinterpret_cast<ELEM*>(ls + R);  // [KT][KP]: the tile's keys as rows
-  ELEM* vs = ks + KT * KP;                      // [KT][D]
-  const long long H = a.dims[1], HKV = H / G;
-  const int Sq = (int)a.dims[2], Sk = (int)a.dims[3];
-  const int chunk = (int)a.dims[4], splits = (int)a.dims[5];
-  const int split = (int)(blockIdx.x % splits);
-  const long long bkv = blockIdx.x / splits, b = bkv / HKV, kvh = bkv % HKV;
-  const int rows = G * Sq;  // ≤ R (the runtime's choice)
-  const int k0 = split * chunk, k1 = Sk < k0 + chunk ? Sk : k0 + chunk;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, r0 = t / KT, j = t % KT;
-  // The group's q heads are consecutive: its rows are (kvh·G + r / Sq, r % Sq), r < G·Sq.
-  const ELEM* q = static_cast<const ELEM*>(a.in[0]) + (b * H + kvh * G) * (long long)Sq * D;
-{k_ptr}
-  const ELEM* v = static_cast<const ELEM*>(a.in[2]) + bkv * Sk * (long long)D;
-{mask_ptrs}
-  for (int i = t; i < R * D; i += THREADS) qs[i] = i / D < rows ? {load("q[i]")} : 0.f;
-  float o[OUTS], mw[RW], lw[RW];
-#pragma unroll
-  for (int i = 0; i < OUTS; ++i) o[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < RW; ++i) mw[i] = NEG_INF, lw[i] = 0.f;
-{regs}
-  if (k0 < k1) {{
-    const int t1 = k0;
-{fetch}
-  }}
-  for (int t0 = k0; t0 < k1; t0 += KT) {{
-    __syncthreads();  // the previous tile is done with
-{stash}
-    __syncthreads();
-    if (t0 + KT < k1) {{  // the next tile's loads, in flight while this one is computed
-      const int t1 = t0 + KT;
-{fetch}
-    }}
-    {{
-      const int key = t0 + j;
-      float acc[RPT];
-#pragma unroll
-      for (int i = 0; i < RPT; ++i) acc[i] = 0.f;
-{dot}
-{score_lines}
-    }}
-    __syncthreads();
-    // Online Softmax: warp w folds rows w, w + 4, ... into their running maxima and sums.
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {{
-      const int r = warp + i * (THREADS / 32);
-      if (r >= rows) break;
-      float x = NEG_INF;
-      for (int c = lane; c < KT; c += 32) x = fmaxf(x, ps[r * KT + c]);
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, s));
-      const float n = fmaxf(mw[i], x), base = n == NEG_INF ? 0.f : n;
-      const float c0 = EXP2((mw[i] - base) * LOG2E);
-      float sum = 0.f;
-      for (int c = lane; c < KT; c += 32) {{
-        const float e = EXP2((ps[r * KT + c] - base) * LOG2E);
-        ps[r * KT + c] = e;
-        sum += e;
-      }}
-#pragma unroll
-      for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-      mw[i] = n, lw[i] = lw[i] * c0 + sum;
-      if (lane == 0) cs[r] = c0;
-    }}
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < OUTS; ++i) {{
-      const int x = t + i * THREADS, r = x / D, c = x % D;
-      if (r < rows) {{
-        float acc = o[i] * cs[r];
-        const float* pr = ps + r * KT;
-#pragma unroll 8
-        for (int jj = 0; jj < KT; ++jj) acc = fmaf(pr[jj], {load("vs[jj * D + c]")}, acc);
-        o[i] = acc;
-      }}
-    }}
-  }}
-#pragma unroll
-  for (int i = 0; i < RW; ++i) {{
-    const int r = warp + i * (THREADS / 32);
-    if (r < rows && lane == 0) ms[r] = mw[i], ls[r] = lw[i];
-  }}
-  __syncthreads();
-  {out_elem}* out = static_cast<{out_elem}*>(a.out[0]);
-  float* part = static_cast<float*>(a.out[1]);
-#pragma unroll
-  for (int i = 0; i < OUTS; ++i) {{
-    const int x = t + i * THREADS, r = x / D, c = x % D;
-    if (r >= rows) continue;
-    const long long h = kvh * G + r / Sq, s = r % Sq;
-    if (splits == 1) {{
-      const float l = ls[r];
-      const float y = o[i] * ({normalise});
-      out[(TRANSPOSED ? (b * Sq + s) * H + h : (b * H + h) * Sq + s) * D + c] = STORE_ELEM(y);
-    }} else {{
-      float* p = part + (((b * H + h) * Sq + s) * splits + split) * (D + 2);
-      p[c] = o[i];
-      if (c == 0) p[D] = ms[r], p[D + 1] = ls[r];
-    }}
-  }}
-}}
-
-// The splits' partials of one row [b, h, s] (blockIdx.x = (b·H + h)·Sq + s) merged: weights
-// exp(m_i − max m), a split whose every score was -inf weighing 0.
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}_attn_merge(const StitchArgs a) {{
-  constexpr int D = {d};
-  constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
-  constexpr float LOG2E = 1.4426950408889634f;
-  const float NEG_INF = -__int_as_float(0x7f800000);
-  const long long H = a.dims[1];
-  const int Sq = (int)a.dims[2], Sk = (int)a.dims[3], splits = (int)a.dims[5];
-  const long long row = blockIdx.x, s = row % Sq, h = (row / Sq) % H, b = row / Sq / H;
-  const float* p = static_cast<const float*>(a.out[1]) + row * splits * (D + 2);
-  float top = NEG_INF;
-  for (int i = 0; i < splits; ++i) top = fmaxf(top, p[i * (D + 2) + D]);
-  float l = 0.f;
-  for (int i = 0; i < splits; ++i) {{
-    const float mi = p[i * (D + 2) + D];
-    l += mi == NEG_INF ? 0.f : p[i * (D + 2) + D + 1] * EXP2((mi - top) * LOG2E);
-  }}
-  const float inv = {normalise};
-  {out_elem}* out = static_cast<{out_elem}*>(a.out[0]);
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {{
-    float acc = 0.f;
-    for (int i = 0; i < splits; ++i) {{
-      const float mi = p[i * (D + 2) + D];
-      if (mi != NEG_INF) acc += p[i * (D + 2) + c] * EXP2((mi - top) * LOG2E);
-    }}
-    out[(TRANSPOSED ? (b * Sq + s) * H + h : (b * H + h) * Sq + s) * D + c] = STORE_ELEM(acc * inv);
-  }}
-}}
-#undef ELEM
-#undef VEC4
-#undef ZERO
-#undef ZERO4
-#undef STORE_ELEM
-"""
+    source = TEMPLATE.substitute(
+        elem=fl.elem,
+        vec4=fl.vec4,
+        zero=fl.zero,
+        zero4=fl.zero4,
+        store=store,
+        threads=THREADS,
+        name=name,
+        d=d,
+        g=g,
+        rows=rows,
+        kt=kt,
+        key_pad=1 if not half else 2,
+        transposed="true" if m.transposed else "false",
+        scale=scale,
+        fill=fill,
+        k_ptr=k_ptr,
+        mask_ptrs=mask_ptrs,
+        load_q=load("q[i]"),
+        regs=regs,
+        fetch=fetch,
+        stash=stash,
+        dot=dot,
+        score_lines=score_lines,
+        load_v=load("vs[jj * D + c]"),
+        out_elem=out_elem,
+        normalise=normalise)
     return DecodeKernel(source, rows, kt, smem)
