@@ -162,7 +162,8 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
     # Rows fixed in the model whose every chunk is full (a split row: every block's slice).
     full = fixed and rp.slice * split == math.prod(run) and rp.slice == geo.capacity if split > 1 else \
         static_row and math.prod(run) == geo.capacity  # type: ignore[arg-type]
-    p = RowPrinter(graph, tuple(nodes), inputs, outputs, kinds, out_kinds, tuple(shape), geo, full, rp.inner, split)
+    p = RowPrinter(graph=graph, nodes=tuple(nodes), inputs=inputs, outputs=outputs, kinds=kinds, out_kinds=out_kinds,
+                   shape=tuple(shape), geo=geo, full_chunks=full, inner=rp.inner, split=split)
     body = p.body(static_row)
     fast = "  STITCH_FAST_HALF\n" if fast_half and half_only(graph, tuple(nodes), inputs) else ""
     rank = len(shape)

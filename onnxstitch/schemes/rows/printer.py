@@ -48,7 +48,7 @@ class _Input:
 class RowPrinter:
     """Prints the body of one rows kernel; tracks per-row variables as it goes."""
 
-    def __init__(self, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
+    def __init__(self, *, graph: FusionGraph, nodes: tuple[int, ...], inputs: tuple[str, ...],
                  outputs: tuple[str, ...], kinds: tuple[int, ...], out_kinds: tuple[int, ...], shape: tuple,
                  geo: RowGeometry, full_chunks: bool = False, inner: int = 0, split: int = 1) -> None:
         self.g, self.outputs, self.rank, self.geo, self.shape = graph, outputs, len(shape), geo, shape
