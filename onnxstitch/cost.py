@@ -16,8 +16,8 @@ priced at that share.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
 from . import ops
 from .graph import FusionGraph
@@ -46,6 +46,10 @@ class CostModel:
     # Price a column reduction at the share of the bandwidth its columns reach (rows.column_share):
     # off, at the full bandwidth (tests that exercise column kernels on small shapes).
     column_share: bool = True
+    # Groups measured on the GPU (measure.py), by `node_key`: their price in this model's units,
+    # the sum of their nodes' prices scaled by the measured ratio of the kernel to ORT's nodes,
+    # so the plan weighs them as the GPU did (pipeline.py plans again with them).
+    measured: Mapping[frozenset[str], float] = field(default_factory=dict)
 
     def kernel_us(self, nbytes: int) -> float:
         """Microseconds for one kernel moving `nbytes` (1 GB/s = 1e3 bytes/µs)."""
@@ -90,9 +94,18 @@ def node_bytes(graph: FusionGraph, node: int) -> int:
     return _sum_bytes(graph, n.inputs + n.outputs)
 
 
+def node_key(graph: FusionGraph, nodes: Iterable[int]) -> frozenset[str]:
+    """A node set by what its nodes write: the same on every build of the same model's graph."""
+    return frozenset(t for i in nodes for t in graph.nodes[i].outputs if t)
+
+
 def group_us(graph: FusionGraph, cost: CostModel, group: frozenset[int] | set[int]) -> float:
     """Predicted time of one fused kernel over `group`: its bytes at the bandwidth the kernel
     can reach (a column reduction over few columns reaches a share of it: rows.column_share)."""
+    if cost.measured:
+        priced = cost.measured.get(node_key(graph, group))
+        if priced is not None:
+            return priced
     nbytes = group_bytes(graph, group)
     if cost.column_share and rows.has_rows(graph, group):
         plan = rows.row_plan(graph, frozenset(group))

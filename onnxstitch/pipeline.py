@@ -132,7 +132,8 @@ class Report:
             "graph": self.graph.to_json() if self.graph else None,
             "measured": {"groups": [c.to_json() for c in self.costs], "summary": measure_mod.summary(self.costs),
                          "model": self.timing.to_json() if self.timing else None, "note": self.gate_note,
-                         "given_back": list(self.given_back)},
+                         "given_back": list(self.given_back),
+                         "planned_again": list(self._notes("measure").rewrites)},
         }
 
 
@@ -181,13 +182,29 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
 
     given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
                      body_optimizer if opts.control_flow else None)
-    planned = _plan(given, opts, stage)
-    g, plan = planned.graph, planned.plan
-    sources = stage("codegen", lambda: [source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp))
-                                        for grp in plan.groups])
-    kernels = stage("compile", lambda: nvrtc_compile.compile_all(sources, opts.archs))
+    meas = _Measuring.of(opts)
+    measured: dict[frozenset[str], float] = {}
+    replanned: list[str] = []
+    for round_ in range(REPLAN_ROUNDS + 1):
+        # Planned again with what the GPU measured of the groups that did not pay: the plan may
+        # find other groups over their nodes that do, which are measured in turn.
+        costed = dataclasses.replace(opts, cost=dataclasses.replace(opts.cost, measured=dict(measured)))
+        planned = _plan(given, costed if measured else opts, stage)
+        g, plan = planned.graph, planned.plan
+        sources = stage("codegen", lambda g=g, plan=plan: [
+            source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp)) for grp in plan.groups])
+        kernels = stage("compile", lambda sources=sources: nvrtc_compile.compile_all(sources, opts.archs))
+        built = list(zip(plan.groups, kernels))
+        costs = _measured(given, planned, built, opts, stage, meas)
+        slow = [c for c in costs if c.measured and not c.pays]
+        learned = _measured_prices(g, plan, slow, opts.cost)
+        if not slow or round_ == REPLAN_ROUNDS or learned.keys() <= measured.keys():
+            break
+        measured |= learned
+        replanned += [f"{c.group}: planned again at its measured {c.ours_us:.1f} µs against ORT's {c.stock_us:.1f} µs"
+                      for c in slow]
     try:
-        written = _written(given, planned, list(zip(plan.groups, kernels)), opts, stage)
+        written = _written(given, planned, built, opts, stage, costs, meas)
     except BadInputError as e:  # verification found the model itself unloadable: name the file
         if isinstance(model, (str, os.PathLike)):
             raise BadInputError(f"{model}: {e}") from e
@@ -200,7 +217,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     merged, normal = planned.merged, planned.normal
     # Nodes counted alike before and after: Constant nodes are data (initializers once loaded),
     # and a model that goes out unchanged keeps its own.
-    notes = {"bodies": given.bodies or StageNotes(), "simplify": StageNotes(given.simple.rewrites),
+    notes = {"bodies": given.bodies or StageNotes(), "measure": StageNotes(tuple(replanned)),
+             "simplify": StageNotes(given.simple.rewrites),
              "normalize": StageNotes(normal.rewrites, normal.refusals),
              "merge": StageNotes(tuple(x.describe() for x in merged.merges), merged.refusals + planned.undone),
              **{m.stage: StageNotes(tuple(x.describe() for x in planned.found[name].matches),
@@ -429,15 +447,74 @@ class _Written:
     gate_note: str = ""  # why the whole model was not timed, where it was not
 
 
-def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages) -> _Written:
-    """measure → rewrite → validate → verify → gate: groups that measure slower than the nodes
-    they replace go back to ONNX Runtime first; groups verification finds wrong are left to
-    ONNX Runtime and the rest verified again (only a verified model is written; `strict` stops
+# Rounds of planning again with measured costs after the first plan (each measures the groups
+# that are new to it).
+REPLAN_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class _Measuring:
+    """Where one optimize's costs are measured: this machine's GPU (None without one) and the
+    figures already known (the on-disk cache, with a --costs file merged in)."""
+
+    timer: Any
+    cache: measure_mod.CostCache
+
+    @staticmethod
+    def of(opts: Options) -> "_Measuring":
+        cache = measure_mod.default_cache() if opts.gate else measure_mod.CostCache()
+        if opts.costs_file and Path(opts.costs_file).is_file():
+            cache.merge(Path(opts.costs_file))
+        return _Measuring(measure_mod.gpu_timer() if opts.gate else None, cache)
+
+    @property
+    def active(self) -> bool:
+        return self.timer is not None or bool(self.cache.entries)
+
+
+def _linked(built: list) -> set[str]:
+    """Groups a scheme links (conv groups sharing NHWC tensors): fused all together or not at all."""
+    return set().union(*(m.linked(grp for grp, _ in built) for _, m in registry.matchers()))
+
+
+def _measured(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages,
+              meas: _Measuring) -> tuple[measure_mod.GroupCost, ...]:
+    """Each built group's predicted and measured costs (measure.py), where the gate is on and
+    there is a GPU or measured figures."""
+    if not (opts.gate and built and meas.active):
+        return ()
+    g = planned.graph
+    stitched = _rewritten(given, planned, built, _linked(built), stage)
+    stock_us = {grp.name: sum(cost_mod.node_us(g, opts.cost, i) for i in grp.nodes) for grp, _ in built}
+    return stage("measure", lambda: measure_mod.measure(planned.normal.model, stitched, g, [grp for grp, _ in built],
+                                                         stock_us, meas.timer, meas.cache, opts.measure_budget_s,
+                                                         stage.say))
+
+
+def _measured_prices(g: graph_mod.FusionGraph, plan: Plan, slow: Sequence[measure_mod.GroupCost],
+                     cost: CostModel) -> dict[frozenset[str], float]:
+    """What the plan should price each slow group (each part of a packed one) at: its nodes'
+    prices scaled by the measured ratio of its kernel to ORT's nodes."""
+    by_name = {grp.name: grp for grp in plan.groups}
+    out: dict[frozenset[str], float] = {}
+    for c in slow:
+        grp = by_name[c.group]
+        ratio = c.ours_us / max(c.stock_us, 1e-3)  # type: ignore[operator]
+        for part in grp.parts or (grp.nodes,):
+            out[cost_mod.node_key(g, part)] = ratio * sum(cost_mod.node_us(g, cost, i) for i in part)
+    return out
+
+
+def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage: _Stages,
+             costs: tuple[measure_mod.GroupCost, ...] = (), meas: _Measuring | None = None) -> _Written:
+    """rewrite → validate → verify → gate: groups measured slower than the nodes they replace
+    (`costs`) go back to ONNX Runtime first; groups verification finds wrong are left to ONNX
+    Runtime and the rest verified again (only a verified model is written; `strict` stops
     instead); then the whole model is timed against stock ORT and, where it is not faster, the
     groups that gain least go back until it is (or none are left)."""
     m, g = planned.normal.model, planned.graph
-    # Groups a scheme links (conv groups sharing NHWC tensors) are fused all together or not at all.
-    linked = set().union(*(m.linked(grp for grp, _ in built) for _, m in registry.matchers()))
+    meas = meas or _Measuring(None, measure_mod.CostCache())
+    linked = _linked(built)
 
     def attempt(subset: list) -> tuple[onnx.ModelProto, verify_mod.Verification | None]:
         """rewrite → validate → verify with the groups of `subset` fused."""
@@ -450,23 +527,14 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
             source=given.original or (given.model if m is not given.model else None),
             libraries=opts.custom_op_libraries, values=opts.values)) if opts.verify else None
 
-    timer = measure_mod.gpu_timer() if opts.gate else None
-    cache = measure_mod.default_cache() if opts.gate else measure_mod.CostCache()
-    if opts.costs_file and Path(opts.costs_file).is_file():
-        cache.merge(Path(opts.costs_file))
-    costs: tuple[measure_mod.GroupCost, ...] = ()
+    timer, cache = meas.timer, meas.cache
     given_back: list[dict[str, str]] = []
-    if opts.gate and built and (timer is not None or cache.entries):
-        stitched = _rewritten(given, planned, built, linked, stage)
-        stock_us = {grp.name: sum(cost_mod.node_us(g, opts.cost, i) for i in grp.nodes) for grp, _ in built}
-        costs = stage("measure", lambda: measure_mod.measure(m, stitched, g, [grp for grp, _ in built], stock_us,
-                                                              timer, cache, opts.measure_budget_s, stage.say))
-        slow = {c.group for c in costs if not c.pays}
-        if slow & linked:
-            slow |= linked
-        given_back += [{"group": c.group, "reason": f"measured {c.ours_us:.1f} µs against stock ORT's "
-                        f"{c.stock_us:.1f} µs for its nodes"} for c in costs if c.group in slow and c.measured]
-        built = [(grp, k) for grp, k in built if grp.name not in slow]
+    slow = {c.group for c in costs if not c.pays}
+    if slow & linked:
+        slow |= linked
+    given_back += [{"group": c.group, "reason": f"measured {c.ours_us:.1f} µs against stock ORT's "
+                    f"{c.stock_us:.1f} µs for its nodes"} for c in costs if c.group in slow and c.measured]
+    built = [(grp, k) for grp, k in built if grp.name not in slow]
     written = _verified(given, built, attempt, opts, linked)
     timing, note = None, ""
     if opts.gate and timer is not None and written.built:

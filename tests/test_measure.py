@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import parser
 
 import onnxstitch
-from onnxstitch import measure, sizes
+from onnxstitch import measure, pipeline, sizes
 from onnxstitch.cli.main import main
 
 LAYERS = """<ir_version: 8, opset_import: ["" : 17]>
@@ -60,7 +60,22 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeTimer:
     return timer
 
 
-def test_a_group_measured_slower_goes_back_and_the_report_says_so(fake_gpu: FakeTimer) -> None:
+def test_a_group_measured_slower_is_planned_again_without_it(fake_gpu: FakeTimer) -> None:
+    """The Tanh group measures 30 µs against ORT's 10: the plan is made again with that figure,
+    and the written model fuses no kernel over those nodes; every group written pays."""
+    model = parser.parse_model(LAYERS)
+    res = onnxstitch.optimize(model, shapes={"B": [64]})
+    rep = res.report
+    (line,) = rep.notes["measure"].rewrites
+    assert "planned again at its measured 30.0 µs against ORT's 10.0 µs" in line
+    assert all(c.pays for c in rep.costs) and not rep.given_back
+    kept = [fn for fn in res.model.functions if any(n.op_type == "Tanh" for n in fn.node)]
+    assert not kept and rep.fused_groups == len([n for n in res.model.graph.node if n.op_type == "FusedKernel"]) > 0
+
+
+def test_a_group_measured_slower_goes_back_and_the_report_says_so(fake_gpu: FakeTimer,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "REPLAN_ROUNDS", 0)  # given back, not planned again
     model = parser.parse_model(LAYERS)
     res = onnxstitch.optimize(model, shapes={"B": [64]})
     rep = res.report
@@ -75,7 +90,7 @@ def test_a_group_measured_slower_goes_back_and_the_report_says_so(fake_gpu: Fake
     assert doc["measured"]["summary"]["not_paying"] == [slow[0].group]
     grp = next(g for g in doc["plan"]["groups"] if g["name"] == slow[0].group)
     assert grp["given_back"] and grp["measured"]["predicted_us"] > 0
-    # Planned again: every figure comes from the cache, nothing is timed.
+    # Optimized again: every figure comes from the cache, nothing is timed.
     fake_gpu.calls.clear()
     again = onnxstitch.optimize(model, shapes={"B": [64]}).report
     assert not fake_gpu.calls and {c.source for c in again.costs if c.measured} == {"cache"}
@@ -105,6 +120,7 @@ def _graph(model: onnx.ModelProto):
 
 def test_costs_travel_to_a_machine_without_a_gpu(fake_gpu: FakeTimer, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "REPLAN_ROUNDS", 0)
     src = tmp_path / "m.onnx"
     onnx.save(parser.parse_model(LAYERS), str(src))
     costs = tmp_path / "h100-costs.json"

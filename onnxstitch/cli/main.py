@@ -113,8 +113,10 @@ def _summary(report, out: Path) -> Table:
         pred = sum(c.predicted_us for c in measured)
         got = sum(c.ours_us for c in measured)
         stock = sum(c.stock_us for c in measured)
+        again = report.notes.get("measure")
+        replanned = f"; planned again after {len(again.rewrites)} did not pay" if again and again.rewrites else ""
         t.add_row("measured groups", "", f"{len(measured)} of {len(report.costs)} ({fresh} timed now): "
-                  f"{got:,.1f} µs against stock ORT's {stock:,.1f} µs (predicted {pred:,.1f})")
+                  f"{got:,.1f} µs against stock ORT's {stock:,.1f} µs (predicted {pred:,.1f}){replanned}")
     if report.timing is not None:
         tm = report.timing
         t.add_row("measured model", f"{tm.stock_ms:.3f} ms", f"{tm.stitched_ms:.3f} ms ({tm.speedup:.2f}×, {tm.mode})")
