@@ -21,7 +21,7 @@ from onnxstitch import explain as explain_mod
 from onnxstitch.errors import BadInputError
 from onnxstitch.load import save
 
-from .options import verbosity
+from .options import custom_ops_option, shape_option, value_option, verbosity
 
 console = Console(stderr=False)
 progress_console = Console(stderr=True)  # spinners stay off stdout, which --json keeps machine-readable
@@ -31,22 +31,6 @@ progress_console = Console(stderr=True)  # spinners stay off stdout, which --jso
 @click.version_option(__version__, prog_name="onnxstitch")
 def main() -> None:
     """Fuse memory-bound ONNX operators into generated CUDA kernels for ONNX Runtime."""
-
-
-def _parsed_shapes(values: tuple[str, ...]) -> dict:
-    """`--shape` parsed (sizes.parse), a wrong one a usage error (exit status 2)."""
-    try:
-        return sizes.parse(values)
-    except BadInputError as e:
-        raise click.BadParameter(str(e).removeprefix("--shape "), param_hint="'--shape'") from None
-
-
-def _parsed_values(values: tuple[str, ...]) -> dict:
-    """`--value` parsed (sizes.parse_values), a wrong one a usage error (exit status 2)."""
-    try:
-        return sizes.parse_values(values)
-    except BadInputError as e:
-        raise click.BadParameter(str(e).removeprefix("--value "), param_hint="'--value'") from None
 
 
 def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> list[Path]:
@@ -132,8 +116,7 @@ def _summary(report, out: Path) -> Table:
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Stitched model (default MODEL.stitched.onnx).")
-@click.option("--shape", "shapes", multiple=True, callback=lambda _ctx, _param, v: _parsed_shapes(v),
-              help="Planning sizes: input=8x128 (a graph input's shape), then batch=8,seq=128 (symbolic dims).")
+@shape_option("Planning sizes: input=8x128 (a graph input's shape), then batch=8,seq=128 (symbolic dims).")
 @click.option("--report", type=click.Path(path_type=Path), help="Write the plan as JSON.")
 @click.option("--plan-picture", "picture", type=click.Path(path_type=Path),
               help="Draw the plan (fused groups coloured by scheme, why neighbours were left out) as .html or .svg.")
@@ -176,12 +159,8 @@ def _summary(report, out: Path) -> Table:
                    "1.39-1.58x over stock ORT with CUDA graphs on an H200; cuDNN chooses its engines at session "
                    "start, seconds per network), and MatMul/Gemm + bias [+ ReLU or tanh GELU] [+ residual] as one "
                    "cuBLASLt call, where the plan finds it cheaper.")
-@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
-              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
-                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
-@click.option("--custom-op-library", "custom_op_libraries", multiple=True, type=click.Path(path_type=Path),
-              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
-                   "registered in every ONNX Runtime session onnxstitch opens.")
+@value_option
+@custom_ops_option
 @verbosity
 def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: Path | None, picture: Path | None,
              verbose: bool, quiet: bool, **settings: Any) -> None:
@@ -231,9 +210,8 @@ def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--stitched", type=click.Path(path_type=Path), help="Stitched model (optimized now if omitted).")
-@click.option("--shape", "shape", multiple=True,
-              help="Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
-                   "(symbolic dims).")
+@shape_option("Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
+              "(symbolic dims).")
 @click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
 @click.option("--iters", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--providers", default="CUDAExecutionProvider,CPUExecutionProvider", show_default=True,
@@ -246,23 +224,18 @@ def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: 
                                               "stitched model, top op types (and GPU kernels) side by side.")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per --profile table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (schema in the result).")
-@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
-              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
-                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
-@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
-              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
-                   "registered in every ONNX Runtime session onnxstitch opens.")
+@value_option
+@custom_ops_option
 @verbosity
-def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: int, iters: int, providers: str,
+def bench(model: Path, stitched: Path | None, shapes: dict, warmup: int, iters: int, providers: str,
           cuda_graph: bool, peer_type: str | None, profile: bool, top: int, as_json: bool,
-          values: dict, custom_ops: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
+          values: dict, custom_op_libraries: tuple[Path, ...], verbose: bool, quiet: bool) -> None:
     """Time MODEL on ONNX Runtime's CUDA EP against its stitched version."""
     from onnxstitch import bench as bench_mod
     from onnxstitch import load, optimize as run_optimize
 
     from . import bench_view
 
-    shapes = sizes.parse(shape)
     sizes.resolve(load.load(model), shapes)  # bad input fails here, before any GPU work
     plist = tuple(p.strip() for p in providers.split(",") if p.strip())
     if not plist:
@@ -272,7 +245,7 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
     elif cuda_graph or peer_type:
         raise BadInputError(f"--{'cuda-graph' if cuda_graph else 'peer-ort-optimizer'} needs CUDAExecutionProvider "
                             f"in --providers")
-    libraries = ortio.custom_op_libraries(custom_ops)
+    libraries = ortio.custom_op_libraries(custom_op_libraries)
     config = bench_mod.BenchConfig(warmup=warmup, iters=iters, providers=plist, cuda_graph=cuda_graph,
                                    profile=profile, profile_runs=10 if profile else 5, custom_op_libraries=libraries,
                                    values=values)
@@ -315,19 +288,14 @@ def bench(model: Path, stitched: Path | None, shape: tuple[str, ...], warmup: in
               help="Allowed drop of the measured speedup below the baseline, in percent (GPU only).")
 @click.option("--atol", type=float, help="Absolute tolerance per output (default by dtype).")
 @click.option("--rtol", type=float, help="Relative tolerance per output (default by dtype).")
-@click.option("--shape", "shape", multiple=True,
-              help="Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
-                   "(symbolic dims).")
+@shape_option("Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
+              "(symbolic dims).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
-@click.option("--value", "values", multiple=True, callback=lambda _ctx, _param, v: _parsed_values(v),
-              help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
-                   "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
-@click.option("--custom-op-library", "custom_ops", multiple=True, type=click.Path(path_type=Path),
-              help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
-                   "registered in every ONNX Runtime session onnxstitch opens.")
+@value_option
+@custom_ops_option
 @verbosity
 def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: float, atol: float | None,
-          rtol: float | None, shape: tuple[str, ...], as_json: bool, values: dict, custom_ops: tuple[Path, ...],
+          rtol: float | None, shapes: dict, as_json: bool, values: dict, custom_op_libraries: tuple[Path, ...],
           verbose: bool, quiet: bool) -> None:
     """Re-optimize MODEL and fail (exit 1) if numerics, plan or speed regressed against BASELINE."""
     from onnxstitch.gate import run_check
@@ -336,9 +304,9 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
         raise BadInputError(f"{baseline}: no baseline yet; create it with --update-baseline")
     status = None if (quiet or as_json) else progress_console.status("checking…")
     with status or contextlib.nullcontext():
-        res = run_check(model, None if update_baseline else baseline, shapes=sizes.parse(shape),
+        res = run_check(model, None if update_baseline else baseline, shapes=shapes,
                         max_slowdown_pct=max_slowdown, atol=atol, rtol=rtol,
-                        custom_op_libraries=ortio.custom_op_libraries(custom_ops), values=values)
+                        custom_op_libraries=ortio.custom_op_libraries(custom_op_libraries), values=values)
     numerics_ok = all(o.ok for o in res.outputs)
     if update_baseline and numerics_ok:
         baseline.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import click
 
+from onnxstitch import sizes
 from onnxstitch.errors import BadInputError, StitchError, first_line
 
 
@@ -26,6 +27,35 @@ def missing_module(e: ModuleNotFoundError) -> str:
                 f"the package itself is at fault: please report it)")
     return (f"the Python package {name!r} is not installed in this environment "
             f"(the README's install command installs every dependency)")
+
+
+def _usage_error(parse: Callable[[tuple[str, ...]], dict], flag: str) -> Callable[..., dict]:
+    """A click callback running `parse`; what it refuses is a usage error (exit status 2) on `flag`."""
+
+    def callback(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict:
+        try:
+            return parse(values)
+        except BadInputError as e:
+            raise click.BadParameter(str(e).removeprefix(f"{flag} "), param_hint=f"'{flag}'") from None
+
+    return callback
+
+
+def shape_option(help_text: str) -> Callable[..., Any]:
+    """`--shape` (repeatable), parsed by sizes.parse into the command's `shapes`."""
+    return click.option("--shape", "shapes", multiple=True, callback=_usage_error(sizes.parse, "--shape"),
+                        help=help_text)
+
+
+value_option = click.option(
+    "--value", "values", multiple=True, callback=_usage_error(sizes.parse_values, "--value"),
+    help="An input that takes one value wherever onnxstitch makes inputs (verification, timing): "
+         "--value sr=16000 for a sample rate or a flag the model branches on (repeatable).")
+
+custom_ops_option = click.option(
+    "--custom-op-library", "custom_op_libraries", multiple=True, type=click.Path(path_type=Path),
+    help="A custom-op library the model's own ops need (onnxruntime-extensions, your own; repeatable): "
+         "registered in every ONNX Runtime session onnxstitch opens.")
 
 
 def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -65,4 +95,4 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-__all__ = ["verbosity", "missing_module", "BadInputError"]
+__all__ = ["verbosity", "missing_module", "shape_option", "value_option", "custom_ops_option", "BadInputError"]
