@@ -1,6 +1,11 @@
 """Errors a user can act on. The CLI prints them as one line and exits with `exit_code`."""
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none): what a
@@ -18,6 +23,17 @@ class BadInputError(StitchError):
     """The model file or graph is unusable (missing, truncated, invalid). Exit status 2."""
 
     exit_code = 2
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The JSON in the user's file `path`, which should hold `what` (a report, a zoo manifest);
+    BadInputError naming the file when it cannot be read or is not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{path}: not a JSON {what} ({e})") from None
 
 
 class CompileError(StitchError):

@@ -4,7 +4,6 @@ a baseline file. Anything worse than the baseline is a regression.
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -15,7 +14,7 @@ import onnx
 
 from . import ortio, sizes
 from .version import __version__
-from .errors import BadInputError, first_line
+from .errors import BadInputError, first_line, read_json
 from .inputs import random_feeds
 from .pipeline import optimize
 from .sessions import runtime_session
@@ -105,12 +104,10 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
     original = load.load(model_path)
     baseline = None
     if baseline_path is not None and Path(baseline_path).exists():
-        try:
-            baseline = json.loads(Path(baseline_path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise BadInputError(f"{baseline_path}: not a readable baseline ({e})") from e
-        if baseline.get("schema") != BASELINE_SCHEMA:
-            raise BadInputError(f"{baseline_path}: baseline schema {baseline.get('schema')} is not {BASELINE_SCHEMA}")
+        baseline = read_json(baseline_path, "baseline")
+        schema = baseline.get("schema") if isinstance(baseline, dict) else None
+        if schema != BASELINE_SCHEMA:
+            raise BadInputError(f"{baseline_path}: baseline schema {schema} is not {BASELINE_SCHEMA}")
     given = sizes.resolve(original, shapes)  # a wrong --shape fails here, before any work
     libraries = tuple(custom_op_libraries)
     values = dict(values or {})

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .errors import BadInputError, first_line
+from .errors import BadInputError, first_line, read_json
 
 SCHEMA = 1
 REPORT_SCHEMA = 1
@@ -66,12 +66,7 @@ def read_manifest(path: str | os.PathLike) -> list[ZooModel]:
     from .pipeline import Options
 
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BadInputError(f"{path}: cannot read the zoo manifest ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{path}: not a JSON zoo manifest ({e})") from None
+    data = read_json(path, "zoo manifest")
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise BadInputError(f"{path}: a zoo manifest is an object with a list of \"models\"")
     fields = set(Options.__dataclass_fields__) - {"shapes", "cost", "custom_op_libraries", "values"}

@@ -26,6 +26,20 @@ def model_path(tmp_path: Path) -> Path:
     return p
 
 
+@pytest.mark.parametrize("content, message", [
+    ("nope", "not a JSON baseline"),
+    (b"\xff\xfe", "not a JSON baseline"),
+    ("[1]", "baseline schema None is not 1"),
+    ('{"schema": 0}', "baseline schema 0 is not 1"),
+])
+def test_a_wrong_baseline_is_one_line_exit_2(tmp_path: Path, model_path: Path, content: str | bytes,
+                                              message: str) -> None:
+    base = tmp_path / "baseline.json"
+    base.write_bytes(content if isinstance(content, bytes) else content.encode())
+    res = _invoke("check", str(model_path), "--baseline", str(base))
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and f"{base}: {message}" in res.output, res.output
+
+
 def test_baseline_round_trip_and_plan_regression(tmp_path: Path, model_path: Path) -> None:
     base = tmp_path / "baseline.json"
     res = _invoke("check", str(model_path), "--baseline", str(base))

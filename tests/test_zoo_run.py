@@ -94,6 +94,7 @@ def test_a_worker_that_dies_twice_is_reported_as_died(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, message", [
+    ("{models", "not a JSON zoo manifest"),
     ("[]", "a list of \"models\""),
     ('{"models": [{"file": "a.onnx"}]}', "needs a \"name\""),
     ('{"models": [{"name": "a", "file": "a.onnx", "options": {"turbo": true}}]}', "unknown options ['turbo']"),

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from onnxstitch import __version__, bundle, ortio, sizes
 from onnxstitch import explain as explain_mod
-from onnxstitch.errors import BadInputError
+from onnxstitch.errors import BadInputError, read_json
 from onnxstitch.load import save
 
 from .options import custom_ops_option, shape_option, value_option, verbosity
@@ -393,12 +393,7 @@ def zoo(manifest: Path, out: Path, address: str | None, local: bool, jobs: int |
 def explain(report: Path, output: Path, title: str | None, verbose: bool, quiet: bool) -> None:
     """Draw the plan of REPORT (a JSON written by `optimize --report`) as a picture."""
     explain_mod.format_of(output)
-    try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise BadInputError(f"{report}: cannot read the report ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{report}: not a JSON report ({e})") from None
+    data = read_json(report, "report")
     if not isinstance(data, dict):
         raise BadInputError(f"{report}: not an onnxstitch report (expected a JSON object)")
     try:
