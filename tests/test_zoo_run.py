@@ -64,18 +64,25 @@ def test_a_regression_against_the_baseline_fails_the_run(tmp_path: Path) -> None
     assert json.loads((tmp_path / "r" / "zoo.json").read_text())["models"][0]["status"] == "regressed"
 
 
-def test_a_worker_that_dies_is_run_again_once(tmp_path: Path) -> None:
-    """The child command dies (SIGKILL) on its first task for 'chain', runs normally after."""
-    manifest = _zoo(tmp_path)
-    marker = tmp_path / "chain-killed-once"
+def _killed_once(tmp_path: Path, name: str) -> Path:
+    """A worker command that dies (SIGKILL) on its first task for model `name` and runs every
+    other task, and that one again, as `python -m onnxstitch.zoo` would."""
+    marker = tmp_path / f"{name}-killed-once"
     killer = tmp_path / "killer.py"
     killer.write_text(f"""import json, os, signal, sys
-if json.load(open(sys.argv[1]))["name"] == "chain" and not os.path.exists({str(marker)!r}):
+if json.load(open(sys.argv[1]))["name"] == {name!r} and not os.path.exists({str(marker)!r}):
     open({str(marker)!r}, "w").close()
     os.kill(os.getpid(), signal.SIGKILL)
 from onnxstitch.zoo import main
 sys.exit(main(sys.argv[1:]))
 """)
+    return killer
+
+
+def test_a_worker_that_dies_is_run_again_once(tmp_path: Path) -> None:
+    """The child command dies (SIGKILL) on its first task for 'chain', runs normally after."""
+    manifest = _zoo(tmp_path)
+    killer = _killed_once(tmp_path, "chain")
     run = zoo.LocalExecutor(jobs=2, gpus=0, command=[sys.executable, str(killer)])
     report = zoo.run_zoo(manifest, out=tmp_path / "r", run=run)
     rows = {r.name: r for r in report.results}
@@ -121,15 +128,7 @@ def test_an_unreachable_ray_address_is_one_line_exit_2() -> None:
 def test_the_same_run_through_a_local_ray_retries_a_dead_worker(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")  # the test extra installs it; `onnxstitch[fleet]` for users
     manifest = _zoo(tmp_path)
-    marker = tmp_path / "short-killed-once"
-    killer = tmp_path / "killer.py"
-    killer.write_text(f"""import json, os, signal, sys
-if json.load(open(sys.argv[1]))["name"] == "short" and not os.path.exists({str(marker)!r}):
-    open({str(marker)!r}, "w").close()
-    os.kill(os.getpid(), signal.SIGKILL)
-from onnxstitch.zoo import main
-sys.exit(main(sys.argv[1:]))
-""")
+    killer = _killed_once(tmp_path, "short")
     try:
         run = zoo.RayExecutor(command=[sys.executable, str(killer)])
         assert run.describe().startswith("Ray (")
