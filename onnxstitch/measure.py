@@ -324,6 +324,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
     runtime = timer.runtime if timer is not None else _cached_runtime(cache)
     bases: dict[str, GroupCost] = {}
     forms: dict[str, tuple[_Standalone, _Standalone, int]] = {}
+    risks: dict[str, float] = {}
     for grp in groups:
         base = GroupCost(grp.name, grp.predicted_us, predicted_stock.get(grp.name, 0.0))
         bases[grp.name] = base
@@ -331,6 +332,10 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
             bases[grp.name] = _why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)")
         elif device is None:
             bases[grp.name] = _why(base, "no GPU here and no measured costs for this device (--costs)")
+        elif (risk := _risk(graph, grp, base)) is None:  # decided before its standalone models are built
+            ratio = base.predicted_stock_us / max(base.predicted_us, 1e-6)
+            bases[grp.name] = _why(base, f"not measured: predicted {ratio:.1f}× faster than the nodes it replaces, "
+                                         f"a clear gain (the written model is timed whole)")
         else:
             copies = copies_for(grp.predicted_us)
             got = _standalones(original, stitched, graph, grp, copies, device, runtime or "")
@@ -338,16 +343,11 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
                 bases[grp.name] = _why(base, got)
             else:
                 forms[grp.name] = (*got, copies)
+                risks[grp.name] = risk
     # Every key not cached yet, once (layers alike share their keys), as a job; the groups the cost
     # model is least sure of first, so that a budget that runs out leaves the safest unmeasured.
     jobs: dict[str, Job] = {}
-    risk = {grp.name: _risk(graph, grp, bases[grp.name]) for grp in groups}
-    for name in [n for n in forms if risk[n] is None]:
-        ratio = bases[name].predicted_stock_us / max(bases[name].predicted_us, 1e-6)
-        bases[name] = _why(bases[name], f"not measured: predicted {ratio:.1f}× faster than the nodes it replaces, "
-                                        f"a clear gain (the written model is timed whole)")
-        del forms[name]
-    for name in sorted(forms, key=lambda n: -(risk[n] or 0.0)):
+    for name in sorted(forms, key=lambda n: -risks[n]):
         stock, ours, copies = forms[name]
         if timer is None or (cache.get(stock.key) is not None and cache.get(ours.key) is not None):
             continue
