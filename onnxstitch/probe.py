@@ -21,14 +21,11 @@ from onnx import helper
 
 from .errors import first_line
 from .inputs import random_feeds
-from .sessions import Runner
+from .sessions import Runner, library_domains
 from .shapes import DEFAULT_SYMBOLIC_DIM, TensorInfo
 from .weights import Weights
 
 log = logging.getLogger(__name__)
-
-# Domains ONNX Runtime implements itself: their ops' shapes come from inference.
-KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.onnxstitch"})
 
 
 @dataclass(frozen=True)
@@ -45,10 +42,10 @@ class Probed:
 def custom_outputs(model: onnx.ModelProto, infos: Mapping[str, TensorInfo]) -> list[str]:
     """Outputs of custom-domain ops (not model-local functions) whose shape inference left
     anything unknown."""
-    local = {f.domain for f in model.functions}
+    custom = library_domains(model)  # ONNX Runtime's own ops' shapes come from inference
     out = []
     for n in model.graph.node:
-        if n.domain in KNOWN_DOMAINS or n.domain in local:
+        if n.domain not in custom:
             continue
         for t in n.output:
             info = infos.get(t)

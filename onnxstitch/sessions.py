@@ -16,6 +16,15 @@ from . import ortio
 from .load import is_large, save
 from .weights import Weights
 
+# Domains ONNX Runtime implements itself (ours included, through the onnxstitch library).
+ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.onnxstitch"})
+
+
+def library_domains(model: onnx.ModelProto) -> set[str]:
+    """Op domains of `model` that ONNX Runtime knows only from a custom-op library (neither its
+    own nor the model's local functions')."""
+    return {n.domain for n in model.graph.node} - ORT_DOMAINS - {f.domain for f in model.functions}
+
 
 def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
                     weights: Weights | None = None, libraries: Sequence[str] = (), tf32: bool = False):

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from . import standalone
-from .sessions import Runner
+from .sessions import Runner, library_domains
 from .errors import BadInputError, StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
@@ -295,7 +295,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
               for grp in groups]
     exposed = [t for t in exposed if t in stitched_names]
     graph_inputs = {i.name for i in original.graph.input}
-    reads = [t for t in dict.fromkeys(t for grp in groups for t in _group_reads(original, graph, grp))
+    reads = [t for t in dict.fromkeys(t for grp in groups for t in standalone.group_reads(original, graph, grp))
              if t not in exposed and t not in graph_inputs and t in graph.tensors]
     ref_model = _expose(original, graph, exposed + reads)
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
@@ -309,7 +309,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
             failures.append(f"{_sizes(dims)}: {first_line(e)}")
     else:
         where = "GPU (CUDA EP)" if gpu else "CPU"
-        custom = _custom_domains(original)
+        custom = sorted(library_domains(original))
         hint = f" (its ops of {', '.join(custom)} need their library: --custom-op-library)" \
             if custom and not runner.libraries else ""
         fault = _load_fault(source if source is not None else original, runner)
@@ -446,10 +446,6 @@ def _sizes(dims: Mapping[str, int]) -> str:
     return "at " + (", ".join(f"{k}={v}" for k, v in sorted(dims.items())) if dims else "its fixed sizes")
 
 
-def _group_reads(model: onnx.ModelProto, graph: FusionGraph, grp: Group) -> list[str]:
-    return standalone.group_reads(model, graph, grp)
-
-
 def _isolated_all(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
                   values: Mapping[str, np.ndarray], runner: Runner) -> dict[str, tuple[dict, dict]]:
     """Every group's original subgraph run on `values` (its inputs as the stitched model
@@ -572,12 +568,6 @@ def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: F
     worst = max([worst] + [s.relative_error for s in judge.stats()])
     checked = len({t for grp in groups for t in grp.outputs} | {o.name for o in original.graph.output})
     return Verification(where, checked, worst)
-
-
-def _custom_domains(model: onnx.ModelProto) -> list[str]:
-    """Op domains of `model` that ONNX Runtime knows only from a custom-op library."""
-    known = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.onnxstitch"} | {f.domain for f in model.functions}
-    return sorted({n.domain for n in model.graph.node} - known)
 
 
 def _half_inputs(graph: FusionGraph, grp: Group) -> bool:
