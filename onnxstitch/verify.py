@@ -375,7 +375,11 @@ class _Judge:
 
     def output(self, name: str, actual: np.ndarray, against: np.ndarray | None = None) -> str | None:
         """Why graph output `name` of the stitched model is beyond rounding (None when it is
-        not), against the original's value (or `against`)."""
+        not), against the original's value (or `against`): beyond ACCUMULATED_TOLERANCE, then
+        beyond the envelope. The difference is floored at the scale of the model's float inputs
+        as `compare` does: a detector's probabilities on a random image are all near 0 (sigmoids
+        of large negative logits, 1e-13 to 1e-7 in PP-OCRv3), and a 1e-7 rounding difference
+        there is not 100% of anything."""
         want = self.expected[name] if against is None else against
         ok, rel, why = compare(actual, want, tf32=self.tf32, input_scale=self.scale)
         tolerance, envelope = ACCUMULATED_TOLERANCE, 0.0
@@ -428,18 +432,6 @@ def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dic
         if why:
             raise VerifyError(f"verification failed on {where}: graph output '{o.name}' of the stitched model as "
                               f"written: {why}")
-
-
-def _beyond_rounding(actual: np.ndarray, expected: np.ndarray, tf32: bool,
-                     input_scale: float = 0.0) -> tuple[float, str | None]:
-    """(relative error, why) of a graph output, `why` set only where the difference is more than
-    the accumulated rounding of kernels each right on its own inputs explains, with no envelope
-    measured (ACCUMULATED_TOLERANCE). `input_scale` (the RMS of the model's float inputs) floors
-    the difference as `compare` does: a detector's probabilities on a random image are all near 0
-    (sigmoids of large negative logits, 1e-13 to 1e-7 in PP-OCRv3), and a 1e-7 rounding
-    difference there is not 100% of anything."""
-    ok, rel, why = compare(actual, expected, tf32=tf32, input_scale=input_scale)
-    return rel, None if ok or rel <= ACCUMULATED_TOLERANCE else why
 
 
 def _sizes(dims: Mapping[str, int]) -> str:

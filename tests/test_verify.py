@@ -15,6 +15,7 @@ from onnxstitch.cli.main import main
 from models.fuzz import run_cpu
 from onnxstitch import rewrite, verify
 from onnxstitch.inputs import random_feeds
+from onnxstitch.sessions import Runner
 from onnxstitch.verify import VerifyError, compare
 
 from .stitching import fresh_seed
@@ -57,9 +58,16 @@ def test_a_graph_output_near_zero_is_judged_at_its_inputs_scale() -> None:
     logits = (-25.0 + rng.standard_normal((64, 64))).astype(np.float32)
     probs = (1 / (1 + np.exp(-logits.astype(np.float64)))).astype(np.float32)
     noisy = probs + (rng.standard_normal(probs.shape) * 3e-8).astype(np.float32)
-    assert verify._beyond_rounding(noisy, probs, False)[1] is not None  # its own norm: 100% off
-    assert verify._beyond_rounding(noisy, probs, False, input_scale=1.0)[1] is None
-    assert verify._beyond_rounding(probs * 3 + 1e-3, probs, False, input_scale=1.0)[1] is not None
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[64, 64] x) => (float[64, 64] p) { p = Sigmoid(x) }""")
+
+    def judge(input_scale: float) -> verify._Judge:  # on the CPU: no envelope, the fixed tolerance
+        feeds = {"x": np.full(probs.shape, input_scale, np.float32)}
+        return verify._Judge(model, feeds, {"p": probs}, Runner(False), tf32=False)
+
+    assert judge(0.0).output("p", noisy) is not None  # its own norm: 100% off
+    assert judge(1.0).output("p", noisy) is None
+    assert judge(1.0).output("p", probs * 3 + 1e-3) is not None
 
 
 def _broken_function(monkeypatch: pytest.MonkeyPatch, group: str) -> None:
