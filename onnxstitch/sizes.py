@@ -38,9 +38,13 @@ class Sizes:
         """The concrete shape of a graph input under these sizes."""
         if vi.name in self.inputs:
             return self.inputs[vi.name]
-        return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
-                     else int(self.dims.get(dim_name(vi.name, i, d), DEFAULT_SYMBOLIC_DIM))
+        return tuple(int(d.dim_value) if _fixed(d) else int(self.dims.get(dim_name(vi.name, i, d), DEFAULT_SYMBOLIC_DIM))
                      for i, d in enumerate(vi.type.tensor_type.shape.dim))
+
+
+def _fixed(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """Whether a graph input's dim is a number (-1, which some exporters write, is dynamic)."""
+    return d.HasField("dim_value") and d.dim_value >= 0
 
 
 def dim_name(input_name: str, index: int, d: onnx.TensorShapeProto.Dimension) -> str:
@@ -115,10 +119,10 @@ def valid_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
         if shape is None:
             inputs.append(f"{vi.name} [?]")
             continue
-        names = [str(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else dim_name(vi.name, i, d)
+        names = [str(d.dim_value) if _fixed(d) else dim_name(vi.name, i, d)
                  for i, d in enumerate(shape)]
         inputs.append(f"{vi.name} [{', '.join(names)}]")
-        dims += [n for i, (n, d) in enumerate(zip(names, shape)) if not (d.HasField("dim_value") and d.dim_value >= 0)]
+        dims += [n for n, d in zip(names, shape) if not _fixed(d)]
     return inputs, list(dict.fromkeys(dims))
 
 
@@ -163,7 +167,7 @@ def _input_shape(vi: onnx.ValueInfoProto, values: tuple[int, ...], set_dim) -> t
         raise BadInputError(f"--shape {vi.name}={_text(values)}: rank {len(values)} given, the model's input "
                             f"{vi.name} has rank {len(dims)}")
     for i, (d, v) in enumerate(zip(dims, values)):
-        if d.HasField("dim_value") and d.dim_value >= 0:
+        if _fixed(d):
             if d.dim_value != v:
                 raise BadInputError(f"--shape {vi.name}: dim {i} is fixed at {d.dim_value} in the model, {v} given")
             continue
