@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import onnx
 from onnx import helper
 
-from .edit import implicit_inputs
+from .edit import implicit_inputs, subgraphs
 from .errors import StitchError, first_line
 from .rewrite import DOMAIN, IR_VERSION, OP_TYPE
 from .shapes import TensorInfo
@@ -92,17 +92,10 @@ def _renamed(result: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
     """The stitched body with its fused groups renamed `prefix + name` (nodes and functions)."""
     out = onnx.ModelProto()
     out.CopyFrom(result)
-
-    def walk(g: onnx.GraphProto) -> None:
-        for n in g.node:
-            if n.op_type == OP_TYPE and n.domain == DOMAIN:
-                n.overload = prefix + n.overload
-                n.name = prefix + n.name if n.name else n.name
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    walk(sub)
-
-    walk(out.graph)
+    for n in _all_nodes(out.graph):
+        if n.op_type == OP_TYPE and n.domain == DOMAIN:
+            n.overload = prefix + n.overload
+            n.name = prefix + n.name if n.name else n.name
     for f in out.functions:
         if f.domain == DOMAIN:
             f.overload = prefix + f.overload
@@ -165,12 +158,12 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
     return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()))
 
 
-def _all_nodes(g: onnx.GraphProto):
+def _all_nodes(g: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of `g` and of the graphs its nodes hold, at any depth."""
     for n in g.node:
         yield n
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from _all_nodes(sub)
+        for sub in subgraphs(n):
+            yield from _all_nodes(sub)
 
 
 def _add_functions(model: onnx.ModelProto, functions) -> None:

@@ -11,6 +11,11 @@ import onnx
 from . import load
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node's attributes hold (If branches, Loop and Scan bodies)."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
 def implicit_inputs(node: onnx.NodeProto) -> list[str]:
     """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read: dependencies as real
     as its inputs, though they appear in no input list."""
@@ -22,14 +27,12 @@ def implicit_inputs(node: onnx.NodeProto) -> list[str]:
             for t in n.input:
                 if t and t not in defined and t not in found:
                     found.append(t)
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    walk(sub, defined)
+            for sub in subgraphs(n):
+                walk(sub, defined)
             defined.update(n.output)
 
-    for a in node.attribute:
-        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-            walk(sub, set())
+    for sub in subgraphs(node):
+        walk(sub, set())
     return found
 
 
