@@ -383,6 +383,7 @@ def run_zoo(manifest: str | os.PathLike, *, out: Path | None = None, run: Any = 
     run = run or executor()
     tasks = [_task(m, update, max_slowdown) for m in models]
     results: list[ZooResult] = []
+    where = run.describe()  # once: Ray's asks the cluster
     t0 = time.perf_counter()
 
     def done(row: dict) -> None:
@@ -392,10 +393,10 @@ def run_zoo(manifest: str | os.PathLike, *, out: Path | None = None, run: Any = 
         if progress:
             progress(r, len(results), len(tasks))
         if out is not None:
-            _write(ZooReport(str(manifest), tuple(results), run.describe(), time.perf_counter() - t0), out)
+            _write(ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0), out)
 
     run.run(tasks, done)
-    report = ZooReport(str(manifest), tuple(results), run.describe(), time.perf_counter() - t0)
+    report = ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0)
     if out is not None:
         _write(report, out)
     return report
