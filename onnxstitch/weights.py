@@ -414,34 +414,28 @@ class Weights:
         head = onnx.ModelProto()
         head.CopyFrom(model)
         head.ClearField("graph")
-        pieces: list[tuple[bytes, TensorProto | None]] = []  # (encoded tensor or its header, stub)
+        # (encoded tensor or its header, stub, its payload's bytes)
+        pieces: list[tuple[bytes, TensorProto | None, int]] = []
         for t in model.graph.initializer:
             if not is_stub(t):
-                pieces.append((t.SerializeToString(), None))
+                pieces.append((t.SerializeToString(), None, 0))
                 continue
             header = TensorProto()
             header.CopyFrom(t)
             header.ClearField("external_data")
             header.data_location = TensorProto.DEFAULT
-            pieces.append((header.SerializeToString(), t))
-
-        def tensor_size(encoded: bytes, stub: TensorProto | None) -> int:
-            if stub is None:
-                return len(encoded)
-            n = _payload_size(self._data[_location(stub)])
-            return len(encoded) + _field_size(_RAW_DATA_FIELD, n)
-
-        sizes = [tensor_size(*p) for p in pieces]
+            pieces.append((header.SerializeToString(), t, _payload_size(self._data[_location(t)])))
+        sizes = [len(encoded) + (_field_size(_RAW_DATA_FIELD, n) if stub is not None else 0)
+                 for encoded, stub, n in pieces]
         graph_bytes = graph.SerializeToString()
         graph_size = len(graph_bytes) + sum(_field_size(_INITIALIZER_FIELD, n) for n in sizes)
         with open(path, "wb", buffering=0) as f:
             _write_all(f, head.SerializeToString())
             _write_all(f, _key(_GRAPH_FIELD) + _varint(graph_size))
             _write_all(f, graph_bytes)
-            for (encoded, stub), size in zip(pieces, sizes):
+            for (encoded, stub, n), size in zip(pieces, sizes):
                 _write_all(f, _key(_INITIALIZER_FIELD) + _varint(size) + encoded)
                 if stub is not None:
-                    n = _payload_size(self._data[_location(stub)])
                     _write_all(f, _key(_RAW_DATA_FIELD) + _varint(n))
                     if self._write(f, stub) != n:
                         raise OSError(f"{stub.name}: its payload is not {n} bytes long")
