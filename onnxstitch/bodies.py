@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterator, Mapping
 import onnx
 from onnx import helper
 
-from .edit import implicit_inputs, subgraphs
+from .edit import implicit_inputs, reads, subgraphs
 from .errors import StitchError, first_line
 from .rewrite import DOMAIN, IR_VERSION, OP_TYPE
 from .shapes import TensorInfo
+from .weights import is_stub
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,13 @@ def _compute_nodes(g: onnx.GraphProto) -> int:
     return sum(1 for n in g.node if n.op_type not in ("Constant", "Identity"))
 
 
+def outer_constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """The main graph's initializers whose payload is in the model (not the large weights kept
+    apart, weights.py): a body reading one gets it as an initializer of its own while it is
+    optimized, since its value can decide shapes (a Split's sizes), and drops it again after."""
+    return {t.name: t for t in model.graph.initializer if not is_stub(t)}
+
+
 def body_model(body: onnx.GraphProto, node: onnx.NodeProto, model: onnx.ModelProto,
                infos: Mapping[str, TensorInfo]) -> onnx.ModelProto | str:
     """`body` (an attribute of `node` in `model`'s main graph) as a model: its inputs, then the
@@ -69,10 +77,14 @@ def body_model(body: onnx.GraphProto, node: onnx.NodeProto, model: onnx.ModelPro
     g.CopyFrom(body)
     outer = []
     defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+    constants = outer_constants(model)
     probe = onnx.NodeProto()
     probe.attribute.add().CopyFrom(helper.make_attribute("body", body))
     for t in implicit_inputs(probe):
         if t in defined:
+            continue
+        if t in constants:  # split sizes, shapes, axes: their values, not random ones, in verification
+            g.initializer.append(constants[t])
             continue
         info = infos.get(t)
         if info is None or not info.dtype:
@@ -132,7 +144,10 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
             stitched = result.model
             fused = sum(1 for n in _all_nodes(stitched.graph) if n.op_type == OP_TYPE and n.domain == DOMAIN)
             if not fused:
-                refusals.append(f"{where}: nothing fused ({result.report.plan.message or 'no group pays'})")
+                dropped = result.report.dropped
+                why = (f"its {len(dropped)} group(s) left to ONNX Runtime: {dropped[0]['reason']}" if dropped
+                       else result.report.plan.message or "no group pays")
+                refusals.append(f"{where}: nothing fused ({why})")
                 continue
             prefix = f"{(node.name or node.output[0]).replace('/', '_')}.{attr.name}."
             stitched = _renamed(stitched, prefix)
@@ -143,6 +158,10 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
             del g.input[:]
             g.input.extend(sorted(keep, key=lambda vi: formal.index(vi.name)))
             g.name = attr.g.name
+            lent = set(outer_constants(out)) - {t.name for t in attr.g.initializer}
+            kept = [t for t in g.initializer if t.name not in lent]
+            del g.initializer[:]
+            g.initializer.extend(kept)
             attr.g.CopyFrom(g)
             bodies.setdefault(node.output[0], {})[attr.name] = g
             for f in stitched.functions:
@@ -155,7 +174,17 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
                             + f" ({ver.summary() if ver else 'not verified'})")
     if functions:
         _add_functions(out, functions.values())
+        _drop_unread_constants(out.graph)
     return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()))
+
+
+def _drop_unread_constants(g: onnx.GraphProto) -> None:
+    """Drop the initializers that only the fused-away body nodes read (a Split's sizes)."""
+    read = {t for n in g.node for t in reads(n)} | {o.name for o in g.output} | {i.name for i in g.input}
+    kept = [t for t in g.initializer if t.name in read or is_stub(t)]
+    if len(kept) < len(g.initializer):
+        del g.initializer[:]
+        g.initializer.extend(kept)
 
 
 def _all_nodes(g: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -187,4 +216,5 @@ def apply(model: onnx.ModelProto, done: Bodies) -> onnx.ModelProto:
             if attr.name in new:
                 attr.g.CopyFrom(new[attr.name])
     _add_functions(out, done.functions)
+    _drop_unread_constants(out.graph)
     return out

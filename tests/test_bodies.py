@@ -147,3 +147,32 @@ def test_bodies_with_initializers_and_nested_ifs_round_trip() -> None:
         for f2 in (True, False):
             feeds = {"x": rng.standard_normal((2, 64)).astype(np.float32), "flag": np.array(f1), "flag2": np.array(f2)}
             np.testing.assert_allclose(_run(res.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gru_scan", "greedy_loop"])
+def test_corpus_control_flow_models_fuse_their_bodies(name: str) -> None:
+    """The corpus's Scan GRU and greedy-decoding Loop (models/controlflow.py): their bodies read
+    outer constants that decide shapes (a Split's sizes), which verification must give their
+    values, not random ones. Each body gets kernels, and the whole model is compared with the
+    original end to end although its main graph fuses nothing."""
+    from models import controlflow
+
+    model = getattr(controlflow, name)()
+    shapes = {"batch": [4], "seq": [6]} if name == "gru_scan" else {"batch": [4]}
+    res = onnxstitch.optimize(model, shapes=shapes)
+    notes = res.report.notes["bodies"]
+    assert len(notes.rewrites) == 1 and not notes.refusals, (notes.rewrites, notes.refusals)
+    fused = [n for n in bodies._all_nodes(res.model.graph) if n.op_type == "FusedKernel"]
+    assert fused
+    assert res.report.verification is not None and not res.report.verification.skipped
+    # The Split sizes only the fused-away nodes read are gone from the main graph.
+    assert not [t.name for t in res.model.graph.initializer if t.name.endswith("thirds")]
+    rng = np.random.default_rng(fresh_seed())
+    if name == "gru_scan":
+        feeds = {"x": rng.standard_normal((3, 5, controlflow.FEATURES)).astype(np.float32),
+                 "h0": rng.standard_normal((3, controlflow.HIDDEN)).astype(np.float32)}
+    else:
+        feeds = {"tok0": rng.integers(0, controlflow.VOCAB, 3).astype(np.int64),
+                 "h0": rng.standard_normal((3, controlflow.HIDDEN)).astype(np.float32)}
+    for got, want in zip(_run(res.model, feeds), _run(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -133,7 +133,7 @@ g (float[N, 8] x, int64 sr) => (float[N, 8] y) {
     onnx.save(model, str(src))
     runner = CliRunner()
     res = runner.invoke(main, ["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--shape", "N=4", "--value", "sr=16000"])
-    assert res.exit_code == 0 and "1 bodies stitched" in res.output, res.output
+    assert res.exit_code == 0 and "1 body stitched" in res.output, res.output
     res = runner.invoke(main, ["check", str(src), "--baseline", str(tmp_path / "b.json"), "--update-baseline",
                                "--shape", "N=4"])
     assert res.exit_code == 2 and "--value" in res.output  # random sr runs the else branch, which fails

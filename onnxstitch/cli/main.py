@@ -73,8 +73,9 @@ def _summary(report, out: Path) -> Table:
     t.add_row("fused groups", "", f"{report.fused_groups}{left}")
     body = report.notes.get("bodies")
     if body and (body.rewrites or body.refusals):
-        t.add_row("control flow", "", f"{len(body.rewrites)} bodies stitched"
-                  + (f", {len(body.refusals)} left as they were" if body.refusals else ""))
+        done, left = len(body.rewrites), len(body.refusals)
+        t.add_row("control flow", "", f"{done} {'body' if done == 1 else 'bodies'} stitched"
+                  + (f", {left} left as {'it was' if left == 1 else 'they were'}" if left else ""))
     if report.simplified:
         t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites of exported forms")
     if report.normalized:
