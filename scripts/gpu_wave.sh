@@ -9,10 +9,15 @@
 #            (MODELS=a,b to choose), default flags: measured costs, the gate, GPU verification
 #   ab       the same (MODELS) with the gate and with --no-gate, one after the other
 #   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones)
+#   opt      BERT-base optimize cold and warm (time, peak RSS, stages), then a cold run under
+#            cProfile (the top of it in $OUT/opt-profile.txt); carry build/bertc
+#   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
+#            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
+#   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, cf, gemm or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
@@ -56,6 +61,32 @@ case "$part" in
     fill build/unseenc /tmp/unseen
     python3 scripts/corpus_report.py --gpu --corpus /tmp/unseen --out "$OUT/quick" --timeout 400 \
       ${MODELS:+--models "$MODELS"} 2>&1 | tee -a "$log"
+    ;;
+  opt)
+    bash scripts/gpu_optimize_time.sh 2>&1 | tee "$log"
+    ONNXSTITCH_CACHE=/tmp/onnxstitch-prof python3 -m cProfile -o "$OUT/opt.prof" -m onnxstitch.cli optimize \
+      /tmp/zoo/bert-base-float32.onnx --shape batch=8,sequence=128 -q -o /tmp/zoo/bert.prof.onnx 2>&1 | tee -a "$log"
+    python3 -c "import pstats; p = pstats.Stats('$OUT/opt.prof'); p.sort_stats('cumulative').print_stats(60)
+p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
+    ;;
+  cf)
+    cf() {  # cf NAME SHAPE [optimize flags]: optimize with GPU verification, then time it plain
+      local name=$1 shape=$2
+      shift 2
+      echo "== $name $shape $*"
+      /usr/bin/time -f "optimize %e s, peak %M KB" python3 -m onnxstitch.cli optimize "build/cfc/$name.onnx" \
+        --shape "$shape" "$@" -o "/tmp/$name.stitched.onnx" --report "$OUT/cf-$name.json"
+      python3 -m onnxstitch.cli bench "build/cfc/$name.onnx" --stitched "/tmp/$name.stitched.onnx" \
+        --shape "$shape" "$@" --iters 300
+    }
+    {
+      cf silero-vad input=8x512,state=2x8x128 --value sr=16000
+      cf gru-scan batch=8,seq=64
+      cf greedy-loop batch=8
+    } 2>&1 | tee "$log"
+    ;;
+  gemm)
+    python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} 2>&1 \
