@@ -81,6 +81,7 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
     }
     {
       cf silero-vad input=8x512,state=2x8x128 --value sr=16000
+      cf silero-vad input=8x512,state=2x8x128 --value sr=16000 --epilogues
       cf gru-scan batch=8,seq=64
       cf greedy-loop batch=8
     } 2>&1 | tee "$log"
