@@ -184,14 +184,25 @@ def run_in_child(task: Mapping[str, Any], env: Mapping[str, str] | None = None, 
 # ---------------------------------------------------------------- executors
 
 
-def gpu_count() -> int:
-    """NVIDIA GPUs on this machine (nvidia-smi), 0 where there are none."""
+def gpu_ids() -> list[str]:
+    """The NVIDIA GPUs this process may use: those CUDA_VISIBLE_DEVICES names where it is set
+    (so `CUDA_VISIBLE_DEVICES=0 onnxstitch zoo` runs on one GPU of many), else every GPU
+    nvidia-smi lists; none where there are none."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=20)
-        return len([ln for ln in out.stdout.splitlines() if ln.strip()]) if out.returncode == 0 else 0
+        listed = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()] if out.returncode == 0 else []
     except (OSError, subprocess.TimeoutExpired):
-        return 0
+        listed = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not listed:
+        return listed
+    return [d.strip() for d in visible.split(",") if d.strip()][:len(listed)]
+
+
+def gpu_count() -> int:
+    """How many GPUs `gpu_ids` finds."""
+    return len(gpu_ids())
 
 
 class LocalExecutor:
@@ -202,7 +213,8 @@ class LocalExecutor:
 
     def __init__(self, jobs: int | None = None, gpus: int | None = None,
                  command: Sequence[str] | None = None) -> None:
-        self.gpus = gpu_count() if gpus is None else gpus
+        self.ids = gpu_ids() if gpus is None else [str(i) for i in range(gpus)]
+        self.gpus = len(self.ids)
         self.slots = self.gpus or max(1, jobs or os.cpu_count() or 1)
         self.command = command
 
@@ -214,9 +226,9 @@ class LocalExecutor:
         free = list(range(self.slots))
 
         def one(task: dict, slot: int) -> dict:
-            env = {"CUDA_VISIBLE_DEVICES": str(slot)} if self.gpus else {"CUDA_VISIBLE_DEVICES": ""}
+            env = {"CUDA_VISIBLE_DEVICES": self.ids[slot]} if self.gpus else {"CUDA_VISIBLE_DEVICES": ""}
             row = run_in_child(task, env, command=self.command)
-            row["worker"] = f"{socket.gethostname()}" + (f" GPU {slot}" if self.gpus else f" slot {slot}")
+            row["worker"] = f"{socket.gethostname()}" + (f" GPU {self.ids[slot]}" if self.gpus else f" slot {slot}")
             return row
 
         pending = list(tasks)

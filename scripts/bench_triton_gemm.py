@@ -48,7 +48,7 @@ EPILOGUES = {"none": 0, "bias": 1, "gelu": 2, "residual": 3, "lnfold": 4}
 
 
 @triton.jit
-def _gemm(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, mean_ptr, rstd_ptr, colsum_ptr, M, N, K,
+def _gemm(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, mean_ptr, rstd_ptr, colsum_ptr, M, N, K, sbk, sbn,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
           EPI: tl.constexpr):
     pid = tl.program_id(0)
@@ -64,12 +64,12 @@ def _gemm(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, mean_ptr, rstd_ptr, colsum_ptr
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + (rm % M)[:, None] * K + rk[None, :]
-    b_ptrs = b_ptr + rk[:, None] * N + (rn % N)[None, :]
+    b_ptrs = b_ptr + rk[:, None] * sbk + (rn % N)[None, :] * sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):  # K % BLOCK_K == 0 at every shape here (asserted on the host)
         acc = tl.dot(tl.load(a_ptrs), tl.load(b_ptrs), acc, input_precision="tf32")
         a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
+        b_ptrs += BLOCK_K * sbk
     col = rn < N
     if EPI == 4:
         mean = tl.load(mean_ptr + rm, mask=rm < M, other=0.0)
@@ -94,7 +94,7 @@ def _triton(a, b, c, vecs, config, epi):
     assert k % bk == 0
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     bias, res, mean, rstd, colsum = vecs
-    return lambda: _gemm[grid](a, b, c, bias, res, mean, rstd, colsum, m, n, k, BLOCK_M=bm, BLOCK_N=bn,
+    return lambda: _gemm[grid](a, b, c, bias, res, mean, rstd, colsum, m, n, k, b.stride(0), b.stride(1), BLOCK_M=bm, BLOCK_N=bn,
                                BLOCK_K=bk, GROUP_M=gm, EPI=epi, num_warps=warps, num_stages=stages)
 
 
@@ -118,11 +118,14 @@ def _bench(fn) -> float:
     return float(do_bench_cudagraph(fn, rep=60))
 
 
-def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict]) -> None:
-    """Every variant at one shape and dtype, appended to `rows`."""
+def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict], layout: str = "kn") -> None:
+    """Every variant at one shape and dtype, appended to `rows`. `layout` "nk": the weight stored
+    transposed ([N, K], K-major, as the optimizer may write it), which Hopper's TF32 wgmma needs."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
     b = (torch.randn(k, n, device="cuda", dtype=dtype, generator=gen) / math.sqrt(k)).to(dtype)
+    if layout == "nk":
+        b = b.t().contiguous().t()  # the same values, K-major
     c = torch.empty(m, n, device="cuda", dtype=dtype)
     vecs = (torch.randn(n, device="cuda", dtype=dtype, generator=gen),
             torch.randn(m, n, device="cuda", dtype=dtype, generator=gen),
@@ -134,7 +137,8 @@ def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict]) -> Non
     shape = f"{m}x{n}x{k}"
 
     def row(variant: str, ms: float, **extra) -> None:
-        rows.append(dict(shape=shape, dtype=name, variant=variant, ms=ms, tflops=flops / ms / 1e9, **extra))
+        rows.append(dict(shape=shape, dtype=name, layout=layout, variant=variant, ms=ms, tflops=flops / ms / 1e9,
+                         **extra))
 
     row("cublas", _bench(lambda: torch.matmul(a, b, out=c)))
     row("cublas+bias", _bench(lambda: torch.addmm(vecs[0], a, b, out=c)))
@@ -167,6 +171,7 @@ def main() -> int:
     ap.add_argument("--out", default="triton_gemm.json")
     ap.add_argument("--shapes", default="bert,llama")
     ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--layouts", default="kn,nk", help="weight as ONNX holds it [K, N] (kn), transposed (nk)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True  # ORT's CUDA EP default (use_tf32)
     dev = torch.cuda.get_device_name()
@@ -175,16 +180,16 @@ def main() -> int:
     t0 = time.time()
     for group in args.shapes.split(","):
         for m, n, k in SHAPES[group]:
-            for dt in args.dtypes.split(","):
-                measure(m, n, k, torch.float32 if dt == "float32" else torch.float16, rows)
+            for dt, layout in ((d, lay) for d in args.dtypes.split(",") for lay in args.layouts.split(",")):
+                measure(m, n, k, torch.float32 if dt == "float32" else torch.float16, rows, layout)
                 for r in rows[-8:]:
                     r["group"] = group
                     r["peak_pct"] = 100 * r["tflops"] / PEAK[card][r["dtype"]]
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, {time.time() - t0:.0f} s")
-    print(f"{'shape':<16}{'dtype':<9}{'variant':<16}{'ms':>9}{'TFLOP/s':>9}{'% peak':>8}  note")
+    print(f"{'shape':<16}{'dtype':<9}{'B':<3}{'variant':<16}{'ms':>9}{'TFLOP/s':>9}{'% peak':>8}  note")
     for r in rows:
         note = f"tile {r['tile']} err {r['rel_err']:.1e}{'' if r['ok'] else ' WRONG'}" if "tile" in r else ""
-        print(f"{r['shape']:<16}{r['dtype']:<9}{r['variant']:<16}{r['ms'] * 1e3:>8.1f}µ{r['tflops']:>9.1f}"
+        print(f"{r['shape']:<16}{r['dtype']:<9}{r['layout']:<3}{r['variant']:<16}{r['ms'] * 1e3:>8.1f}µ{r['tflops']:>9.1f}"
               f"{r['peak_pct']:>7.1f}%  {note}")
     json.dump(dict(device=dev, torch=torch.__version__, triton=triton.__version__, rows=rows),
               open(args.out, "w"), indent=1)

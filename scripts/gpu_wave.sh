@@ -14,6 +14,8 @@
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
 #            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
+#   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on every GPU of the
+#            machine, then on GPU 0 alone (CUDA_VISIBLE_DEVICES=0), each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -70,24 +72,36 @@ case "$part" in
 p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
     ;;
   cf)
-    cf() {  # cf NAME SHAPE [optimize flags]: optimize with GPU verification, then time it plain
-      local name=$1 shape=$2
-      shift 2
-      echo "== $name $shape $*"
+    cf() {  # cf NAME SHAPE "FLAGS" [optimize-only flags]: optimize with GPU verification, time it plain
+      local name=$1 shape=$2 flags=$3
+      shift 3
+      echo "== $name $shape $flags $*"
       /usr/bin/time -f "optimize %e s, peak %M KB" python3 -m onnxstitch.cli optimize "build/cfc/$name.onnx" \
-        --shape "$shape" "$@" -o "/tmp/$name.stitched.onnx" --report "$OUT/cf-$name.json"
+        --shape "$shape" $flags "$@" -o "/tmp/$name.stitched.onnx" --report "$OUT/cf-$name$*.json"
       python3 -m onnxstitch.cli bench "build/cfc/$name.onnx" --stitched "/tmp/$name.stitched.onnx" \
-        --shape "$shape" "$@" --iters 300
+        --shape "$shape" $flags --iters 300
     }
     {
-      cf silero-vad input=8x512,state=2x8x128 --value sr=16000
-      cf silero-vad input=8x512,state=2x8x128 --value sr=16000 --epilogues
-      cf gru-scan batch=8,seq=64
-      cf greedy-loop batch=8
+      cf silero-vad input=8x512,state=2x8x128 "--value sr=16000" ${CF_FLAGS:-}
+      [ -n "${CF_SILERO_ONLY:-}" ] || { cf gru-scan batch=8,seq=64 ""; cf greedy-loop batch=8 ""; }
     } 2>&1 | tee "$log"
     ;;
   gemm)
     python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"
+    ;;
+  zoo)
+    for run in all one; do
+      echo "== $run"
+      export ONNXSTITCH_CACHE=/tmp/zoo-cache-$run
+      start=$(date +%s.%N)
+      if [ $run = one ]; then
+        CUDA_VISIBLE_DEVICES=0 python3 -m onnxstitch.cli zoo build/zoosub/manifest.json --local --out "$OUT/zoo-$run" -q
+      else
+        python3 -m onnxstitch.cli zoo build/zoosub/manifest.json --local --out "$OUT/zoo-$run" -q
+      fi
+      echo "exit $? wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
+      head -5 "$OUT/zoo-$run/zoo.md"
+    done 2>&1 | tee "$log"
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} 2>&1 \
