@@ -14,8 +14,8 @@
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
 #            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
-#   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on every GPU of the
-#            machine, then on GPU 0 alone (CUDA_VISIBLE_DEVICES=0), each with a cold cache
+#   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
+#            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
@@ -90,8 +90,11 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
     python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"
     ;;
   zoo)
-    for run in all one; do
+    # GPU 0 alone first; its report then orders the run on every GPU (longest models first, as a
+    # CI run ordered by its last report).
+    for run in ${ZOO_RUNS:-one all}; do
       echo "== $run"
+      [ "$run" = all ] && [ -f "$OUT/zoo-one/zoo.json" ] && mkdir -p "$OUT/zoo-all" && cp "$OUT/zoo-one/zoo.json" "$OUT/zoo-all/"
       export ONNXSTITCH_CACHE=/tmp/zoo-cache-$run
       start=$(date +%s.%N)
       if [ $run = one ]; then

@@ -139,3 +139,28 @@ def test_the_same_run_through_a_local_ray_retries_a_dead_worker(tmp_path: Path) 
     assert rows["chain"].status == "ok" and rows["broken"].status == "error"
     assert rows["short"].status == "ok" and rows["short"].attempts == 2
     assert "Ray" in json.loads((tmp_path / "r" / "zoo.json").read_text())["executor"]
+
+
+def test_the_models_the_last_run_timed_longest_start_first(tmp_path: Path) -> None:
+    """A report already in --out orders the next run: its slowest model starts first, the models
+    it does not list after, in the manifest's order."""
+    manifest = _zoo(tmp_path)
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "zoo.json").write_text(json.dumps({"models": [{"name": "chain", "seconds": 1.0},
+                                                          {"name": "short", "seconds": 40.0}]}))
+
+    class Recorder:
+        order: list[str] = []
+
+        def describe(self) -> str:
+            return "a recorder"
+
+        def run(self, tasks, done) -> None:
+            self.order = [t["name"] for t in tasks]
+
+    rec = Recorder()
+    zoo.run_zoo(manifest, out=out, run=rec)
+    assert rec.order == ["short", "chain", "broken"]
+    zoo.run_zoo(manifest, out=tmp_path / "fresh", run=rec)  # no report yet: the manifest's order
+    assert rec.order == ["chain", "short", "broken"]
