@@ -48,7 +48,7 @@ from typing import Iterable, Sequence
 
 from .cost import ort_share
 from .folds import concats, views
-from .schemes.rows import geometry as rows_mod
+from . import rowplan as rows_mod
 from .planned import Rejection
 from .graph import MAX_INPUTS, MAX_OUTPUTS, FusionGraph, reduced_shape, row_run
 from .ops import OpKind

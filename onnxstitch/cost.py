@@ -22,7 +22,7 @@ from typing import Iterable, Mapping
 from . import ops
 from .graph import FusionGraph
 from .shapes import dtype_size
-from .schemes.rows import geometry as rows
+from . import rowplan as rows
 
 H100_BANDWIDTH_GBS = 2850.0  # measured device-to-device copy, read + write (DESIGN.md)
 H200_BANDWIDTH_GBS = 4090.0  # measured by scripts/bench_elementwise.py, 2026-11-22 (DESIGN.md: 3960)

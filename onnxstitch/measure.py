@@ -284,7 +284,7 @@ def _risk(graph: FusionGraph, grp: Group, base: GroupCost) -> float | None:
     predicted gain is clear: a column reduction or a split row (the cost model's known misses)
     and the library and attention schemes always count; other groups where their predicted gain
     is under CLEAR_GAIN, the smaller first."""
-    from .schemes.rows import geometry as rows
+    from . import rowplan as rows
 
     score = 0.0
     if grp.scheme == "rows" and rows.has_rows(graph, grp.nodes):

@@ -582,10 +582,10 @@ def _rewritten(given: _Given, planned: _Planned, subset: list, linked, stage: _S
     subset = _linked_whole(subset, linked)
     whole = linked and linked <= {grp.name for grp, _ in subset}
     fused = [rewrite.FusedGroup(grp.name, grp.nodes, k) for grp, k in subset]
-    nhwc = planned.plan.nhwc_nodes if whole else ()
+    relaid = dict(planned.plan.relaid) if whole else {}
     m, g = planned.normal.model, planned.graph
     # Nothing fused: the model goes out exactly as it came in.
-    return stage("rewrite", lambda: rewrite.rewrite(m, g, fused, nhwc)) if fused else given.loaded
+    return stage("rewrite", lambda: rewrite.rewrite(m, g, fused, relaid)) if fused else given.loaded
 
 
 def _gate_timing(given: _Given, written: _Written, opts: Options,

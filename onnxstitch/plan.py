@@ -39,8 +39,7 @@ from .candidates import Candidates, enumerate_candidates, iter_bits
 from .cost import CostModel, group_bytes, group_us, node_bytes, node_us
 from .graph import FusionGraph
 from .planned import Group, PackRefusal, Plan, Rejection  # noqa: F401 (the plan's types, re-exported)
-from .schemes import ELEMENTWISE, ROWS
-from .schemes.rows import geometry
+from .schemes import registry
 
 # Relative MIP gap. CBC's default (1e-4) would hide byte-level differences between plans with
 # the same kernel count: one launch is ~4.5 µs, a 4 KB tensor ~0.0014 µs.
@@ -288,13 +287,13 @@ def _give_up(out: _Outcome, why: str) -> _Outcome:
 
 
 def make_group(graph: FusionGraph, cost: CostModel, name: str, members: tuple[int, ...]) -> Group:
-    """The plan's group over `members`: a rows kernel where it holds a row reduction, else an
-    elementwise one."""
+    """The plan's group over `members`, run by the scheme that claims it (a rows kernel where it
+    holds a row reduction, else an elementwise one)."""
     s = frozenset(members)
     ins, outs = graph.boundary(s)
     return Group(name, members, ins, outs, graph.iteration_shape(s), group_bytes(graph, s),
                  group_us(graph, cost, s), tuple(graph.nodes[i].label for i in members),
-                 scheme=ROWS if geometry.has_rows(graph, s) else ELEMENTWISE)
+                 scheme=registry.candidate_scheme(graph, s))
 
 
 def unfused_totals(graph: FusionGraph, cost: CostModel) -> dict[str, float | int]:

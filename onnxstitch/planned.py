@@ -98,8 +98,9 @@ class Plan:
     cuts: int = 0  # lazy cycle cuts added
     rounds: int = 0  # solver calls
     pack_refusals: tuple[PackRefusal, ...] = ()  # pack.py: same level and shape, not packed
-    # ONNX Runtime's channel Concat/Split nodes run in NHWC between conv groups (schemes/conv).
-    nhwc_nodes: tuple[int, ...] = ()
+    # Nodes left to ONNX Runtime that a scheme runs in a layout of its own, with the scheme's name
+    # (conv: channel Concat/Split, elementwise work and poolings in NHWC between its groups).
+    relaid: tuple[tuple[int, str], ...] = ()
 
     def to_json(self) -> dict:
         """A JSON-ready dict for `--report`."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -15,11 +15,10 @@ from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel, arch_number
 from .schemes import registry
-from .schemes.conv import match as conv_match
 from . import ops
 from .folds import concats, slices, views
 from .edit import implicit_inputs
-from .graph import FusionGraph
+from .graph import FusionGraph, TensorInfo
 
 DOMAIN = "com.onnxstitch"
 OP_TYPE = "FusedKernel"
@@ -194,6 +193,14 @@ def _drop_orphans(original: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> lis
         nodes = keep
 
 
+def _relaid_info(graph: FusionGraph, t: str) -> TensorInfo:
+    for relayout in registry.relayouts():
+        info = relayout.info(graph, t)
+        if info is not None:
+            return info
+    raise KeyError(f"no tensor {t!r} in the graph and no scheme names it")
+
+
 def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> None:
     """value_info for every fused output: ORT cannot infer a custom op's output type where an
     input is a scalar (it cannot tell 'scalar' from 'unknown shape')."""
@@ -201,8 +208,8 @@ def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Seque
     for grp in groups:
         for t in grp.kernel.source.outputs:
             if t not in known:
-                # A conv group's NHWC output (schemes/conv) is its NCHW tensor's dims permuted.
-                info = graph.tensors.get(t) or conv_match.nhwc_info(graph, t)
+                # An output a scheme names in a layout of its own (conv's NHWC ones) is its to describe.
+                info = graph.tensors.get(t) or _relaid_info(graph, t)
                 shape = None if info.shape is None else list(info.shape)
                 g.value_info.append(helper.make_tensor_value_info(t, info.dtype, shape))
 
@@ -222,35 +229,39 @@ def _forget_derived_dims(g: onnx.GraphProto) -> None:
 
 
 def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGroup],
-            nhwc_nodes: Collection[int] = ()) -> onnx.ModelProto:
+            relaid: Mapping[int, str] | None = None) -> onnx.ModelProto:
     """The stitched model: `model` (the normalized input whose main graph `graph` describes)
-    with every group replaced by its FusedKernel node and function, and the `nhwc_nodes` (ONNX
-    Runtime's layout-neutral nodes between conv groups, schemes/conv) over NHWC tensors, one-pixel
-    tensors bridged between the layouts where read in the other."""
+    with every group replaced by its FusedKernel node and function, and the `relaid` nodes (node
+    index → the scheme that runs it in its layout: Plan.relaid) as that scheme writes them
+    (base.Relayout), tensors bridged between the layouts where read in the other."""
+    relaid = relaid or {}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
     first = {min(grp.nodes): grp for grp in groups}
     fused_members = {i for grp in groups for i in grp.nodes}
     new_nodes: list[onnx.NodeProto] = []
-    nhwc_constants: dict[str, onnx.TensorProto] = {}
+    relaid_constants: dict[str, onnx.TensorProto] = {}
     for i, node in enumerate(model.graph.node):
         if i in first:
             new_nodes.append(_fused_node(first[i]))
-        elif i in nhwc_nodes:
-            made = conv_match.nhwc_node(graph, i, node)
+        elif i in relaid:
+            relayout = registry.get(relaid[i]).relayout
+            assert relayout is not None, f"scheme {relaid[i]} relays node {i} out but has no Relayout"
+            made = relayout.node(graph, i, node)
             new_nodes.extend(made.nodes)
-            nhwc_constants.update((c.name, c) for c in made.constants)
+            relaid_constants.update((c.name, c) for c in made.constants)
         elif i not in fused_members:
             new_nodes.append(node)
-    # One-pixel tensors read in the other layout than made (schemes/conv's layouts).
+    # Tensors read in the other layout than made (conv's one-pixel tensors).
     available = {x.name for x in g.input} | {t.name for t in g.initializer} | set(graph.constants)
-    bridges, shapes = conv_match.bridge(new_nodes, available)
-    new_nodes += bridges
-    nhwc_constants.update((c.name, c) for c in shapes)
+    for relayout in registry.relayouts():
+        bridges, shapes = relayout.bridge(new_nodes, available)
+        new_nodes += bridges
+        relaid_constants.update((c.name, c) for c in shapes)
     del g.node[:]
     g.node.extend(_topo(_drop_orphans(model.graph, new_nodes), {x.name for x in g.input}))
-    g.initializer.extend(nhwc_constants.values())
+    g.initializer.extend(relaid_constants.values())
     out.functions.extend(_function(model, graph, grp) for grp in groups)
 
     used = {t for n in g.node for t in list(n.input) + implicit_inputs(n)} | {o.name for o in g.output}

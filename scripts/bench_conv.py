@@ -33,7 +33,7 @@ from onnxstitch import bench, load, shapes  # noqa: E402
 from onnxstitch import graph as graph_mod  # noqa: E402
 from onnxstitch.graph import FusionGraph  # noqa: E402
 from onnxstitch.runtime import session as stitch_session  # noqa: E402
-from onnxstitch.schemes.conv.match import nhwc_info  # noqa: E402
+from onnxstitch.schemes.conv.layout import nhwc_info  # noqa: E402
 from onnxstitch.schemes.conv.spec import ACTIVATIONS  # noqa: E402
 
 WITHIN = 1.05  # the criterion: an epilogue costs at most 5% over the plain call

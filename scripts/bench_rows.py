@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnxstitch  # noqa: E402
 from onnxstitch import bench  # noqa: E402
 from onnxstitch.schemes.rows import printer as rows_printer  # noqa: E402
-from onnxstitch.schemes.rows import geometry as rows_mod  # noqa: E402
+from onnxstitch import rowplan as rows_mod  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from scripts.bench_elementwise import _Args, copy_bandwidth, launch_ms, node_image  # noqa: E402
 

@@ -6,7 +6,9 @@ byte for byte (a restructuring must leave them as they were, or explain the diff
     python3 scripts/dump_kernels.py --compare /tmp/kernels-before /tmp/kernels-after
 
 Each model is optimized without verification (codegen is all that matters here); every source
-handed to the compiler is written to OUT/<model>/<kernel>.cu and indexed in OUT/index.json.
+handed to the compiler is written to OUT/<model>/<kernel>.cu and indexed in OUT/index.json, with
+the digest of the written model (key "<written model>"), so a restructuring of the rewrite is
+compared too. `--epilogues` plans GEMM and convolution epilogues (their layouts included).
 """
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ def _compile_module():
     raise ImportError("no onnxstitch compile module")
 
 
-def dump(models: list[tuple[str, Path, dict]], out: Path) -> dict:
+WRITTEN = "<written model>"
+
+
+def dump(models: list[tuple[str, Path, dict]], out: Path, options: dict | None = None) -> dict:
     import onnxstitch
 
     module = _compile_module()
@@ -49,7 +54,7 @@ def dump(models: list[tuple[str, Path, dict]], out: Path) -> dict:
         for name, path, shapes in models:
             seen.clear()
             try:
-                onnxstitch.optimize(path, shapes=shapes, verify=False)
+                res = onnxstitch.optimize(path, shapes=shapes, verify=False, **(options or {}))
             except Exception as e:  # noqa: BLE001  (recorded: the comparison shows it)
                 index[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
                 continue
@@ -59,7 +64,8 @@ def dump(models: list[tuple[str, Path, dict]], out: Path) -> dict:
             for src in seen:
                 (folder / f"{src.name}.cu").write_text(src.source)
                 index[name][src.name] = hashlib.sha256(src.source.encode()).hexdigest()
-            print(f"{name}: {len(index[name])} kernels", flush=True)
+            index[name][WRITTEN] = hashlib.sha256(res.model.SerializeToString(deterministic=True)).hexdigest()
+            print(f"{name}: {len(index[name]) - 1} kernels", flush=True)
     finally:
         module.compile_all = real
     (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))
@@ -81,7 +87,9 @@ def compare(a: Path, b: Path) -> int:
             continue
         for k in sorted(set(x) ^ set(y)):
             print(f"  {'before' if k in x else 'after '} only: {k}")
-    kernels = sum(len(v) for v in left.values() if "error" not in v)
+        for k in sorted(k for k in set(x) & set(y) if x[k] != y[k]):
+            print(f"  {k}: different")
+    kernels = sum(len([k for k in v if k != WRITTEN]) for v in left.values() if "error" not in v)
     print(f"{same} models identical, {differ} differ ({kernels} kernels before)")
     return 1 if differ else 0
 
@@ -92,6 +100,7 @@ def main() -> int:
     ap.add_argument("--corpus", type=Path, help="a corpus folder with manifest.json (scripts/build_corpus.py)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--epilogues", action="store_true", help="plan GEMM and convolution epilogues")
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare)
@@ -103,7 +112,7 @@ def main() -> int:
         models += [(e["name"], args.corpus / e["file"], e["shapes"]) for e in manifest["models"]]
     models += [(p.stem, p, {}) for p in args.models]
     args.out.mkdir(parents=True, exist_ok=True)
-    dump(models, args.out)
+    dump(models, args.out, {"epilogues": True} if args.epilogues else None)
     return 0
 
 

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 
 import onnxstitch
 from onnxstitch import cost as cost_mod
-from onnxstitch.schemes.rows import geometry as rows
+from onnxstitch import rowplan as rows
 
 from .stitching import prepared
 

@@ -20,7 +20,7 @@ from onnxstitch import bench
 from onnxstitch import graph as graph_mod
 from onnxstitch.cost import CostModel
 from onnxstitch import shapes, sizes
-from onnxstitch.schemes.conv import match
+from onnxstitch.schemes.conv import layout, match
 from onnxstitch.schemes.conv.spec import ACTIVATIONS
 
 from .conv_models import Layer, Net, feeds, model, reference
@@ -232,11 +232,11 @@ def test_one_pixel_tensors_are_bridged_between_layouts() -> None:
     # [N, 1, 1, C] are the same bytes); what the graph gives is never bridged.
     nodes = [helper.make_node("Relu", ["x"], ["a~nhwc"]), helper.make_node("Relu", ["a"], ["b"]),
              helper.make_node("Relu", ["b~nhwc"], ["c~nhwc"]), helper.make_node("Relu", ["x~nhwc"], ["d"])]
-    extra, shapes = match.bridge(nodes, {"x", "x~nhwc"})
+    extra, shapes = layout.bridge(nodes, {"x", "x~nhwc"})
     made = {n.output[0]: (n.op_type, list(n.input)) for n in extra}
-    assert made == {"a": ("Reshape", ["a~nhwc", match.TO_NCHW]), "b~nhwc": ("Reshape", ["b", match.TO_NHWC])}
-    assert {t.name: onnx.numpy_helper.to_array(t).tolist() for t in shapes} == {match.TO_NCHW: [0, -1, 1, 1],
-                                                                                  match.TO_NHWC: [0, 1, 1, -1]}
+    assert made == {"a": ("Reshape", ["a~nhwc", layout.TO_NCHW]), "b~nhwc": ("Reshape", ["b", layout.TO_NHWC])}
+    assert {t.name: onnx.numpy_helper.to_array(t).tolist() for t in shapes} == {layout.TO_NCHW: [0, -1, 1, 1],
+                                                                                  layout.TO_NHWC: [0, 1, 1, -1]}
 
 
 def test_written_dims_are_named_only_by_the_inputs_symbols() -> None:
@@ -284,7 +284,7 @@ def test_a_pooling_over_free_pixels_reduces_nhwc_axes_1_and_2(op: str, opset: in
     y = helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, 1, 1])
     inits, ins, attrs = [], ["x"], {} if op.startswith("Global") else {"keepdims": 1}
     if not op.startswith("Global"):
-        if opset >= match.AXES_INPUT_FROM[op]:
+        if opset >= layout.AXES_INPUT_FROM[op]:
             inits.append(onnx.numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
             ins.append("axes")
         else:
@@ -293,8 +293,8 @@ def test_a_pooling_over_free_pixels_reduces_nhwc_axes_1_and_2(op: str, opset: in
                           opset_imports=[helper.make_opsetid("", opset)])
     inferred, tensors = shapes.infer(m)
     g = graph_mod.build(inferred, tensors)
-    assert match._neutral(g, 0)
-    made = match.nhwc_node(g, 0, m.graph.node[0]).nodes
+    assert layout._neutral(g, 0)
+    made = layout.nhwc_node(g, 0, m.graph.node[0]).nodes
     assert len(made) == 1 and made[0].input[0] == "x~nhwc" and made[0].output[0] == "y~nhwc"
     if as_input:
         assert len(made[0].input) == 2 and [a.name for a in made[0].attribute] == ["keepdims"]

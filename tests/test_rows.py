@@ -12,7 +12,7 @@ from onnx import parser
 import onnxstitch
 from onnxstitch.cost import CostModel
 from onnxstitch import graph, shapes
-from onnxstitch.schemes.rows import geometry as rows
+from onnxstitch import rowplan as rows
 from models.fuzz import run_cpu
 from onnxstitch.inputs import random_feeds
 

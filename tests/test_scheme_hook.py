@@ -72,6 +72,10 @@ def _chosen(found: Found, plan: Any) -> Found:
 class Negate:
     name = NEGATE
     fallback_verbatim = True
+    relayout = None
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return False  # its groups are its matcher's
     matcher = Matcher(stage="negations", prefix="n", enabled=lambda _o: True, find=_find, group_of=_group_of,
                       chosen=_chosen)
 

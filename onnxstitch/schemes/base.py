@@ -23,6 +23,13 @@ class Scheme(Protocol):
     # The fused node's fallback function is the group's nodes exactly as they were (rather than
     # rebuilt around folded Slices, layout views and runtime shapes).
     fallback_verbatim: bool
+    # How nodes its plan leaves to ONNX Runtime run in its own layout (base.Relayout), or None.
+    relayout: "Relayout | None"
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        """Whether it runs the plan's candidate group over `nodes` (registry.candidate_scheme:
+        exactly one scheme without a matcher claims each; a matcher's scheme claims none)."""
+        ...
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         """The group's kernel source, its entries named after `name`."""
@@ -68,3 +75,29 @@ class Matcher:
     settle: Callable[[FusionGraph, Any, Plan, Found], "tuple[Plan, Found | None]"] = \
         lambda _g, _cost, plan, _found: (plan, None)
     linked: Callable[[Iterable[Group]], set[str]] = lambda _groups: set()
+
+
+@dataclass(frozen=True)
+class NodeRewrite:
+    """A node left to ONNX Runtime as the rewrite writes it instead (one node or a few), and the
+    constants they read."""
+
+    nodes: tuple[onnx.NodeProto, ...]
+    constants: tuple[onnx.TensorProto, ...] = ()
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """How a scheme runs some nodes left to ONNX Runtime in a layout of its own (conv: NHWC
+    between its groups; the plan lists them in `Plan.relaid`). The rewrite asks it, naming no
+    scheme:
+
+    - `node(graph, i, node)`: node `i` (`node` in the model) as it runs in that layout;
+    - `bridge(nodes, available)`: nodes and constants making each tensor the rewritten `nodes`
+      read in the other layout than made (`available`: the graph's inputs and initializers);
+    - `info(graph, t)`: type and shape of a tensor the scheme names in its layout (a fused output
+      the graph does not describe), None for any other name."""
+
+    node: Callable[[FusionGraph, int, onnx.NodeProto], NodeRewrite]
+    bridge: Callable[[list[onnx.NodeProto], set[str]], "tuple[list[onnx.NodeProto], list[onnx.TensorProto]]"]
+    info: Callable[[FusionGraph, str], Any]

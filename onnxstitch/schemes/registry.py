@@ -4,7 +4,8 @@ one line here (docs/architecture.md)."""
 from __future__ import annotations
 
 from .attention.scheme import SCHEME as ATTENTION
-from .base import Matcher, Scheme
+from ..graph import FusionGraph
+from .base import Matcher, Relayout, Scheme
 from .conv.scheme import SCHEME as CONV
 from .elementwise.scheme import SCHEME as ELEMENTWISE
 from .gemm.scheme import SCHEME as GEMM
@@ -16,6 +17,19 @@ SCHEMES: dict[str, Scheme] = {s.name: s for s in (ELEMENTWISE, ROWS, ATTENTION, 
 def matchers() -> list[tuple[str, Matcher]]:
     """The schemes that find their own groups, by name, in the order they are asked."""
     return [(name, s.matcher) for name, s in SCHEMES.items() if s.matcher is not None]
+
+
+def candidate_scheme(graph: FusionGraph, nodes: frozenset[int]) -> str:
+    """The scheme that runs the plan's candidate group over `nodes`: the one that claims it."""
+    names = [name for name, s in SCHEMES.items() if s.matcher is None and s.claims(graph, nodes)]
+    if len(names) != 1:
+        raise ValueError(f"{len(names)} schemes claim the group over nodes {sorted(nodes)}: {names}")
+    return names[0]
+
+
+def relayouts() -> list[Relayout]:
+    """The schemes' ways of running nodes left to ONNX Runtime in layouts of their own."""
+    return [s.relayout for s in SCHEMES.values() if s.relayout is not None]
 
 
 def get(name: str) -> Scheme:

@@ -23,9 +23,13 @@ MATCHER = Matcher(
 class Attention:
     name = ATTENTION
     matcher = MATCHER
+    relayout = None
     # The chain's nodes read their own shape and slice parameters (its projections' Slices and
     # Reshapes): its fallback is the chain as it is, its Transpose included.
     fallback_verbatim = True
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return False  # its groups are its matcher's
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         return codegen.generate(graph, name, group.payload)

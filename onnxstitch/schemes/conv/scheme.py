@@ -1,6 +1,6 @@
 """The conv scheme behind the common interface (schemes/base.py): a library call (cuDNN's graph
 API), so its KernelSource has no code; its fallback function is the chain's nodes, with the
-layout changes of its NHWC inputs and output around them (match.layouts)."""
+layout changes of its NHWC inputs and output around them (layout.layouts)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ from ...planned import Group
 from .. import CONV
 from ..source import BROADCAST, KernelSource
 from ..base import Matcher
-from . import match
+from . import layout, match
 from .match import Match
 from .spec import ACTIVATIONS
 
@@ -48,7 +48,7 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
 def _settle(g: FusionGraph, cost, plan, found):
     """Tensors passing between conv groups alone stay NHWC; a conv group whose layout changes
     cost more than it saves is left out and the model planned again."""
-    plan = match.layouts(g, plan)
+    plan = layout.layouts(g, plan)
     worse = match.unprofitable(g, cost, plan)
     return plan, (match.without(found, worse) if worse else None)
 
@@ -63,7 +63,11 @@ MATCHER = Matcher(
 class Conv:
     name = CONV
     matcher = MATCHER
+    relayout = layout.RELAYOUT
     fallback_verbatim = True  # the body is the scheme's own (`fallback`)
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return False  # its groups are its matcher's
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         m: Match = group.payload

@@ -7,6 +7,7 @@ import onnx
 from onnx import helper
 
 from ...folds import views
+from ... import rowplan
 from ...graph import FusionGraph
 from ...planned import Group
 from .. import ELEMENTWISE
@@ -16,8 +17,12 @@ from . import codegen
 
 class Elementwise:
     matcher = None  # its groups are the plan's candidates (candidates.py)
+    relayout = None
     name = ELEMENTWISE
     fallback_verbatim = False
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return not rowplan.has_rows(graph, nodes)
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         return codegen.generate(graph, name, group.nodes)

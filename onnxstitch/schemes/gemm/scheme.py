@@ -24,8 +24,12 @@ MATCHER = Matcher(
 class Gemm:
     name = GEMM
     matcher = MATCHER
+    relayout = None
     # The chain's nodes as they are: the fallback runs the product, its Adds and its activation.
     fallback_verbatim = True
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return False  # its groups are its matcher's
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         m: Match = group.payload

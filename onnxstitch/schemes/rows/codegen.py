@@ -16,7 +16,7 @@ then the per-element outputs — from registers: one read and one write of the r
 than planned (dynamic dims) take a loop path that re-reads the row per pass. Per-row steps run
 as soon as their inputs exist; lane 0 stores per-row outputs.
 
-Steps, row levels and geometry come from geometry.py. Kernel ABI: docs/abi.md, shape_rule "rows",
+Steps, row levels and geometry come from rowplan.py. Kernel ABI: docs/abi.md, shape_rule "rows",
 entries `<name>_rows` (32-bit indices) and `<name>_rows64`.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 from ... import ops
 from ...graph import FusionGraph, reduced_shape
 from ..source import ARGS_STRUCT, BROADCAST, FULL, KernelSource, half_only
-from . import geometry as rows
+from ... import rowplan as rows
 from .printer import FULL_OUTPUT, ROW_DROPPED_OUTPUT, ROW_OUTPUT, RowPrinter
 from .spec import RowsSpec
 

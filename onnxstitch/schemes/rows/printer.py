@@ -9,8 +9,8 @@ from ... import ops
 from ...graph import FusionGraph
 from ...shapes import dtype_size
 from ..source import FULL, baked_arg, load_expr, store_expr
-from . import geometry as rows
-from .geometry import Operand, RowGeometry, Step
+from ... import rowplan as rows
+from ...rowplan import Operand, RowGeometry, Step
 
 FULL_OUTPUT, ROW_OUTPUT, ROW_DROPPED_OUTPUT = 0, 1, 2
 # Registers the next row's prefetched inputs may take (BERT's rows need 8–16).

@@ -6,6 +6,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from ... import rowplan
 from ...graph import FusionGraph
 from ...planned import Group
 from .. import ROWS
@@ -15,8 +16,12 @@ from . import codegen
 
 class Rows:
     matcher = None  # its groups are the plan's candidates (candidates.py)
+    relayout = None
     name = ROWS
     fallback_verbatim = False
+
+    def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
+        return rowplan.has_rows(graph, nodes)
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         return codegen.generate_rows(graph, name, group.nodes)

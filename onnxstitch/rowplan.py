@@ -2,6 +2,11 @@
 expanded into reductions and elementwise steps), whether each tensor varies along the row or
 is constant per row, and how a row maps onto threads (RowGeometry). schemes/rows/codegen.py prints the
 CUDA from these.
+
+The planner reads the same facts (a low-level module below the stages and the rows scheme alike):
+legality of long rows (candidates.py: split_factor, splittable), the bytes a row kernel moves
+when its rows do not fit the registers and the bandwidth share of a column reduction (cost.py:
+loop_passes, column_share), and whether a group holds a row reduction at all (has_rows).
 """
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ from typing import Iterable, Mapping, Union
 
 from onnx import TensorProto as TP
 
-from ... import ops
-from ...graph import FusionGraph, reduced_shape, row_run
-from ...shapes import Shape, TensorInfo, dtype_size
+from . import ops
+from .graph import FusionGraph, reduced_shape, row_run
+from .shapes import Shape, TensorInfo, dtype_size
 
 Operand = Union[str, float]  # a tensor name, or a literal in the step's compute type
 MAX_CHUNKS = 8  # register chunks per thread and per-element input (16 bytes each)
