@@ -51,6 +51,9 @@ class Bodies:
     # output name of the control-flow node → {attribute: stitched body}, to apply to another copy
     bodies: Mapping[str, Mapping[str, onnx.GraphProto]] = field(default_factory=dict)
     functions: tuple[onnx.FunctionProto, ...] = ()
+    # Kernels of the stitched bodies before and after, summed (one run of each body).
+    kernels_before: int = 0
+    kernels_after: int = 0
 
 
 def has_bodies(model: onnx.ModelProto) -> bool:
@@ -124,6 +127,7 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
     refusals: list[str] = []
     bodies: dict[str, dict[str, onnx.GraphProto]] = {}
     functions: dict[tuple[str, str, str], onnx.FunctionProto] = {}
+    before = after = 0
     for node in out.graph.node:
         for attr in node.attribute:
             if node.op_type not in BODIES or attr.name not in BODIES[node.op_type] or not attr.HasField("g"):
@@ -169,13 +173,16 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
                     functions[(f.domain, f.name, f.overload)] = f
             ver = result.report.verification
             left = len(result.report.dropped)
-            rewrites.append(f"{where}: {fused} fused kernel(s)" + (f", {left} left to ONNX Runtime by its verification"
-                                                                   if left else "")
+            p = result.report.plan
+            before += p.kernels_before
+            after += p.kernels_after
+            rewrites.append(f"{where}: {fused} fused kernel(s), {p.kernels_before} → {p.kernels_after} kernels a run"
+                            + (f", {left} left to ONNX Runtime by its verification" if left else "")
                             + f" ({ver.summary() if ver else 'not verified'})")
     if functions:
         _add_functions(out, functions.values())
         _drop_unread_constants(out.graph)
-    return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()))
+    return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()), before, after)
 
 
 def _drop_unread_constants(g: onnx.GraphProto) -> None:

@@ -36,6 +36,8 @@ class StageNotes:
 
     rewrites: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
+    # Figures of the stage's own, by name (bodies: kernels before and after, summed over bodies).
+    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Report:
             "verification": self.verification.to_json() if self.verification else None,
             "dropped_groups": list(self.dropped),
             "bodies": {"rewrites": list(self._notes("bodies").rewrites),
-                       "refusals": list(self._notes("bodies").refusals)},
+                       "refusals": list(self._notes("bodies").refusals), **self._notes("bodies").figures},
             "simplify": {"rewrites": list(self.simplified)},
             "normalize": {"rewrites": list(self.normalized), "refusals": list(self.normalize_refusals)},
             "merge": {"rewrites": list(self.merged), "refusals": list(self.merge_refusals)},
@@ -356,7 +358,8 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:
         simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))
-    notes = StageNotes(done.rewrites, done.refusals) if done else StageNotes()
+    notes = StageNotes(done.rewrites, done.refusals, {"kernels_before": done.kernels_before,
+                                                      "kernels_after": done.kernels_after}) if done else StageNotes()
     return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes)
 
 

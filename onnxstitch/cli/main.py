@@ -74,7 +74,9 @@ def _summary(report, out: Path) -> Table:
     body = report.notes.get("bodies")
     if body and (body.rewrites or body.refusals):
         done, left = len(body.rewrites), len(body.refusals)
-        t.add_row("control flow", "", f"{done} {'body' if done == 1 else 'bodies'} stitched"
+        k = body.figures
+        kernels = f" ({int(k['kernels_before'])} → {int(k['kernels_after'])} kernels a run)" if done and k else ""
+        t.add_row("control flow", "", f"{done} {'body' if done == 1 else 'bodies'} stitched{kernels}"
                   + (f", {left} left as {'it was' if left == 1 else 'they were'}" if left else ""))
     if report.simplified:
         t.add_row("simplified", "", f"{len(report.simplified)} exact rewrites of exported forms")
