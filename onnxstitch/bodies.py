@@ -162,6 +162,7 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
             del g.input[:]
             g.input.extend(sorted(keep, key=lambda vi: formal.index(vi.name)))
             g.name = attr.g.name
+            _unname_dims(g)
             lent = set(outer_constants(out)) - {t.name for t in attr.g.initializer}
             kept = [t for t in g.initializer if t.name not in lent]
             del g.initializer[:]
@@ -183,6 +184,17 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
         _add_functions(out, functions.values())
         _drop_unread_constants(out.graph)
     return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()), before, after)
+
+
+def _unname_dims(g: onnx.GraphProto) -> None:
+    """The body's value_info with its symbolic dims unnamed (their sizes unknown, as ONNX Runtime
+    takes them): inference names a body's dims after whichever of several equal outer symbols it
+    met first, which varies from run to run, so named they made two optimizations of one model
+    write different bytes."""
+    for v in g.value_info:
+        for d in v.type.tensor_type.shape.dim:
+            if d.HasField("dim_param"):
+                d.ClearField("dim_param")
 
 
 def _drop_unread_constants(g: onnx.GraphProto) -> None:
