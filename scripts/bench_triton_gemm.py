@@ -118,7 +118,8 @@ def _bench(fn) -> float:
     return float(do_bench_cudagraph(fn, rep=60))
 
 
-def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict], layout: str = "kn") -> None:
+def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict], layout: str = "kn",
+            cublas_only: bool = False) -> None:
     """Every variant at one shape and dtype, appended to `rows`. `layout` "nk": the weight stored
     transposed ([N, K], K-major, as the optimizer may write it), which Hopper's TF32 wgmma needs."""
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
@@ -143,6 +144,8 @@ def measure(m: int, n: int, k: int, dtype: torch.dtype, rows: list[dict], layout
     row("cublas", _bench(lambda: torch.matmul(a, b, out=c)))
     row("cublas+bias", _bench(lambda: torch.addmm(vecs[0], a, b, out=c)))
     row("cublas+gelu", _bench(lambda: torch.nn.functional.gelu(torch.addmm(vecs[0], a, b))))
+    if cublas_only:
+        return
     best = None
     for config in CONFIGS:
         if k % config[2]:
@@ -172,6 +175,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="bert,llama")
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--layouts", default="kn,nk", help="weight as ONNX holds it [K, N] (kn), transposed (nk)")
+    ap.add_argument("--cublas-only", action="store_true", help="only cuBLAS's rows (a baseline for other kernels)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True  # ORT's CUDA EP default (use_tf32)
     dev = torch.cuda.get_device_name()
@@ -181,8 +185,9 @@ def main() -> int:
     for group in args.shapes.split(","):
         for m, n, k in SHAPES[group]:
             for dt, layout in ((d, lay) for d in args.dtypes.split(",") for lay in args.layouts.split(",")):
-                measure(m, n, k, torch.float32 if dt == "float32" else torch.float16, rows, layout)
-                for r in rows[-8:]:
+                before = len(rows)
+                measure(m, n, k, torch.float32 if dt == "float32" else torch.float16, rows, layout, args.cublas_only)
+                for r in rows[before:]:
                     r["group"] = group
                     r["peak_pct"] = 100 * r["tflops"] / PEAK[card][r["dtype"]]
     print(f"{dev}, torch {torch.__version__}, triton {triton.__version__}, {time.time() - t0:.0f} s")
