@@ -1,7 +1,7 @@
 """Seeded random feeds for a model's graph inputs (bench, checks and tests share them)."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 import numpy as np
 import onnx
@@ -69,15 +69,16 @@ def _draw(dtype: int, shape: tuple[int, ...], rng: np.random.Generator):
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str, int] | None = None,
                  overrides: Mapping[str, tuple[int, ...]] | None = None,
-                 values: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
-    """Seeded random feeds for every runtime input of `model` (Gather indices drawn from {0, 1});
-    an input named in `values` is that value everywhere (`--value sr=16000`: a sample rate, a
-    flag a model branches on), in the input's dtype."""
+                 values: Mapping[str, float] | None = None, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds for every runtime input of `model` (those named in `only`, where
+    given; Gather indices drawn from {0, 1}); an input named in `values` is that value
+    everywhere (`--value sr=16000`: a sample rate, a flag a model branches on), in the input's
+    dtype."""
     rng = np.random.default_rng(seed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
     indices = index_inputs(model)
     out = {name: random_array(types[name], shape, rng, name in indices)
-           for name, shape in input_shapes(model, dim_values, overrides).items()}
+           for name, shape in input_shapes(model, dim_values, overrides).items() if only is None or name in only}
     for name, value in (values or {}).items():
         if name in out:
             out[name] = np.full(out[name].shape, value, dtype=out[name].dtype)

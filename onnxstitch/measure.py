@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from . import standalone
 from .errors import BadInputError, first_line
@@ -35,6 +36,7 @@ from .graph import FusionGraph
 from .inputs import index_inputs, random_feeds
 from .planned import Group
 from .shapes import symbolic_value
+from .weights import is_stub
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +160,7 @@ def _structure(model: onnx.ModelProto) -> str:
     by position), input and output types and shapes, initializers' types and shapes (and the
     values of small ones: a Pow's exponent, a scalar), the functions it calls. Layers alike
     give one key."""
-    names: dict[str, str] = {}
-
-    def canon(t: str) -> str:
-        return "" if not t else names.setdefault(t, f"t{len(names)}")
-
+    canon = _namer("t")
     h = hashlib.sha256()
     for vi in model.graph.input:
         tt = vi.type.tensor_type
@@ -171,19 +169,47 @@ def _structure(model: onnx.ModelProto) -> str:
         h.update(f"init {canon(t.name)} {t.data_type} {list(t.dims)}\n".encode())
         if int(np.prod(t.dims)) <= 64:
             h.update(onnx.numpy_helper.to_array(t).tobytes())
-    for n in model.graph.node:
-        attrs = sorted((a.name, a.SerializeToString()) for a in n.attribute)
-        h.update(f"node {n.domain} {n.op_type} {n.overload} {[canon(t) for t in n.input]} "
-                 f"{[canon(t) for t in n.output]}\n".encode())
-        for name, blob in attrs:
-            h.update(name.encode() + blob)
+    _nodes(h, model.graph.node, canon)
     for vi in model.graph.output:
         h.update(f"out {canon(vi.name)}\n".encode())
     for f in model.functions:
-        g = onnx.FunctionProto()
-        g.CopyFrom(f)
-        h.update(g.SerializeToString())
+        h.update(f"function {f.domain} {len(f.input)} {len(f.output)}\n".encode())
+        _nodes(h, f.node, _namer("f"))
     return h.hexdigest()[:32]
+
+
+def _namer(prefix: str) -> Callable[[str], str]:
+    """Names in order of first use (`prefix`0, 1, …): wiring by position, names aside."""
+    names: dict[str, str] = {}
+    return lambda t: "" if not t else names.setdefault(t, f"{prefix}{len(names)}")
+
+
+# A fused node's attributes that carry its group's name (its kernel's, in the images' symbols):
+# layers alike differ only there. The PTX stands for the code, its kernel name replaced.
+_NAMED_ATTRS = frozenset({"kernel_name", "images", "images_sha256", "image_sizes", "ptx"})
+
+
+def _nodes(h, nodes: Iterable[onnx.NodeProto], canon: Callable[[str], str]) -> None:
+    """Hash `nodes` names aside: op, wiring by position, attributes; a fused node's code by its
+    PTX with the kernel's name replaced (the group names differ between layers alike)."""
+    for n in nodes:
+        ours = n.domain == standalone.DOMAIN
+        h.update(f"node {n.domain} {n.op_type} {'' if ours else n.overload} {[canon(t) for t in n.input]} "
+                 f"{[canon(t) for t in n.output]}\n".encode())
+        attrs = {a.name: a for a in n.attribute}
+        for name in sorted(attrs):
+            a = attrs[name]
+            if ours and name in _NAMED_ATTRS:
+                continue
+            if a.type == onnx.AttributeProto.TENSOR:  # a Constant's value, its tensor's name aside
+                a = onnx.AttributeProto()
+                a.CopyFrom(attrs[name])
+                a.t.name = ""
+            h.update(name.encode() + a.SerializeToString())
+        if ours and "ptx" in attrs:
+            kernel = attrs["kernel_name"].s if "kernel_name" in attrs else b""
+            ptx = attrs["ptx"].s
+            h.update(b"ptx " + (ptx.replace(kernel, b"K") if kernel else ptx))
 
 
 def key(model: onnx.ModelProto, timer_device: str, runtime: str, stitched: bool) -> str:
@@ -214,12 +240,15 @@ def _standalones(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: Fu
     if any(v is None for v in tensors.values()):
         return "a tensor's size is not known at the planning sizes"
     # An integer input that is no Gather's index is a shape or a count computed at run time:
-    # random values would not do, so the group keeps its prediction.
+    # random values would not do. Where it is computed from shapes alone (a Reshape's target,
+    # BERT's heads), its value at the planning sizes is baked into both forms; otherwise the group
+    # keeps its prediction.
     probe = standalone.model_of([standalone.original_piece(original, graph, grp)], original,  # type: ignore[list-item]
                                 {t: (d, list(s)) for t, (d, s) in tensors.items()})  # type: ignore[misc]
     counts = [t for t in reads if tensors[t][0] in _INTEGERS and t not in index_inputs(probe)]  # type: ignore[index]
-    if counts:
-        return f"it reads {counts[0]}, a shape or count computed at run time"
+    values = count_values(original, graph, counts) if counts else {}
+    if values is None:
+        return f"it reads {counts[0]}, a count computed at run time from values, not only shapes"
     forms = []
     for stitched_form in (False, True):
         pieces = []
@@ -235,11 +264,82 @@ def _standalones(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: Fu
             return "a tensor's size is not known at the planning sizes"
         types = {t: (d, list(s)) for t, (d, s) in {**tensors, **more}.items()}  # type: ignore[misc]
         source = stitched if stitched_form else original
-        m = standalone.model_of(pieces, source, types, f"{grp.name}_{'ours' if stitched_form else 'stock'}")
+        m = _baked(standalone.model_of(pieces, source, types, f"{grp.name}_{'ours' if stitched_form else 'stock'}"),
+                   {p.prefix + t: v for p in pieces for t, v in values.items()})
         outs = {p.prefix + t: types[t] for p in pieces for t in p.outputs}
         forms.append(_Standalone(m, {k: (v[0], tuple(v[1])) for k, v in outs.items()},
                                  key(_one_copy(m, pieces), device, runtime, stitched_form)))
     return forms[0], forms[1]
+
+
+# Ops a shape computation is made of; Shape and Size themselves are read off the planning shapes.
+_SHAPE_OPS = frozenset({"Gather", "Concat", "Unsqueeze", "Squeeze", "Slice", "Cast", "Add", "Sub", "Mul", "Div", "Mod",
+                        "Neg", "Abs", "Floor", "Ceil", "Sqrt", "Max", "Min", "Equal", "Less", "Greater", "Not", "And",
+                        "Or", "Where", "Constant", "ConstantOfShape", "Range", "Reshape", "Expand", "Identity",
+                        "ReduceProd", "ReduceSum"})
+MAX_SHAPE_NODES = 256
+
+
+def count_values(original: onnx.ModelProto, graph: FusionGraph, counts: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """The values at the planning sizes of `counts`, integer tensors computed at run time: their
+    producers back to Shape and Size nodes, whose results are the planning shapes, run on ONNX
+    Runtime's CPU. None where one depends on a tensor's values, not only on shapes (a graph input
+    read other than through Shape, an op that computes no shape, a cone over MAX_SHAPE_NODES)."""
+    producer = {t: n for n in original.graph.node for t in n.output if t}
+    inits = {i.name: i for i in original.graph.initializer}
+    keep: set[int] = set()
+    shapes: list[onnx.TensorProto] = []
+    seen: set[str] = set()
+    stack = list(counts)
+    while stack:
+        t = stack.pop()
+        if not t or t in seen:
+            continue
+        seen.add(t)
+        if t in inits:
+            if is_stub(inits[t]):
+                return None
+            continue
+        n = producer.get(t)
+        if n is None:
+            return None  # a graph input's values
+        if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx"):
+            got = _concrete(graph, n.input[0])
+            if got is None:
+                return None
+            dims = np.array(got[1], np.int64)
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            value = dims[attrs.get("start", 0):attrs.get("end")] if n.op_type == "Shape" else np.array(dims.prod())
+            shapes.append(numpy_helper.from_array(np.asarray(value, np.int64), n.output[0]))
+            continue
+        if (n.op_type not in _SHAPE_OPS or n.domain not in ("", "ai.onnx") or len(keep) >= MAX_SHAPE_NODES
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)):
+            return None
+        keep.add(id(n))
+        stack += list(n.input)
+    nodes = [n for n in original.graph.node if id(n) in keep]
+    used = {x for n in nodes for x in n.input}
+    outs = [helper.make_tensor_value_info(t, graph.tensors[t].dtype, None) for t in counts]
+    g = helper.make_graph(nodes, "counts", [], outs, shapes + [inits[x] for x in sorted(used) if x in inits])
+    m = helper.make_model(g, opset_imports=list(original.opset_import), ir_version=original.ir_version)
+    try:
+        import onnxruntime as ort
+
+        got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(list(counts), {})
+    except Exception:  # noqa: BLE001 - the group keeps its prediction
+        return None
+    return dict(zip(counts, got))
+
+
+def _baked(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """`model` with the inputs named in `values` made initializers of those values."""
+    if not values:
+        return model
+    kept = [vi for vi in model.graph.input if vi.name not in values]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in values.items())
+    return model
 
 
 def _one_copy(model: onnx.ModelProto, pieces: Sequence[standalone.Piece]) -> onnx.ModelProto:
@@ -254,6 +354,10 @@ def _one_copy(model: onnx.ModelProto, pieces: Sequence[standalone.Piece]) -> onn
         kept = [vi for vi in field_ if vi.name.startswith(first)]
         del field_[:]
         field_.extend(kept)
+    read = {t for n in keep for t in n.input}
+    inits = [t for t in out.graph.initializer if t.name in read]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(inits)
     return out
 
 
@@ -347,20 +451,27 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
     # Every key not cached yet, once (layers alike share their keys), as a job; the groups the cost
     # model is least sure of first, so that a budget that runs out leaves the safest unmeasured.
     jobs: dict[str, Job] = {}
+    drawn: dict[str, list[np.ndarray]] = {}
     for name in sorted(forms, key=lambda n: -risks[n]):
         stock, ours, copies = forms[name]
-        if timer is None or (cache.get(stock.key) is not None and cache.get(ours.key) is not None):
-            continue
+        if timer is None or all(f.key in jobs or cache.get(f.key) is not None for f in (stock, ours)):
+            continue  # (a layer like one already queued: no feeds drawn for it again)
         # One set of inputs for both forms, drawn for the stock form, whose Gathers show which
-        # inputs are indices (in the fused form they hide inside its function).
-        shared = random_feeds(stock.model, seed=0)
+        # inputs are indices (in the fused form they hide inside its function). Layers alike have
+        # one stock form (one key) under names of their own: its arrays are drawn once and given
+        # to each by position.
+        stock_names = [vi.name for vi in stock.model.graph.input]
+        if stock.key not in drawn:
+            first = random_feeds(stock.model, seed=0)
+            drawn[stock.key] = [first[n] for n in stock_names]
+        shared = dict(zip(stock_names, drawn[stock.key]))
         for form, flag in ((stock, False), (ours, True)):
             if form.key in jobs or cache.get(form.key) is not None:
                 continue
-            names = [vi.name for vi in form.model.graph.input]
+            names = list(dict.fromkeys(vi.name for vi in form.model.graph.input))
             feeds = {n: shared[n] for n in names if n in shared}
             if len(feeds) < len(names):
-                feeds |= {n: v for n, v in random_feeds(form.model, seed=0).items() if n not in feeds}
+                feeds |= random_feeds(form.model, seed=0, only=[n for n in names if n not in feeds])
             jobs[form.key] = Job(form.model, feeds, form.outputs, flag, copies)
     failed: dict[str, str] = {}
     if jobs and timer is not None:

@@ -167,3 +167,40 @@ def test_a_clear_predicted_gain_is_not_measured(fake_gpu: FakeTimer, monkeypatch
     assert skipped and all("a clear gain" in c.why for c in skipped), rep.costs
     assert all(c.predicted_stock_us >= 1.5 * c.predicted_us for c in skipped)
     assert len(fake_gpu.calls) == 2 * sum(c.measured for c in rep.costs)
+
+
+def test_fused_forms_of_layers_alike_share_one_key() -> None:
+    """Layers alike fuse into kernels that differ only by their names (kernel, function,
+    constants): their fused forms have one key, as their stock forms do, so each is timed once."""
+    model = parser.parse_model(LAYERS.replace("e = Tanh(n)", "e = Sigmoid(n)"))
+    res = onnxstitch.optimize(model, shapes={"B": [64]}, verify=False, gate=False)
+    timer = FakeTimer()
+    groups = res.report.plan.groups
+    measure.measure(onnxstitch.pipeline._prepare(model, {"B": [64]}, onnxstitch.pipeline._Stages(None)).model,
+                    res.graph_model, _graph(model), groups, {}, timer, measure.CostCache())
+    assert timer.calls.count(True) == timer.calls.count(False) < len(groups)
+
+
+RESHAPED = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 256] x) => (float[B, 16, 16] z) {
+  b = Shape<start = 0, end = 1>(x)
+  t = Concat<axis = 0>(b, tail)
+  a = Mul(x, x)
+  c = Sigmoid(a)
+  z = Reshape(c, t)
+}"""
+
+
+def test_a_shape_computed_at_run_time_has_its_value_at_the_planning_sizes(fake_gpu: FakeTimer) -> None:
+    """A Reshape's target computed from Shape at run time (as the dynamo exporter writes BERT's
+    head split, which left its attention groups unmeasured) has a value at the planning sizes,
+    baked into both standalone forms of a group that reads it; a count computed from a tensor's
+    values has none, and such a group keeps its prediction. The group around it is measured."""
+    text = RESHAPED.replace("{\n", "{\n  tail = Constant<value = int64[2] {16, 16}>()\n", 1)
+    res = onnxstitch.optimize(parser.parse_model(text), shapes={"B": [64]}, verify=False)
+    costs = [c for c in res.report.costs if c.group in {g.name for g in res.report.plan.groups}]
+    assert costs and all(c.measured for c in costs), [(c.group, c.why) for c in costs]
+    prepared = onnxstitch.pipeline._prepare(parser.parse_model(text), {"B": [64]}, onnxstitch.pipeline._Stages(None))
+    g = _graph(parser.parse_model(text))
+    assert measure.count_values(prepared.model, g, ["t"])["t"].tolist() == [64, 16, 16]
+    assert measure.count_values(prepared.model, g, ["a"]) is None  # values, not shapes
