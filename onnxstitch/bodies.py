@@ -17,6 +17,7 @@ cannot run it) stays as it was, with the reason among the stage's refusals.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -141,7 +142,8 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
                 continue
             named = {d.dim_param for vi in m.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
             try:
-                result = optimize(m, {k: [v] for k, v in dim_values.items() if k in named})
+                with _scoped(where):
+                    result = optimize(m, {k: [v] for k, v in dim_values.items() if k in named})
             except StitchError as e:
                 refusals.append(f"{where}: left as it is: {first_line(e)}")
                 continue
@@ -184,6 +186,40 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
         _add_functions(out, functions.values())
         _drop_unread_constants(out.graph)
     return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()), before, after)
+
+
+# Loggers whose warnings while a body is optimized are about that body.
+_BODY_LOGGERS = ("onnxstitch.pipeline", "onnxstitch.measure", "onnxstitch.verify")
+
+
+class _Where(logging.Filter):
+    """Prefixes a record with the body it is about; a hint to pass --shape, which sizes the
+    model's inputs, not a branch's, names the branch's own sizes instead."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage().replace(
+            "give sizes it runs at with --shape, or --no-verify",
+            "this body may run only at other sizes (a branch for another input length)")
+        record.msg, record.args = f"{self.where}: {text}", ()
+        return True
+
+
+@contextmanager
+def _scoped(where: str) -> Iterator[None]:
+    """Warnings logged while the body at `where` is optimized name it."""
+    f = _Where(where)
+    loggers = [logging.getLogger(n) for n in _BODY_LOGGERS]
+    for lg in loggers:
+        lg.filters.insert(0, f)  # before any enclosing body's: "outer: inner: message"
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(f)
 
 
 def _unname_dims(g: onnx.GraphProto) -> None:

@@ -56,9 +56,14 @@ class CheckResult:
 
 def _plan_summary(report) -> dict[str, Any]:
     p = report.plan
-    return {"kernels_before": p.kernels_before, "kernels_after": p.kernels_after,
-            "bytes_before": p.bytes_before, "bytes_after": p.bytes_after,
-            "groups": [list(g.labels) for g in p.groups]}
+    out = {"kernels_before": p.kernels_before, "kernels_after": p.kernels_after,
+           "bytes_before": p.bytes_before, "bytes_after": p.bytes_after,
+           "groups": [list(g.labels) for g in p.groups]}
+    bodies = report.notes.get("bodies")
+    if bodies is not None and bodies.figures:  # If/Loop/Scan bodies: kernels of one run of each
+        out |= {"body_kernels_before": int(bodies.figures["kernels_before"]),
+                "body_kernels_after": int(bodies.figures["kernels_after"])}
+    return out
 
 
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,

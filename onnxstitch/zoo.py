@@ -111,6 +111,8 @@ class ZooResult:
     notes: tuple[str, ...] = ()
     error: str = ""
     worker: str = ""  # where it ran: host (and GPU)
+    # Kernels of one run of the model's If/Loop/Scan bodies, before and after (None: no body stitched).
+    body_kernels: tuple[int, int] | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -137,7 +139,9 @@ def run_task(task: Mapping[str, Any]) -> dict:
         old = json.loads(baseline.read_text()) if baseline and baseline.exists() else {}
         return ZooResult(name, OK if res.ok else REGRESSED, res.device, time.perf_counter() - t0, 1, res.speedup,
                          old.get("speedup"), res.plan.get("kernels_before"), res.plan.get("kernels_after"),
-                         tuple(res.regressions), tuple(res.notes)).to_json()
+                         tuple(res.regressions), tuple(res.notes),
+                         body_kernels=(res.plan["body_kernels_before"], res.plan["body_kernels_after"])
+                         if "body_kernels_before" in res.plan else None).to_json()
     except Exception as e:  # every failure becomes the model's row, never the run's
         from .errors import StitchError
 
@@ -373,6 +377,8 @@ class ZooReport:
                  "| --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
         for r in _ordered(self.results):
             kernels = f"{r.kernels_before} → {r.kernels_after}" if r.kernels_before is not None else ""
+            if r.body_kernels:
+                kernels += f" (bodies {r.body_kernels[0]} → {r.body_kernels[1]})"
             notes = "; ".join([*r.regressions, *( [r.error] if r.error else []), *r.notes])
             lines.append(f"| {r.name} | {r.status} | {r.device} | {kernels} | "
                          f"{f'{r.speedup:.2f}×' if r.speedup else ''} | "

@@ -194,3 +194,17 @@ def test_two_optimizations_write_the_same_bytes_whatever_the_hash_seed(tmp_path)
                               check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
                for seed in ("1", "2")}
     assert len(digests) == 1 and hashlib.sha256(b"").hexdigest() not in digests
+
+
+def test_warnings_while_a_body_is_optimized_name_the_body(caplog: pytest.LogCaptureFixture) -> None:
+    """A warning logged while a body is optimized says which body, and does not tell the user to
+    size the model's inputs for a branch that may run at other sizes."""
+    import logging
+
+    with caplog.at_level(logging.WARNING), bodies._scoped("If x: then_branch"), bodies._scoped("Loop y: body"):
+        logging.getLogger("onnxstitch.pipeline").warning(
+            "verification cannot run it: give sizes it runs at with --shape, or --no-verify; %s", "left")
+    (rec,) = caplog.records
+    assert rec.getMessage().startswith("If x: then_branch: Loop y: body: verification cannot run it: ")
+    assert "--shape" not in rec.getMessage() and rec.getMessage().endswith("; left")
+    assert not logging.getLogger("onnxstitch.pipeline").filters
