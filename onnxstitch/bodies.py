@@ -141,14 +141,26 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
                 refusals.append(f"{where}: left as it is: {m}")
                 continue
             named = {d.dim_param for vi in m.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+            sizes = {k: v for k, v in dim_values.items() if k in named}
+            held: list[logging.LogRecord] = []  # the first try's warnings, said if it stands
             try:
-                with _scoped(where):
-                    result = optimize(m, {k: [v] for k, v in dim_values.items() if k in named})
+                with _scoped(where, held):
+                    result = optimize(m, {k: [v] for k, v in sizes.items()})
+                if _unrunnable(result) and sizes:
+                    # A branch for another input length (silero-vad's 8 kHz branch wants 256
+                    # samples where the model is planned at 512): half the sizes, once.
+                    with _scoped(where):
+                        again = optimize(m, {k: [max(1, v // 2)] for k, v in sizes.items()})
+                    if _fused(again.model):
+                        result, held = again, []
             except StitchError as e:
                 refusals.append(f"{where}: left as it is: {first_line(e)}")
                 continue
+            finally:
+                for record in held:
+                    logging.getLogger(record.name).handle(record)
             stitched = result.model
-            fused = sum(1 for n in _all_nodes(stitched.graph) if n.op_type == OP_TYPE and n.domain == DOMAIN)
+            fused = _fused(stitched)
             if not fused:
                 dropped = result.report.dropped
                 why = (f"its {len(dropped)} group(s) left to ONNX Runtime: {dropped[0]['reason']}" if dropped
@@ -194,24 +206,29 @@ _BODY_LOGGERS = ("onnxstitch.pipeline", "onnxstitch.measure", "onnxstitch.verify
 
 class _Where(logging.Filter):
     """Prefixes a record with the body it is about; a hint to pass --shape, which sizes the
-    model's inputs, not a branch's, names the branch's own sizes instead."""
+    model's inputs, not a branch's, names the branch's own sizes instead. With `held`, records
+    are kept there instead of logged (the caller logs them if they still hold)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, held: list[logging.LogRecord] | None = None) -> None:
         super().__init__()
-        self.where = where
+        self.where, self.held = where, held
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage().replace(
             "give sizes it runs at with --shape, or --no-verify",
             "this body may run only at other sizes (a branch for another input length)")
         record.msg, record.args = f"{self.where}: {text}", ()
+        if self.held is not None:
+            self.held.append(record)
+            return False
         return True
 
 
 @contextmanager
-def _scoped(where: str) -> Iterator[None]:
-    """Warnings logged while the body at `where` is optimized name it."""
-    f = _Where(where)
+def _scoped(where: str, held: list[logging.LogRecord] | None = None) -> Iterator[None]:
+    """Warnings logged while the body at `where` is optimized name it (kept in `held`, where
+    given, instead of logged)."""
+    f = _Where(where, held)
     loggers = [logging.getLogger(n) for n in _BODY_LOGGERS]
     for lg in loggers:
         lg.filters.insert(0, f)  # before any enclosing body's: "outer: inner: message"
@@ -220,6 +237,19 @@ def _scoped(where: str) -> Iterator[None]:
     finally:
         for lg in loggers:
             lg.removeFilter(f)
+
+
+def _fused(model: onnx.ModelProto) -> int:
+    """FusedKernel nodes in `model`, in its bodies too."""
+    return sum(1 for n in _all_nodes(model.graph) if n.op_type == OP_TYPE and n.domain == DOMAIN)
+
+
+def _unrunnable(result: Any) -> bool:
+    """Whether every group of a body was left to ONNX Runtime because verification could not
+    run the body at its planning sizes."""
+    dropped = result.report.dropped
+    return bool(dropped) and not _fused(result.model) and \
+        all("cannot run the original model" in d["reason"] for d in dropped)
 
 
 def _unname_dims(g: onnx.GraphProto) -> None:

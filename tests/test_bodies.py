@@ -208,3 +208,25 @@ def test_warnings_while_a_body_is_optimized_name_the_body(caplog: pytest.LogCapt
     assert rec.getMessage().startswith("If x: then_branch: Loop y: body: verification cannot run it: ")
     assert "--shape" not in rec.getMessage() and rec.getMessage().endswith("; left")
     assert not logging.getLogger("onnxstitch.pipeline").filters
+
+
+def test_a_branch_for_another_input_length_is_verified_at_half_the_sizes() -> None:
+    """An If branch that runs only at half the planning length (silero-vad's 8 kHz branch reads
+    256 samples where the model is planned at 512): verification cannot run it at the planning
+    sizes, so the body is planned and verified again at half of them, and both branches fuse."""
+    V = helper.make_tensor_value_info
+    c = lambda name, v: N("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64)))  # noqa: E731
+    then = helper.make_graph(_chain("x", "yt", "t"), "then", [], [V("yt", TP.FLOAT, [1, "L"])])
+    other = helper.make_graph([c("rows", [2, 128]), c("flat", [1, -1]), N("Reshape", ["x", "rows"], ["xr"])]
+                              + _chain("xr", "ye0", "e") + [N("Reshape", ["ye0", "flat"], ["ye"])],
+                              "else", [], [V("ye", TP.FLOAT, [1, 256])])
+    graph = helper.make_graph([N("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "branches",
+                              [V("x", TP.FLOAT, [1, "L"]), V("flag", TP.BOOL, [])], [V("y", TP.FLOAT, [1, "Y"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    res = onnxstitch.optimize(model, shapes={"L": [512]})
+    notes = res.report.notes["bodies"]
+    assert len(notes.rewrites) == 2 and not notes.refusals, (notes.rewrites, notes.refusals)
+    rng = np.random.default_rng(fresh_seed())
+    for flag, length in ((True, 512), (False, 256)):
+        feeds = {"x": rng.standard_normal((1, length)).astype(np.float32), "flag": np.array(flag)}
+        np.testing.assert_allclose(_run(res.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
