@@ -204,3 +204,23 @@ def test_a_shape_computed_at_run_time_has_its_value_at_the_planning_sizes(fake_g
     g = _graph(parser.parse_model(text))
     assert measure.count_values(prepared.model, g, ["t"])["t"].tolist() == [64, 16, 16]
     assert measure.count_values(prepared.model, g, ["a"]) is None  # values, not shapes
+
+
+RESIDUAL_NORM = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 768] x, float[B, 768] r, float[768] gamma, float[768] beta) => (float[B, 768] y) {
+  s = Add(x, r)
+  y = LayerNormalization<axis = -1>(s, gamma, beta)
+}"""
+
+
+def test_an_add_that_ort_fuses_into_a_layer_norm_is_measured(fake_gpu: FakeTimer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Add → LayerNormalization is one SkipLayerNormalization kernel in ORT's session, not the
+    two nodes the cost model prices, so the rows group over them is measured however clear its
+    predicted gain; the same LayerNormalization without the Add is not."""
+    monkeypatch.setattr(measure, "CLEAR_GAIN", 1.5)
+    rep = onnxstitch.optimize(parser.parse_model(RESIDUAL_NORM), shapes={"B": [1024]}).report
+    assert rep.costs and all(c.measured for c in rep.costs), [(c.group, c.why) for c in rep.costs]
+    alone = RESIDUAL_NORM.replace("s = Add(x, r)", "s = Mul(x, r)")
+    rep = onnxstitch.optimize(parser.parse_model(alone), shapes={"B": [1024]}).report
+    assert rep.costs and not any(c.measured for c in rep.costs), [(c.group, c.why) for c in rep.costs]
