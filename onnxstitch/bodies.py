@@ -177,7 +177,7 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
             g.input.extend(sorted(keep, key=lambda vi: formal.index(vi.name)))
             g.name = attr.g.name
             _unname_dims(g)
-            lent = set(outer_constants(out)) - {t.name for t in attr.g.initializer}
+            lent = {t.name for t in m.graph.initializer} - {t.name for t in attr.g.initializer}
             kept = [t for t in g.initializer if t.name not in lent]
             del g.initializer[:]
             g.initializer.extend(kept)

@@ -30,11 +30,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import rowplan as rows, standalone
+from . import ortio, rowplan as rows, standalone
 from .errors import BadInputError, first_line
 from .graph import FusionGraph
 from .inputs import index_inputs, random_feeds
 from .planned import Group
+from .sessions import runtime_session
 from .shapes import symbolic_value
 from .weights import is_stub
 
@@ -323,9 +324,7 @@ def count_values(original: onnx.ModelProto, graph: FusionGraph, counts: Sequence
     g = helper.make_graph(nodes, "counts", [], outs, shapes + [inits[x] for x in sorted(used) if x in inits])
     m = helper.make_model(g, opset_imports=list(original.opset_import), ir_version=original.ir_version)
     try:
-        import onnxruntime as ort
-
-        got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(list(counts), {})
+        got = ortio.run(runtime_session(m.SerializeToString(), gpu=False, stitched=False), list(counts), {})
     except Exception:  # noqa: BLE001 - the group keeps its prediction
         return None
     return dict(zip(counts, got))

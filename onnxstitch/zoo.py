@@ -204,10 +204,6 @@ def gpu_ids() -> list[str]:
     return [d.strip() for d in visible.split(",") if d.strip()][:len(listed)]
 
 
-def gpu_count() -> int:
-    """How many GPUs `gpu_ids` finds."""
-    return len(gpu_ids())
-
 
 class LocalExecutor:
     """Tasks in local processes: one per GPU at a time (CUDA_VISIBLE_DEVICES), or `jobs` at a
