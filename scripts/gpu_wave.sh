@@ -92,22 +92,37 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
   zoo)
     # GPU 0 alone first; its report then orders the run on every GPU (longest models first, as a
     # CI run ordered by its last report).
+    # ZOO_FILL=DIR: a folder of stripped models (carry_weights.py strip) to fill once on this
+    # machine; ZOO_ORDER=FILE: a zoo.json from an earlier call (the one-GPU run) to order by.
+    manifest=build/zoosub/manifest.json
+    if [ -n "${ZOO_FILL:-}" ]; then
+      [ -f /tmp/zoofill/manifest.json ] || fill "$ZOO_FILL" /tmp/zoofill
+      manifest=/tmp/zoofill/manifest.json
+    fi
     for run in ${ZOO_RUNS:-one all}; do
       echo "== $run"
       [ "$run" = all ] && [ -f "$OUT/zoo-one/zoo.json" ] && mkdir -p "$OUT/zoo-all" && cp "$OUT/zoo-one/zoo.json" "$OUT/zoo-all/"
+      [ -n "${ZOO_ORDER:-}" ] && mkdir -p "$OUT/zoo-$run" && cp "$ZOO_ORDER" "$OUT/zoo-$run/zoo.json"
       export ONNXSTITCH_CACHE=/tmp/zoo-cache-$run
       start=$(date +%s.%N)
       if [ $run = one ]; then
-        CUDA_VISIBLE_DEVICES=0 python3 -m onnxstitch.cli zoo build/zoosub/manifest.json --local --out "$OUT/zoo-$run" -q
+        CUDA_VISIBLE_DEVICES=0 python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q
       else
-        python3 -m onnxstitch.cli zoo build/zoosub/manifest.json --local --out "$OUT/zoo-$run" -q
+        python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q
       fi
-      echo "exit $? wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
+      rc=$?
+      cp "$OUT/zoo-$run/zoo.json" "/tmp/zoo-order-$run.json" 2>/dev/null  # for a later call's ZOO_ORDER
+      echo "exit $rc wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
       head -5 "$OUT/zoo-$run/zoo.md"
     done 2>&1 | tee "$log"
     ;;
+  zoofill)  # fill ZOO_FILL's stripped models into /tmp/zoofill ahead of the zoo calls
+    fill "${ZOO_FILL:?ZOO_FILL=DIR}" /tmp/zoofill 2>&1 | tee "$log"
+    ls /tmp/zoofill | wc -l | tee -a "$log"
+    ;;
   tests)
-    python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} 2>&1 \
+    python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \
+      $(python3 -c "import xdist" 2>/dev/null && printf -- "-n 8") --junitxml="$OUT/tests.xml" 2>&1 \
       | tee "$log" | tail -30
     ;;
 esac
