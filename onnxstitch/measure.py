@@ -45,6 +45,9 @@ CACHE_SCHEMA = 1
 # A group pays when its kernel takes less than the nodes it replaces by more than this share
 # (measured figures spread by a few percent from run to run).
 MARGIN = 0.03
+# Figures both under this many microseconds say nothing about which is faster: what a run costs
+# besides its kernels is subtracted from each, and the remainders are within its spread.
+RESOLUTION_US = 1.0
 # Copies of a group timed side by side: enough that the copies take about this long together.
 TARGET_US = 60.0
 MAX_COPIES = 16
@@ -74,9 +77,9 @@ class GroupCost:
 
     @property
     def pays(self) -> bool:
-        """Whether the group is worth fusing by its measured figures (True where none were taken:
-        the plan's prediction stands)."""
-        if not self.measured:
+        """Whether the group is worth fusing by its measured figures (True where none were taken,
+        or both are below the timer's resolution: the plan's prediction stands)."""
+        if not self.measured or max(self.ours_us, self.stock_us) < RESOLUTION_US:  # type: ignore[type-var]
             return True
         return self.ours_us < self.stock_us * (1 - MARGIN)  # type: ignore[operator]
 

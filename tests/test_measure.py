@@ -224,3 +224,12 @@ def test_an_add_that_ort_fuses_into_a_layer_norm_is_measured(fake_gpu: FakeTimer
     alone = RESIDUAL_NORM.replace("s = Add(x, r)", "s = Mul(x, r)")
     rep = onnxstitch.optimize(parser.parse_model(alone), shapes={"B": [1024]}).report
     assert rep.costs and not any(c.measured for c in rep.costs), [(c.group, c.why) for c in rep.costs]
+
+
+def test_figures_below_the_timers_resolution_leave_the_prediction_standing() -> None:
+    # Both remainders after the per-run overhead are 0 µs: nothing was learnt, the group stays;
+    # one figure above the resolution decides as usual.
+    assert measure.GroupCost("g", 1.0, 2.0, ours_us=0.0, stock_us=0.0).pays
+    assert measure.GroupCost("g", 1.0, 2.0, ours_us=0.4, stock_us=0.3).pays
+    assert not measure.GroupCost("g", 1.0, 2.0, ours_us=5.0, stock_us=0.5).pays
+    assert measure.GroupCost("g", 1.0, 2.0, ours_us=2.0, stock_us=5.0).pays

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP
 
-import onnxstitch
 
 from ..attention_models import (CORES, PROJECTED, SDPA, Core, Decoder, Projected, Sdpa, core_feeds, core_model,
                                 core_reference, decoder_feeds, decoder_model, decoder_reference, np_dtype,
@@ -23,7 +22,7 @@ from ..attention_models import (CORES, PROJECTED, SDPA, Core, Decoder, Projected
                                 sdpa_model, sdpa_reference)
 from ..stitching import fresh_seed
 from ..test_attention_host import HALF_TOLERANCE, HALVES
-from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +31,7 @@ TF32_REFERENCE_TOLERANCE = 2e-3
 
 @pytest.mark.parametrize("core", CORES, ids=lambda c: c.id)
 def test_attention_kernel_matches_float64(core) -> None:
-    res = onnxstitch.optimize(core_model(core))
+    res = stitch(core_model(core))
     assert [grp.tf32 for grp in res.report.plan.groups] == [True] and not res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     feeds = core_feeds(core, np.random.default_rng(fresh_seed()))
@@ -44,7 +43,7 @@ def test_attention_kernel_matches_float64(core) -> None:
 def test_attention_kernel_at_another_sequence_length() -> None:
     # Planned at 128, run at 77: sequence lengths are runtime values.
     core = CORES[0]
-    res = onnxstitch.optimize(core_model(core, seq="seq"), shapes={"seq": [128]})
+    res = stitch(core_model(core, seq="seq"), shapes={"seq": [128]})
     assert [grp.tf32 for grp in res.report.plan.groups] == [True]
     other = type(core)(core.lead, 77, 77, core.d, (core.lead[0], 1, 1, 77))
     feeds = core_feeds(other, np.random.default_rng(fresh_seed()))
@@ -58,7 +57,7 @@ def test_projected_attention_kernel_matches_float64(p: Projected) -> None:
     # q, kᵀ and v read from their projections' outputs, biases added by the kernel.
     rng = np.random.default_rng(fresh_seed())
     model = projected_model(p, rng)
-    res = onnxstitch.optimize(model)
+    res = stitch(model)
     assert [grp.tf32 for grp in res.report.plan.groups if grp.tf32] == [True] and not res.report.dropped
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert kernel["heads"] == p.core.lead[1] and kernel["biases"] == p.biased
@@ -72,7 +71,7 @@ def test_projected_attention_kernel_at_another_sequence_length() -> None:
     p = PROJECTED[0]
     rng = np.random.default_rng(fresh_seed())
     model = projected_model(p, rng, seq="seq")
-    res = onnxstitch.optimize(model, shapes={"seq": [128]})
+    res = stitch(model, shapes={"seq": [128]})
     assert any(k["scheme"] == "attention" and k.get("heads") for k in res.report.kernels)
     other = Projected(type(p.core)(p.core.lead, 77, 77, p.core.d, (p.core.lead[0], 1, 77, 77)))
     feeds = projected_feeds(other, rng)
@@ -85,7 +84,7 @@ def test_projected_attention_kernel_at_another_sequence_length() -> None:
 def test_sdpa_attention_kernel_matches_float64(s: Sdpa) -> None:
     # transformers' SDPA forms (issue 22); with the NaN guard and -inf fills, rows that attend
     # to nothing must come out exactly 0.
-    res = onnxstitch.optimize(sdpa_model(s))
+    res = stitch(sdpa_model(s))
     assert [grp.scheme for grp in res.report.plan.groups].count("attention") == 1 and not res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     blank = s.guard and s.core.mask is not None and s.fill == -np.inf
@@ -107,7 +106,7 @@ def _typed(x, dtype: str):
 def _half_on_gpu(model, feeds: dict, want: np.ndarray, dtype: str) -> tuple[dict, np.ndarray]:
     """(the attention kernel's report entry, the context) of `model` optimized (one half kernel,
     verified on the GPU) and run on `feeds`; the context within HALF_TOLERANCE of `want`."""
-    res = onnxstitch.optimize(model)
+    res = stitch(model)
     groups = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
     assert len(groups) == 1 and not groups[0].tf32 and not res.report.dropped
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
@@ -170,7 +169,7 @@ DECODERS += [dataclasses.replace(c, dtype=TP.FLOAT16) for c in DECODERS]
 
 @pytest.mark.parametrize("c", DECODERS, ids=lambda c: c.id)
 def test_gqa_causal_kernel_matches_float64(c: Decoder) -> None:
-    res = onnxstitch.optimize(decoder_model(c))
+    res = stitch(decoder_model(c))
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert (kernel["kv_group"], kernel["causal"]) == (c.group, c.causal) and not res.report.dropped
     # The split-KV decode form where a step's rows fit it (chosen by cost: so at these sizes).
@@ -190,7 +189,7 @@ def test_upcast_sdpa_kernel_matches_float64(dtype: str, sq: int) -> None:
     s = Sdpa(Core((2, 3), sq, 300, 64, (2, 1, 1, 300), dtype=HALVES[dtype]), exporter="ts", upcast=True)
     feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()), blank_rows=True)
     want = sdpa_reference(s, feeds)
-    res = onnxstitch.optimize(sdpa_model(s))
+    res = stitch(sdpa_model(s))
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert kernel["upcast"] and bool(kernel["decode_rows"]) == (sq == 1) and not res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
@@ -203,7 +202,7 @@ def test_decode_form_under_cuda_graphs(dtype: int) -> None:
     # The decode form allocates its partials from ORT's allocator in each Compute: captured once,
     # then replayed with new data in the same buffers.
     c = Decoder(2, 8, 4, 1, 700, 64, "dynamo", causal=False, dtype=dtype)
-    res = onnxstitch.optimize(decoder_model(c))
+    res = stitch(decoder_model(c))
     (kernel,) = [k for k in res.report.kernels if k["scheme"] == "attention"]
     assert kernel["decode_rows"] and not res.report.dropped
     rng = np.random.default_rng(fresh_seed())

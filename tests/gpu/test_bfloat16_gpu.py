@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from onnx import TensorProto as TP
 
-import onnxstitch
 
 from ..layout_models import attention_projections, layout_models
 from ..row_models import row_models, trailing_models
 from .test_rows_gpu import _check_gpu
+from .test_stitched_gpu import stitch
 
 pytestmark = pytest.mark.gpu
 BF16 = TP.BFLOAT16
@@ -44,7 +44,7 @@ def test_bfloat16_packed_projections_match_float64_numpy(heads, head_dim) -> Non
 
 def test_optimize_verifies_a_bfloat16_model_on_the_gpu() -> None:
     _, model, _ = next(c for c in row_models(3, 768, dtype=BF16) if c[0] == "LayerNormalization")
-    res = onnxstitch.optimize(model, shapes={"batch": [5]})
+    res = stitch(model, shapes={"batch": [5]})
     v = res.report.verification
     assert v is not None and v.device == "gpu" and not v.skipped, v
     assert v.tensors_checked >= 1 and v.worst_relative_error < 5e-2

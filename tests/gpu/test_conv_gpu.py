@@ -15,12 +15,11 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-import onnxstitch
 from onnxstitch.cost import CostModel
 
 from ..conv_models import Layer, Net, feeds, model, reference
 from ..stitching import fresh_seed
-from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +65,7 @@ def stitched(net: Net):
     """The network optimized with epilogues, layout changes priced at nothing so that every
     ungrouped or depthwise Conv is a conv group (other grouped ones stay ORT's), verified on the
     GPU."""
-    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]},
+    res = stitch(model(net), epilogues=True, shapes={"n": [2], "h": [24], "w": [24]},
                               cost=CostModel(layout_changes=False))
     convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
     want = sum(ly.group in (1, ly.out) for ly in net.layers) + 2 * sum(ly.se for ly in net.layers)  # SE: two 1×1 convs

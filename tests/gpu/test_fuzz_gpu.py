@@ -22,7 +22,7 @@ import onnxstitch
 from models.fuzz import (FuzzCase, cases, float32_feeds, float32_reference, fused_nodes, run_cpu,
                          tolerant_mismatch)
 
-from .test_stitched_gpu import run_gpu
+from .test_stitched_gpu import run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ RANDOM = os.environ.get("ONNXSTITCH_FUZZ_RANDOM", "") not in ("", "0")
 def test_fuzz_model_kernels_match_cpu(case: FuzzCase) -> None:
     note(onnx.printer.to_text(case.model))
     note(f"run-time dims {dict(case.dims)}, feeds seed {case.seed}, overrides {list(case.overrides)}")
-    stitched = onnxstitch.optimize(case.model, shapes=case.plan_shapes).model
+    stitched = stitch(case.model, shapes=case.plan_shapes).model
     n = len(fused_nodes(stitched))
     event("outcome: improved" if n else "outcome: unchanged")
     if not n:

@@ -16,11 +16,10 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-import onnxstitch
 
 from ..gemm_models import Chain, chain_model, feeds, reference
 from ..stitching import fresh_seed
-from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu
+from .test_stitched_gpu import replay_under_cuda_graphs, run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +52,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 def stitched(c: Chain):
     """The chain optimized with epilogues: one gemm group, verified on the GPU."""
-    res = onnxstitch.optimize(chain_model(c), epilogues=True, shapes={"m": [64], "b": [4], "s": [16]})
+    res = stitch(chain_model(c), epilogues=True, shapes={"m": [64], "b": [4], "s": [16]})
     assert [g.scheme for g in res.report.plan.groups] == ["gemm"] and not res.report.dropped
     assert res.report.verification is not None and res.report.verification.device == "gpu"
     return res

@@ -8,13 +8,12 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-import onnxstitch
 from onnxstitch.inputs import random_feeds
 
 from ..row_models import (arg_models, channel_models, column_models, dynamic_row_model, group_norm_models, row_models,
                           trailing_models)
 from ..stitching import assert_matches_reference, fresh_seed
-from .test_stitched_gpu import run_gpu
+from .test_stitched_gpu import run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +26,7 @@ CASES = [pytest.param(name, model, ref, dt, id=f"{name}-c{cols}-{TP.DataType.Nam
 def _check_gpu(model, ref, dtype, plan: dict, run: dict, name: str) -> None:
     """Plan at `plan` sizes into one kernel, run at `run` sizes on the GPU (outputs poisoned
     first), compare with the float64 reference: indices exactly, values by relative norm."""
-    res = onnxstitch.optimize(model, shapes=plan, verify=False, reductions=True)
+    res = stitch(model, shapes=plan, verify=False, reductions=True)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"], name
     feeds = random_feeds(model, seed=fresh_seed(), dim_values=run)
     expected = ref(feeds)
@@ -71,7 +70,7 @@ def test_many_inputs_and_long_rows_match_float64_numpy(n, cols, dtype) -> None:
     from ..row_models import many_input_rows
 
     model, ref = many_input_rows(n, cols, dtype)
-    res = onnxstitch.optimize(model, shapes={"batch": [64]}, verify=False)
+    res = stitch(model, shapes={"batch": [64]}, verify=False)
     feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 5})
     # A partial sum the plan writes between two kernels is a tensor of the model's dtype.
     written = frozenset(t for node in res.model.graph.node for t in node.output)
@@ -91,7 +90,7 @@ GROUP_NORMS = [pytest.param(name, model, ref, dt, id=f"{name}-c{c}g{g}-{'x'.join
 def test_group_norm_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
     """Group norms in their [N, G, C/G, P] form (normalize.py): one kernel with the affine part
     and SiLU; outside it only Shape and the Reshapes ORT runs as views."""
-    res = onnxstitch.optimize(model, shapes={"batch": [2]}, verify=False)
+    res = stitch(model, shapes={"batch": [2]}, verify=False)
     kinds = [n.op_type for n in res.model.graph.node]
     assert kinds.count("FusedKernel") == 1 and set(kinds) <= {"FusedKernel", "Shape", "Reshape"}, kinds
     feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 2})

@@ -9,12 +9,11 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-import onnxstitch
 from onnxstitch.inputs import random_feeds
 
 from ..sibling_models import projections
 from ..stitching import assert_matches_reference, fresh_seed
-from .test_stitched_gpu import run_gpu
+from .test_stitched_gpu import run_gpu, stitch
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.gpu
                                         ("glu", (256, 256))])
 def test_merged_gemm_and_its_slices_match_float64_numpy(tail, sizes, dtype) -> None:
     model, ref = projections(sizes, 128, dtype=dtype, tail=tail, heads=4, seed=fresh_seed())
-    res = onnxstitch.optimize(model, shapes={"batch": [4], "seq": [64]})
+    res = stitch(model, shapes={"batch": [4], "seq": [64]})
     ops = [n.op_type for n in res.model.graph.node]
     assert ops.count("MatMul") == 1 and "Slice" not in ops, ops
     feeds = random_feeds(model, seed=fresh_seed(), dim_values={"batch": 3, "seq": 50})

@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 
 import onnxstitch
 from models.elementwise import chain, random_graph
-from onnxstitch import ortio
+from onnxstitch import ortio, sizes
 from onnxstitch.inputs import random_feeds
 
 from ..op_models import op_models
@@ -39,6 +39,16 @@ def _poison(arr: np.ndarray) -> np.ndarray:
 
 # TF32 off: the MatMuls between fused groups must compute in float32 like the CPU reference.
 PROVIDERS = [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def stitch(model: onnx.ModelProto, **settings) -> "onnxstitch.OptimizeResult":
+    """optimize for a kernel test: the gate off (these tests judge kernels, and whether a kernel
+    pays at test sizes is test_measure_gpu's matter; timing also spreads when xdist runs several
+    tests on one GPU), sizes given for names the model lacks dropped (one set of names sizes
+    several models)."""
+    if "shapes" in settings:
+        settings["shapes"] = sizes.applicable(model, settings["shapes"])
+    return onnxstitch.optimize(model, gate=False, **settings)
 
 
 def run_gpu(model: onnx.ModelProto, feeds: dict, expected_like: list[np.ndarray]) -> list[np.ndarray]:
@@ -110,7 +120,7 @@ def test_op_kernel_matches_reference(name: str, shape: tuple[int, int]) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_planned_random_model_matches_stock_cuda(dtype: int, seed: int) -> None:
     model = random_graph(40, seed=seed, shape=("batch", 257), dtype=dtype, opaque_every=13)
-    stitched = onnxstitch.optimize(model).model
+    stitched = stitch(model).model
     assert any(n.op_type == "FusedKernel" for n in stitched.graph.node)
     feeds = random_feeds(model, seed=seed + 100, dim_values={"batch": 9})
     # Half-precision kernels compute in float32, so their reference is the float32 model on
@@ -133,7 +143,7 @@ def test_planned_random_model_matches_stock_cuda(dtype: int, seed: int) -> None:
 
 def test_dynamic_batch_without_reoptimizing() -> None:
     model = chain(20, shape=("batch", 1000), dtype=TP.FLOAT)
-    stitched = onnxstitch.optimize(model).model
+    stitched = stitch(model).model
     for batch in (1, 3, 17):
         feeds = random_feeds(model, seed=batch, dim_values={"batch": batch})
         ref = reference(model, feeds)
@@ -144,7 +154,7 @@ def test_profile_shows_fused_nodes_on_cuda(tmp_path) -> None:
     import json
 
     model = chain(20, shape=("batch", 512), dtype=TP.FLOAT)
-    stitched = onnxstitch.optimize(model).model
+    stitched = stitch(model).model
     so = ort.SessionOptions()
     so.enable_profiling = True
     so.profile_file_prefix = str(tmp_path / "prof")
@@ -196,7 +206,7 @@ def test_division_by_a_constant_matches_float64_numpy(c: float, dtype: int) -> N
     from ..test_codegen import _div_by
 
     model = _div_by(c, dtype)
-    res = onnxstitch.optimize(model, shapes={"n": [64]}, verify=False)
+    res = stitch(model, shapes={"n": [64]}, verify=False)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
     npd = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     x = (np.random.default_rng(fresh_seed()).standard_normal((1000, 16)) * 100).astype(npd)
@@ -220,7 +230,7 @@ def test_sign_of_log_keeps_nan_and_infinities(dtype: int) -> None:
     outs = [h.make_tensor_value_info(t, dtype, ["n"]) for t in ("l", "s")]
     nodes = [h.make_node("Log", ["x"], ["l"]), h.make_node("Sign", ["l"], ["s"])]
     model = h.make_model(h.make_graph(nodes, "g", [x], outs), opset_imports=[h.make_opsetid("", 20)], ir_version=10)
-    res = onnxstitch.optimize(model, shapes={"n": [4096]}, verify=False)
+    res = stitch(model, shapes={"n": [4096]}, verify=False)
     assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
     npd = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     rng = np.random.default_rng(fresh_seed())
