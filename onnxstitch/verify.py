@@ -415,6 +415,22 @@ class _Judge:
         return tuple(self._stats[o.name] for o in self.original.graph.output if o.name in self._stats)
 
 
+def judge_outputs(original: onnx.ModelProto, got: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray],
+                  feeds: Mapping[str, np.ndarray], runner: Runner, tf32: bool = False) -> tuple[OutputCheck, ...]:
+    """Each graph output of a stitched model (`got`) judged against the original's (`expected`,
+    both run on `feeds`) as optimize's verification judges it: by relative norm within the
+    model's own envelope (what the original moves under TF32 on the GPU), with the exact rules
+    for shapes, integers, NaN and Inf. `tf32`: the stitched model runs TF32 kernels."""
+    judge = _Judge(original, feeds, expected, runner, tf32)
+    out = []
+    for o in original.graph.output:
+        why = judge.output(o.name, got[o.name])
+        stat = judge._stats.get(o.name)
+        abs_err, rel_err = (stat.max_abs_err, stat.max_rel_err) if stat else (float("inf"), float("inf"))
+        out.append(OutputCheck(o.name, why is None, abs_err, rel_err, why or ""))
+    return tuple(out)
+
+
 def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dict, runner: Runner,
                 judge: _Judge) -> None:
     """The stitched model once more as it will be written, with no tensor exposed: ORT then

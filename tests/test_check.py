@@ -80,6 +80,26 @@ def test_elementwise_comparison_rules() -> None:
     assert not compare_elementwise("y", x.astype(np.float16), x).ok  # dtype differs
 
 
+def test_default_judgement_is_verifications(model_path: Path) -> None:
+    # Without --atol/--rtol, check judges as optimize verifies: by relative norm within the model's
+    # envelope (on the CPU none is measured: 1e-2), so rounding passes and a planted 3% error fails.
+    from onnxstitch.sessions import Runner
+    from onnxstitch.verify import judge_outputs
+
+    model = onnx.load(str(model_path))
+    out = model.graph.output[0].name
+    del model.graph.output[1:]
+    rng = np.random.default_rng()
+    want = rng.standard_normal((4, 16)).astype(np.float32)
+    rounding = want * (1 + rng.uniform(-3e-4, 3e-4, want.shape)).astype(np.float32)
+    (ok,) = judge_outputs(model, {out: rounding}, {out: want}, {}, Runner(False))
+    assert ok.ok and 0 < ok.max_rel_err < 1e-3 and not compare_elementwise(out, rounding, want).ok
+    wrong = want.copy()
+    wrong[0] *= 1.3
+    (bad,) = judge_outputs(model, {out: wrong}, {out: want}, {}, Runner(False))
+    assert not bad.ok and "relative error" in bad.detail
+
+
 def test_broken_numerics_fail_check(tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxstitch import rewrite
 
@@ -114,10 +134,32 @@ def test_speed_below_the_floor_is_measured_again(tmp_path: Path, model_path: Pat
     base.write_text(json.dumps({**data, "speedup": 5.0}))
     left = list(readings)
     monkeypatch.setattr(gate, "gpu_usable", lambda: True)
-    monkeypatch.setattr(gate, "_numerics", lambda *a: ())
+    monkeypatch.setattr(gate, "_numerics", lambda *a, **k: ())
     monkeypatch.setattr(bench, "run", lambda *a, **k: SimpleNamespace(speedup=left.pop(0)))
     res = gate.run_check(model_path, base)
     assert not left  # every reading taken, none more
     assert res.speedup == max(readings)
     assert (not res.ok) == regressed, res.regressions
     assert any("measured again" in n for n in res.notes) == (len(readings) > 1)
+
+
+def test_a_model_nothing_fuses_is_not_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Optimize writes such a model as given: its speedup is 1.00× by identity, and timing it
+    # would only report run-to-run spread (the GPU and its bench are stood in for).
+    from types import SimpleNamespace
+
+    from onnx import TensorProto, helper
+
+    from onnxstitch import bench, gate
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 8], np.eye(8, dtype=np.float32).ravel())
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one", [x], [y], [w])
+    path = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    monkeypatch.setattr(gate, "gpu_usable", lambda: True)
+    monkeypatch.setattr(gate, "_numerics", lambda *a, **k: ())
+    monkeypatch.setattr(bench, "run", lambda *a, **k: SimpleNamespace(speedup=0.3))
+    res = gate.run_check(path, None)
+    assert res.speedup == 1.0 and res.ok and any("nothing fused" in n for n in res.notes), res

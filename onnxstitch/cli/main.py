@@ -289,8 +289,9 @@ def bench(model: Path, stitched: Path | None, shapes: dict, warmup: int, iters: 
 @click.option("--update-baseline", is_flag=True, help="Write the current results as the new baseline.")
 @click.option("--max-slowdown", type=click.FloatRange(0, 100), default=10.0, show_default=True,
               help="Allowed drop of the measured speedup below the baseline, in percent (GPU only).")
-@click.option("--atol", type=float, help="Absolute tolerance per output (default by dtype).")
-@click.option("--rtol", type=float, help="Relative tolerance per output (default by dtype).")
+@click.option("--atol", type=float, help="Absolute tolerance per element (default: judged as optimize verifies, by relative norm "
+              "within what the model itself moves under ORT's rounding).")
+@click.option("--rtol", type=float, help="Relative tolerance per element (default: as for --atol).")
 @shape_option("Input sizes, as optimize reads them: input=8x128 (a graph input's shape), then batch=8 "
               "(symbolic dims).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
