@@ -77,11 +77,22 @@ def run(session: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> 
     return [to_numpy(v) for v in io.get_outputs()]
 
 
+# CPU threads each ORT session of onnxstitch's may use, where set: `onnxstitch zoo` sets it in
+# each worker so that several workers on one host do not each start a pool of every core, spinning.
+THREADS_ENV = "ONNXSTITCH_THREADS"
+
+
 def with_custom_ops(options: Any, libraries: Sequence[str]) -> Any:
     """`options` (an ORT SessionOptions) with each custom-op library of the user's registered:
-    the model's own ops from onnxruntime-extensions or the user's library. Returns `options`."""
+    the model's own ops from onnxruntime-extensions or the user's library; where THREADS_ENV is
+    set, ORT's CPU thread pools held to that many threads that do not spin. Returns `options`."""
     for lib in libraries:
         options.register_custom_ops_library(str(lib))
+    threads = os.environ.get(THREADS_ENV, "")
+    if threads.isdigit() and int(threads) > 0:
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 

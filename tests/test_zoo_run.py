@@ -164,3 +164,30 @@ def test_the_models_the_last_run_timed_longest_start_first(tmp_path: Path) -> No
     assert rec.order == ["short", "chain", "broken"]
     zoo.run_zoo(manifest, out=tmp_path / "fresh", run=rec)  # no report yet: the manifest's order
     assert rec.order == ["chain", "short", "broken"]
+
+
+def test_workers_share_the_hosts_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two workers on an 8-core host: each holds ORT's and BLAS's pools to 4 threads (the child
+    # writes what it was given and fails its task, so the report carries it back).
+    monkeypatch.setattr(zoo.os, "cpu_count", lambda: 8)
+    manifest = _zoo(tmp_path)
+    spy = tmp_path / "spy.py"
+    spy.write_text("import os, sys\nsys.stderr.write(os.environ.get('ONNXSTITCH_THREADS', '-') + ' '"
+                   " + os.environ.get('OMP_NUM_THREADS', '-'))\nsys.exit(3)\n")
+    report = zoo.run_zoo(manifest, run=zoo.LocalExecutor(jobs=2, gpus=0, command=[sys.executable, str(spy)]))
+    assert {r.error.rsplit(": ", 1)[-1] for r in report.results} == {"4 4"}, [r.error for r in report.results]
+    alone = zoo.run_zoo(manifest, run=zoo.LocalExecutor(jobs=1, gpus=0, command=[sys.executable, str(spy)]))
+    assert {r.error.rsplit(": ", 1)[-1].split()[0] for r in alone.results} == {"-"}, [r.error for r in alone.results]
+
+
+def test_the_thread_share_reaches_ort_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    from onnxstitch import ortio
+
+    monkeypatch.setenv(ortio.THREADS_ENV, "3")
+    so = ortio.with_custom_ops(ort.SessionOptions(), ())
+    assert so.intra_op_num_threads == 3 and so.inter_op_num_threads == 1
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    monkeypatch.delenv(ortio.THREADS_ENV)
+    assert ortio.with_custom_ops(ort.SessionOptions(), ()).intra_op_num_threads == 0
