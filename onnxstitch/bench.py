@@ -61,6 +61,9 @@ class BenchConfig:
     conv_algo_search: str | None = None
     # Inputs that take one value (`--value`), as optimize's verification gives them.
     values: Mapping[str, float] = field(default_factory=dict)
+    # Seconds of warm-up and of timed runs each configuration may take, where set: a model whose
+    # run is long (a Loop of hundreds of steps) gets fewer runs, never under MIN_TIMED.
+    time_budget_s: float | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -251,15 +254,34 @@ def _provider_list(config: BenchConfig) -> list:
 ROUNDS = 10
 
 
+# Timed runs per configuration that a time budget leaves at the least.
+MIN_TIMED = 10
+
+
+def _warm(bound: _Bound, config: BenchConfig) -> float:
+    """Warm-up runs (fewer where the budget runs out); seconds the last one took."""
+    start = last = time.perf_counter()
+    took = 0.0
+    for i in range(config.warmup):
+        bound.run()
+        now = time.perf_counter()
+        took, last = now - last, now
+        if config.time_budget_s and i >= 1 and now - start > config.time_budget_s:
+            break
+    return took
+
+
 def _time(bounds: Mapping[str, _Bound], config: BenchConfig) -> dict[str, list[float]]:
-    """Milliseconds per run of every configuration, interleaved round by round."""
-    for bound in bounds.values():
-        for _ in range(config.warmup):
-            bound.run()
+    """Milliseconds per run of every configuration, interleaved round by round; as many runs
+    as config.iters, or as fit config.time_budget_s (MIN_TIMED at the least)."""
+    slowest = max((_warm(bound, config) for bound in bounds.values()), default=0.0)
+    iters = config.iters
+    if config.time_budget_s and slowest > 0:
+        iters = max(min(MIN_TIMED, iters), min(iters, int(config.time_budget_s / slowest)))
     times: dict[str, list[float]] = {label: [] for label in bounds}
-    rounds = max(1, min(ROUNDS, config.iters))
+    rounds = max(1, min(ROUNDS, iters))
     for r in range(rounds):
-        share = config.iters // rounds + (1 if r < config.iters % rounds else 0)
+        share = iters // rounds + (1 if r < iters % rounds else 0)
         for label, bound in bounds.items():
             for _ in range(share):
                 t0 = time.perf_counter()

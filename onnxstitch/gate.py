@@ -27,6 +27,9 @@ BYTES_SLACK = 0.01  # predicted bytes may grow by 1% (symbolic-dim defaults, rou
 # the best kept: a regression must reproduce. Launch-bound models spread by 20% or more from
 # run to run (a 20-node chain at batch 64 on an H200 read 9.76× and 7.48× back to back).
 SPEED_READINGS = 3
+# Seconds of runs per model and configuration a speed reading may take (bench's time_budget_s):
+# a table-recognition model whose Loop decodes hundreds of steps took 111 s in a zoo run.
+CHECK_TIME_BUDGET_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,8 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
             stitched = Path(tmp) / "stitched.onnx"
             load.save(res.model, stitched)
             while not readings or (floor is not None and max(readings) < floor and len(readings) < SPEED_READINGS):
-                config = BenchConfig(warmup=10, iters=iters, custom_op_libraries=libraries, values=values)
+                config = BenchConfig(warmup=10, iters=iters, custom_op_libraries=libraries, values=values,
+                                     time_budget_s=CHECK_TIME_BUDGET_S)
                 readings.append(bench_run(model_path, stitched, config=config,
                                           shapes=shapes).speedup)
         speedup = max(readings)

@@ -687,6 +687,9 @@ def summary(costs: Iterable[GroupCost]) -> dict:
 
 # The stitched model must beat stock ORT by at least this share to be written as planned.
 GATE_MARGIN = 0.01
+# Seconds of runs per model the gate's timing may take: a model whose Loop decodes hundreds of
+# steps per run is timed over fewer runs (bench.MIN_TIMED at the least).
+GATE_TIME_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -730,7 +733,7 @@ def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, sha
 
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
                          custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
-                         values=dict(values or {}))
+                         values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S)
     res = run(original, stitched, config=config, shapes=shapes)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -1,0 +1,31 @@
+"""bench's timed runs: a time budget caps the runs of a slow model (a Loop of many steps) and
+leaves a fast one its full count."""
+from __future__ import annotations
+
+import time
+
+from onnxstitch import bench
+
+
+class _Sleeps:
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def run(self) -> None:
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_a_time_budget_caps_the_runs_of_a_slow_model() -> None:
+    # Runs of 20 ms against a 0.1 s budget: warm-up stops once over it (two runs at the least)
+    # and MIN_TIMED runs are timed instead of 100.
+    slow = _Sleeps(0.02)
+    times = bench._time({"a": slow}, bench.BenchConfig(warmup=20, iters=100, time_budget_s=0.1))
+    assert len(times["a"]) == bench.MIN_TIMED and slow.calls < 20 + bench.MIN_TIMED
+    assert min(times["a"]) >= 20
+
+
+def test_without_a_budget_every_run_is_timed() -> None:
+    fast = _Sleeps(0.0)
+    assert len(bench._time({"a": fast, "b": _Sleeps(0.0)}, bench.BenchConfig(warmup=2, iters=100))["a"]) == 100
+    assert fast.calls == 102
