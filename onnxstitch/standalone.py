@@ -82,7 +82,8 @@ def fused_piece(stitched: onnx.ModelProto, group: str, prefix: str = "") -> Piec
         return None
     inits = {i.name for i in stitched.graph.initializer}
     (renamed,) = _renamed([node], inits, prefix) or [None]
-    reads = tuple(t for t in node.input if t and t not in inits)
+    # Each once: a fused attention node reads the merged QKV projection three times (q, k, v).
+    reads = tuple(dict.fromkeys(t for t in node.input if t and t not in inits))
     used = frozenset(t for t in node.input if t in inits)
     return Piece((renamed,), reads, tuple(t for t in node.output if t), used, prefix)
 

@@ -233,3 +233,22 @@ def test_figures_below_the_timers_resolution_leave_the_prediction_standing() -> 
     assert measure.GroupCost("g", 1.0, 2.0, ours_us=0.4, stock_us=0.3).pays
     assert not measure.GroupCost("g", 1.0, 2.0, ours_us=5.0, stock_us=0.5).pays
     assert measure.GroupCost("g", 1.0, 2.0, ours_us=2.0, stock_us=5.0).pays
+
+
+def test_a_fused_node_reading_one_tensor_twice_is_timed_with_one_input() -> None:
+    # A fused attention node reads the merged QKV projection as q, k and v: its standalone form
+    # must declare that tensor once (BERT's attention groups could not be timed: "Duplicate
+    # definition-site" in ORT).
+    from onnx import TensorProto, helper
+
+    from onnxstitch import standalone
+    from onnxstitch.rewrite import DOMAIN, OP_TYPE
+
+    node = helper.make_node(OP_TYPE, ["qkv", "qkv", "qkv", "mask"], ["y"], domain=DOMAIN, overload="g0")
+    vi = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [2, 4]) for t in ("qkv", "mask", "y")]
+    stitched = helper.make_model(helper.make_graph([node], "s", vi[:2], vi[2:]),
+                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    pieces = [standalone.fused_piece(stitched, "g0", f"~c{c}~") for c in range(2)]
+    assert pieces[0].reads == ("qkv", "mask")
+    m = standalone.model_of(pieces, stitched, {t: (TensorProto.FLOAT, [2, 4]) for t in ("qkv", "mask", "y")})
+    assert [i.name for i in m.graph.input] == ["~c0~qkv", "~c0~mask", "~c1~qkv", "~c1~mask"]
