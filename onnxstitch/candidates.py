@@ -183,9 +183,9 @@ def _labels(graph: FusionGraph, nodes: Iterable[int], limit: int = 3) -> str:
     return text + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
 
 
-# Rows longer than this with fewer rows than FEW_ROWS need a split reduction (rows.split_factor):
-# one block per row would leave most of the GPU idle. Column reductions and ArgMax/ArgMin are
-# not split.
+# Rows longer than this with fewer rows than FEW_ROWS need a split reduction (rows.split_factor,
+# rows.column_split_factor for columns): one block per row would leave most of the GPU idle.
+# ArgMax/ArgMin are not split.
 LONG_ROW, FEW_ROWS = 65536, 1024
 
 
@@ -212,11 +212,12 @@ def _row_verdict(graph: FusionGraph, st: _State, reducers: list[int]) -> str | N
     start, stop = runs.pop()
     cols = TensorInfo("row", 1, st.shape[start:stop]).numel(graph.dim_values) or 0
     rows = TensorInfo("rows", 1, reduced_shape(st.shape, start, stop, False)).numel(graph.dim_values) or 0
-    splits = rows_mod.splittable(graph, reducers, stop == len(st.shape)) and rows_mod.split_factor(cols, rows) > 1
+    factor = rows_mod.split_factor(cols, rows) if stop == len(st.shape) else rows_mod.column_split_factor(cols, rows, 4)
+    splits = rows_mod.splittable(graph, reducers) and factor > 1
     if cols > LONG_ROW and rows < FEW_ROWS and not splits:
         return (f"{rows} rows of {cols} elements: too few, too long rows for a row kernel "
                 f"(rows split across blocks only on GPUs with thread-block clusters, sm_90 on, "
-                f"and only trailing rows without ArgMax/ArgMin)")
+                f"and only without ArgMax/ArgMin)")
     return None
 
 

@@ -134,11 +134,54 @@ COLUMN_IN_FLIGHT_BYTES = 2 << 20
 
 def column_share(plan: "RowPlan", elem_bytes: int) -> float:
     """The share of the copy bandwidth a rows kernel reaches: 1 for trailing rows; for a column
-    reduction, its columns' bytes in flight over COLUMN_IN_FLIGHT_BYTES."""
+    reduction, its columns' bytes in flight (each column split across `split` blocks, each
+    block's slice COLUMN_UNROLL elements in flight at most) over COLUMN_IN_FLIGHT_BYTES, and
+    its blocks over SPLIT_TARGET_BLOCKS (an SM reads a share of the bandwidth), the lesser."""
     if not plan.inner or plan.rows is None:
         return 1.0
-    in_flight = plan.rows * min(plan.cols, COLUMN_CHUNKS) * elem_bytes
-    return min(1.0, in_flight / COLUMN_IN_FLIGHT_BYTES)
+    blocks = _ceil_div(plan.rows, plan.geometry.block) * plan.split
+    return min(1.0, _column_in_flight(plan.rows, plan.cols, plan.split, elem_bytes) / COLUMN_IN_FLIGHT_BYTES,
+               blocks / SPLIT_TARGET_BLOCKS)
+
+
+def column_block(columns: int | None, split: int) -> int:
+    """Threads per block of a column kernel (a column each): COLUMN_BLOCK, halved down to a
+    warp while the blocks (`split` per block's worth of columns) fill less than
+    SPLIT_TARGET_BLOCKS: an SM reads a share of the bandwidth, so few blocks leave most of it
+    unused (a warp's 32 neighbouring columns are still one 128-byte line per step)."""
+    block = COLUMN_BLOCK
+    while columns and block > 32 and _ceil_div(columns, block) * split < SPLIT_TARGET_BLOCKS:
+        block //= 2
+    return block
+
+
+def _column_in_flight(columns: int, length: int, split: int, elem_bytes: int) -> int:
+    return columns * split * min(_ceil_div(length, split), COLUMN_UNROLL) * elem_bytes
+
+
+# Steps of a column's loop unrolled, so that as many loads are in flight per thread (one
+# register each: a column's thread loads one element a step).
+COLUMN_UNROLL = 32
+
+
+# Split columns: few long columns (GRN's L2 norm over H × W of NHWC activations) are each split
+# across a thread-block cluster of up to MAX_SPLIT blocks — every block of the cluster takes the
+# same columns, a slice of their length each; partial results meet through distributed shared
+# memory — until the bytes in flight reach COLUMN_IN_FLIGHT_BYTES, each slice at least
+# COLUMN_MIN_SLICE elements (a loop of whole unrolled steps).
+COLUMN_MIN_SLICE = 64
+
+
+def column_split_factor(length: int, columns: int | None, elem_bytes: int) -> int:
+    """Blocks per column for a column reduction of `columns` columns of `length` elements (a
+    power of two, 1 when not split)."""
+    if not columns or columns <= 0:
+        return 1
+    split = 1
+    while (split < MAX_SPLIT and _ceil_div(length, 2 * split) >= COLUMN_MIN_SLICE
+           and _column_in_flight(columns, length, split, elem_bytes) < COLUMN_IN_FLIGHT_BYTES):
+        split *= 2
+    return split
 
 
 # Split rows (FusionStitching's split reductions), for few long rows: on sm_90 a row belongs to
@@ -225,10 +268,11 @@ def row_tail(shape: Shape | None, rank: int, start: int, stop: int) -> tuple:
     return aligned(shape, rank)[start:stop]
 
 
-def splittable(graph: FusionGraph, nodes: Iterable[int], trailing: bool) -> bool:
-    """Whether a row group may be split across blocks: the targets have thread-block clusters,
-    its row is trailing (columns are not split) and no ArgMax/ArgMin carries positions."""
-    return graph.clusters and trailing and not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in nodes)
+def splittable(graph: FusionGraph, nodes: Iterable[int]) -> bool:
+    """Whether a row group may be split across blocks: the targets have thread-block clusters
+    and no ArgMax/ArgMin carries positions (trailing rows by split_factor, columns by
+    column_split_factor)."""
+    return graph.clusters and not any(graph.nodes[i].op_type in ops.ARG_REDUCERS for i in nodes)
 
 
 def split_geometry(whole: RowGeometry, cols: int, rows: int | None, vec: int, span: int, per_element: int,
@@ -266,13 +310,16 @@ def row_plan(graph: FusionGraph, nodes: tuple[int, ...] | frozenset[int], thread
     vec = max(1, 16 // widest)
     varying = sum(any(d != 1 for d in row_tail(graph.tensors[t].shape, len(shape), start, stop)) for t in inputs)
     if inner:
-        geo = RowGeometry(span, 1, COLUMN_BLOCK, cols if cols <= COLUMN_CHUNKS else 0, 1)
+        # (columns split across a cluster where the targets have clusters: column_split_factor)
+        split = column_split_factor(cols, rows, widest) if threads is None and splittable(graph, members) else 1
+        piece = _ceil_div(cols, split)
+        geo = RowGeometry(span, 1, column_block(rows, split), piece if piece <= COLUMN_CHUNKS else 0, 1)
     else:
         geo = choose_geometry(cols, vec, span, threads, rows, per_element)
-    # (a forced threads per row is a benchmark's sweep of the unsplit geometry)
-    splits = split_geometry(geo, cols, rows, vec, span, per_element, varying) \
-        if threads is None and splittable(graph, members, not inner) else None
-    split, geo = splits if splits else (1, geo)
+        # (a forced threads per row is a benchmark's sweep of the unsplit geometry)
+        splits = split_geometry(geo, cols, rows, vec, span, per_element, varying) \
+            if threads is None and splittable(graph, members) else None
+        split, geo = splits if splits else (1, geo)
     # A split kernel's one-block-per-row entry (GPUs without clusters) keeps the loop path.
     static = split == 1 and all(isinstance(d, int) for d in run) and math.prod(run) <= geo.capacity  # type: ignore[arg-type]
     return RowPlan(tuple(shape), span, cols, rows, geo, static, inner, split)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxstitch  # noqa: E402
 from onnxstitch import bench  # noqa: E402
+from onnxstitch.cost import CostModel  # noqa: E402
 from onnxstitch.schemes.rows import printer as rows_printer  # noqa: E402
 from onnxstitch import rowplan as rows_mod  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
@@ -111,6 +112,21 @@ def logits_softmax(dtype: int, vocab: int = 50257) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def grn_norm(dtype: int, side: int, channels: int) -> onnx.ModelProto:
+    """ConvNeXt V2's GRN norm as the dynamo exporter writes it: ‖x‖₂ over H × W of NHWC x
+    (x², ReduceSum over axes 1 and 2, Sqrt) — few long columns, split across a cluster."""
+    axes = numpy_helper.from_array(np.array([1, 2], np.int64), "hw")
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceSum", ["sq", "hw"], ["ss"], keepdims=1),
+             helper.make_node("Sqrt", ["ss"], ["y"])]
+    g = helper.make_graph(nodes, "grn", [helper.make_tensor_value_info("x", dtype, ["batch", side, side, channels])],
+                          [helper.make_tensor_value_info("y", dtype, ["batch", 1, 1, channels])], [axes])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+# ConvNeXt V2-tiny's four stages (side, channels), and its first stage at V2-base-like widths.
+GRN_STAGES = ((56, 96), (28, 192), (14, 384), (7, 768), (56, 384))
+
+
 def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
     """docs/abi.md strides of a contiguous input against the iteration shape."""
     out, own = [0] * len(full), 1
@@ -178,17 +194,21 @@ def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,
     import cupy as cp
 
     if unsplit or split:
-        saved = rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH
+        saved = (rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH,
+                 rows_mod.column_split_factor)
         k, per_thread, prefetch = split or (1, saved[1], saved[2])
         rows_mod.split_factor = lambda cols, n: k
+        rows_mod.column_split_factor = lambda cols, n, b: k
         rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH = per_thread, prefetch
         try:
             res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False,
-                                      archs=("sm_90",))
+                                      archs=("sm_90",), gate=False, cost=CostModel(column_share=False))
         finally:
-            rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH = saved
-    elif threads is None:
-        res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False)
+            (rows_mod.split_factor, rows_mod.SPLIT_ELEMENTS_PER_THREAD, rows_printer.SPLIT_PREFETCH,
+             rows_mod.column_split_factor) = saved
+    elif threads is None:  # (columns priced at full bandwidth: the kernel is what is timed)
+        res = onnxstitch.optimize(model, shapes={k: [v] for k, v in dims.items()}, reductions=True, verify=False,
+                                  gate=False, cost=CostModel(column_share=False))
     else:  # a sweep: the planner's kernel regenerated with other threads per row
         # (rows.row_plan looks choose_geometry up in its module at each call)
         original = rows_mod.choose_geometry
@@ -287,6 +307,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("bench_rows.json"))
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--sweep", action="store_true", help="also time every threads-per-row choice on BERT shapes")
+    ap.add_argument("--columns", action="store_true",
+                    help="only the GRN column reductions (ConvNeXt V2 stages), split and unsplit")
     ap.add_argument("--split-sweep", action="store_true",
                     help="only time split rows under each blocks per row, elements per thread and prefetch choice")
     args = ap.parse_args()
@@ -296,6 +318,11 @@ def main() -> int:
     rows = []
     for dt in (TP.FLOAT, TP.FLOAT16):
         name = TP.DataType.Name(dt).lower()
+        for side, c in GRN_STAGES:  # few long columns (issue 36: at least 80% of the copy)
+            rows.append(measure(f"GRN norm {name} 8x{side}x{side}x{c}", grn_norm(dt, side, c), {"batch": 8}, copy_gbs,
+                                args.iters))
+        if args.columns:
+            continue
         rows.append(measure(f"LayerNorm op {name}", layernorm(dt, False), {"rows": B * S}, copy_gbs, args.iters))
         rows.append(measure(f"LayerNorm decomposed {name}", layernorm(dt, True), {"rows": B * S}, copy_gbs, args.iters))
         rows.append(measure(f"Softmax {name}", softmax(dt), {"batch": B}, copy_gbs, args.iters))

@@ -13,6 +13,8 @@
 #            cProfile (the top of it in $OUT/opt-profile.txt); carry build/bertc
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
 #            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
+#   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
+#            at ConvNeXt V2's stages, split and unsplit, against the copy bandwidth)
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
@@ -85,6 +87,10 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
       cf silero-vad input=8x512,state=2x8x128 "--value sr=16000" ${CF_FLAGS:-}
       [ -n "${CF_SILERO_ONLY:-}" ] || { cf gru-scan batch=8,seq=64 ""; cf greedy-loop batch=8 ""; }
     } 2>&1 | tee "$log"
+    ;;
+  columns)  # issue 36: split column kernels, GPU tests and the GRN norms against the copy bandwidth
+    python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/gpu/test_rows_gpu.py -k column 2>&1 | tail -5 | tee "$log"
+    python3 scripts/bench_rows.py --columns --out "$OUT/columns.json" 2>&1 | tee -a "$log"
     ;;
   gemm)
     python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"

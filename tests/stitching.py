@@ -29,14 +29,16 @@ def fresh_seed() -> int:
     return seed
 
 
-def prepared(model: onnx.ModelProto, reductions: bool = True) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
-    """The normalized model and its FusionGraph, as the pipeline builds them."""
+def prepared(model: onnx.ModelProto, reductions: bool = True,
+             archs: Sequence[str] = nvrtc.DEFAULT_ARCHS) -> tuple[onnx.ModelProto, graph_mod.FusionGraph]:
+    """The normalized model and its FusionGraph, as the pipeline builds them for `archs`."""
     m = load.constants_to_initializers(load.load(model))
     _, infos = shapes.infer(m)
     if reductions:
         normal = normalize.normalize(m, infos)
         m, infos = normal.model, normal.tensors
-    return m, graph_mod.build(m, infos, reductions=reductions)
+    clusters = any(nvrtc.arch_number(a) >= 90 for a in archs)
+    return m, graph_mod.build(m, infos, reductions=reductions, clusters=clusters)
 
 
 def stitch_nodes(model: onnx.ModelProto, groups: Sequence[Sequence[int]],

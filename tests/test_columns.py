@@ -40,21 +40,47 @@ def grn(n: int, h: int, w: int, c: int, written: str = "ReduceL2") -> onnx.Model
 
 
 @pytest.mark.parametrize("written", ["ReduceL2", "ReduceSum"])
-def test_grn_over_few_long_columns_is_left_to_onnx_runtime(written: str) -> None:
+@pytest.mark.parametrize("clusters", [True, False], ids=["sm_90", "sm_80"])
+def test_grn_over_few_long_columns_is_priced_at_its_share(written: str, clusters: bool) -> None:
+    """768 columns of 3136: split across clusters of 8 blocks of a warp each where the targets
+    have clusters (192 blocks, 32 loads in flight per thread: 3/8 of the bytes in flight the
+    bandwidth needs), else 24 blocks of a warp (under 5%). Priced at that share, a ReduceL2
+    alone is left to ONNX Runtime either way; x², ReduceSum and Sqrt (the dynamo form) are one
+    split kernel that saves writing x² where the targets have clusters, and go to ONNX Runtime
+    where they do not. The elementwise work around the norm fuses in every case."""
     model = grn(8, 56, 56, 96, written)
-    m, g = prepared(model)
+    archs = ("sm_90",) if clusters else ("sm_80",)
+    m, g = prepared(model, archs=archs)
     norm = next(n.index for n in g.nodes if n.op_type in ("ReduceL2", "ReduceSum"))
     plan = rows.row_plan(g, frozenset({norm}))
     assert plan.inner == 1 and plan.rows == 8 * 96 and plan.cols == 56 * 56
+    assert (plan.split, plan.geometry.block) == ((8, 32) if clusters else (1, 32))
     share = rows.column_share(plan, 4)
-    assert share < 0.05
-    # The column kernel is priced at its share: many times the bytes' time at full bandwidth.
+    assert share == pytest.approx(0.375) if clusters else share < 0.05
+    # The column kernel is priced at its share: several times the bytes' time at full bandwidth.
     full = cost_mod.CostModel().kernel_us(cost_mod.group_bytes(g, {norm}))
-    assert cost_mod.group_us(g, cost_mod.CostModel(), {norm}) > 10 * full
-    res = onnxstitch.optimize(model, verify=False, gate=False)
+    assert cost_mod.group_us(g, cost_mod.CostModel(), {norm}) > (1.5 if clusters else 8) * full
+    res = onnxstitch.optimize(model, verify=False, gate=False, archs=archs)
     labels = [lbl for grp in res.report.plan.groups for lbl in grp.labels]
-    assert labels and not any(lbl.startswith(("ReduceL2", "ReduceSum")) for lbl in labels), labels
+    fused = any(lbl.startswith(("ReduceL2", "ReduceSum")) for lbl in labels)
+    assert fused == (clusters and written == "ReduceSum"), labels
     assert any(lbl.startswith("Div") for lbl in labels)  # the elementwise work around it still fuses
+
+
+def test_grn_over_columns_a_split_fills_is_one_kernel() -> None:
+    """3072 columns of 3136 (384 channels at batch 8), as the dynamo exporter writes the norm
+    (x², ReduceSum, Sqrt): split in 8, at full share; the square, the sum and the root are one
+    split column kernel (the square is never written)."""
+    model = grn(8, 56, 56, 384, "ReduceSum")
+    m, g = prepared(model, archs=("sm_90",))
+    norm = next(n.index for n in g.nodes if n.op_type == "ReduceSum")
+    plan = rows.row_plan(g, frozenset({norm}))
+    assert plan.split == 8 and rows.column_share(plan, 4) == 1.0
+    res = onnxstitch.optimize(model, verify=False, gate=False, archs=("sm_90",))
+    (grp,) = [grp for grp in res.report.plan.groups if any(lbl.startswith("ReduceSum") for lbl in grp.labels)]
+    assert grp.scheme == "rows" and any(lbl.startswith("Sqrt") for lbl in grp.labels), grp.labels
+    (k,) = [k for k in res.report.kernels if k["group"] == grp.name]
+    assert k.get("blocks_per_row") == 8, k
 
 
 def test_many_short_columns_still_plan_as_one_kernel() -> None:

@@ -272,6 +272,30 @@ def test_column_kernels_through_the_64_bit_entry(name, folder) -> None:
     _check(model, ref, TP.FLOAT, {"batch": [3]}, {"batch": 3}, folder, name, wide=True)
 
 
+SPLIT_COLUMNS = [pytest.param(name, model, ref, dt, id=f"{name}-{TP.DataType.Name(dt).lower()}")
+                 for dt in (TP.FLOAT, TP.FLOAT16) for name, model, ref in column_models(1000, 12, dt)
+                 if not name.startswith("ArgMax")]  # (positions are not split)
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", SPLIT_COLUMNS)
+def test_split_column_kernels(name, model, ref, dtype, folder) -> None:
+    """Columns of 1000 planned at batch 2: each split across a cluster of 8 blocks of a warp
+    (a column per thread, a slice of its length per block), each thread's partial totals
+    combined through the cluster's shared memory; run at batch 3 (more columns than planned:
+    the last block's worth partly empty)."""
+    assert _splits(model, {"batch": [2]}) == [8], name
+    _check(model, ref, dtype, {"batch": [2]}, {"batch": 3}, folder, name)
+
+
+@pytest.mark.parametrize("name", ["Softmax-axis1", "LayerNorm-channels"])
+@pytest.mark.parametrize("clusters,wide", [(False, None), (True, True)], ids=["one-block", "64-bit"])
+def test_split_column_kernels_without_clusters_and_wide(name, clusters, wide, folder) -> None:
+    """The same kernels' entries for GPUs without clusters (a block walks its columns' whole
+    length), and the cluster entry with 64-bit indices."""
+    _, model, ref = next(c for c in column_models(1000, 12) if c[0] == name)
+    _check(model, ref, TP.FLOAT, {"batch": [2]}, {"batch": 3}, folder, name, clusters=clusters, wide=wide)
+
+
 def _empty_row_model(op: str, shape: list[int], axes: list[int], keepdims: int) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TP.FLOAT, shape)
     out = [1 if d in axes else n for d, n in enumerate(shape)] if keepdims else \

@@ -221,16 +221,18 @@ def rows_source(model: onnx.ModelProto):
 
 
 def test_long_few_rows_are_refused_only_where_they_cannot_split() -> None:
-    """16 rows of 131072 elements: trailing rows are split; the same as a column reduction, or
-    with ArgMax, are left to ONNX Runtime with the reason."""
+    """16 rows of 131072 elements: trailing rows are split, and so are 16 columns of 131072
+    (rows.column_split_factor); with ArgMax they are left to ONNX Runtime with the reason."""
     def model(x: str, y: str, op: str) -> onnx.ModelProto:
         return parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
         g (float[{x}] x) => ({y} y) {{ a = Exp(x)  y = {op}(a) }}""")
 
-    trailing = model("16, 131072", "float[16, 131072]", "Softmax<axis = -1>")
-    assert [n.op_type for n in onnxstitch.optimize(trailing, verify=False).model.graph.node] == ["FusedKernel"]
-    for m in (model("131072, 16", "float[131072, 16]", "Softmax<axis = 0>"),
-              model("16, 131072", "int64[16, 1]", "ArgMax<axis = -1>")):
+    for m in (model("16, 131072", "float[16, 131072]", "Softmax<axis = -1>"),
+              model("131072, 16", "float[131072, 16]", "Softmax<axis = 0>")):
+        res = onnxstitch.optimize(m, verify=False, gate=False, cost=CostModel(column_share=False))
+        assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+        assert [k.get("blocks_per_row") for k in res.report.kernels] == [8], res.report.kernels
+    for m in (model("16, 131072", "int64[16, 1]", "ArgMax<axis = -1>"),):
         res = onnxstitch.optimize(m, verify=False)
         assert "FusedKernel" not in [n.op_type for n in res.model.graph.node]
         why = " ".join(r.reason for r in res.report.plan.rejections)

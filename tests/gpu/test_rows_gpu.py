@@ -140,3 +140,16 @@ def test_column_reduction_kernel_matches_float64_numpy(name, model, ref, dtype) 
     Priced at the full bandwidth: the plan leaves few long columns to ORT (rows.column_share),
     and the kernel is what is tested here."""
     _check_gpu(model, ref, dtype, {"batch": [3]}, {"batch": 3}, name, cost=CostModel(column_share=False))
+
+
+SPLIT_COLUMNS = [pytest.param(name, model, ref, dt, id=f"{name}-{TP.DataType.Name(dt).lower()}")
+                 for dt in (TP.FLOAT, TP.FLOAT16) for name, model, ref in column_models(1000, 12, dt)
+                 if not name.startswith("ArgMax")]  # (positions are not split)
+
+
+@pytest.mark.parametrize("name,model,ref,dtype", SPLIT_COLUMNS)
+def test_split_column_kernel_matches_float64_numpy(name, model, ref, dtype) -> None:
+    """Few long columns, each split across a cluster of 8 blocks (rowplan.column_split_factor):
+    planned at batch 2, run at 2 and at 5 (columns grid-strided by cluster)."""
+    for run in (2, 5):
+        _check_gpu(model, ref, dtype, {"batch": [2]}, {"batch": run}, name, cost=CostModel(column_share=False))

@@ -130,9 +130,11 @@ class Rows final : public Scheme {
     const int variant = n < kWideThreshold ? 0 : 1;
     if (l->cluster[variant] != nullptr) {
       // A split row: row_split blocks (one cluster, its size fixed in the image) per row, rows
-      // grid-strided by cluster; a grid of whole clusters, at most one wave.
+      // grid-strided by cluster; a grid of whole clusters, at most one wave. (Split columns: a
+      // cluster per block's worth of columns, each of its blocks a slice of their length.)
       const long long per_sm = l->cluster_blocks_per_sm > 0 ? l->cluster_blocks_per_sm : resident;
-      const long long clusters = std::max<long long>(1, std::min<long long>(n_rows, per_sm * l->sm_count / row_split_));
+      const long long clusters = std::max<long long>(
+          1, std::min<long long>((n_rows + per_block - 1) / per_block, per_sm * l->sm_count / row_split_));
       // A device that cannot place the clusters (a partitioned GPU) refuses the launch at once:
       // the one-block-per-row entry computes the same rows.
       if (!call.Launch(l->cluster[variant], kClusterSuffix[variant], clusters * row_split_, block_threads_, 0, stream,
@@ -153,8 +155,10 @@ class Rows final : public Scheme {
     // A row of more than a warp reduces across the whole block: then the block is the row.
     const bool ok = lanes_ok && geo[0] >= 1 && geo[0] <= STITCH_MAX_RANK && geo[2] >= geo[1] && geo[2] <= 1024 &&
                     geo[2] % geo[1] == 0 && (geo[1] <= 32 || geo[2] == geo[1]) &&
-                    // a split row: 2..8 blocks (a portable cluster), each the row's block
-                    (geo.size() < 5 || (geo[4] >= 1 && geo[4] <= 8 && (geo[4] == 1 || geo[2] == geo[1])));
+                    // a split row: 2..8 blocks (a portable cluster), each the row's block, or split
+                    // columns (axes after the row, a thread per column)
+                    (geo.size() < 5 || (geo[4] >= 1 && geo[4] <= 8 &&
+                                        (geo[4] == 1 || geo[2] == geo[1] || (geo[3] > 0 && geo[1] == 1))));
     if (!ok) {
       return Fail(ORT_INVALID_ARGUMENT, "row_geometry must be [row axes, threads per row (a power of two up to "
                                         "32, else a multiple of 32), threads per block (a multiple up to 1024; "

@@ -45,8 +45,11 @@ class RowPrinter:
         # elements [cb, cb + Cs); rows are indexed by cluster.
         self.split = split > 1
         self.cb = "cb + " if self.split else ""
-        self.first_row, self.row_step = (("(I)(blockIdx.x / KS)", "(I)(gridDim.x / KS)") if self.split else
-                                         ("(I)blockIdx.x * per_block", "(I)gridDim.x * per_block"))
+        # (a split row's cluster takes one row, per_block being 1; a split column kernel's
+        # cluster takes the same per_block columns in each of its blocks)
+        self.first_row, self.row_step = (("(I)(blockIdx.x / KS) * per_block", "(I)(gridDim.x / KS) * per_block")
+                                         if self.split else ("(I)blockIdx.x * per_block", "(I)gridDim.x * per_block"))
+        self.columns = inner > 0
         self.at = RowLayout(graph=graph, inputs=inputs, kinds=kinds, shape=shape, span=geo.span, inner=inner,
                             split=self.split)
         self.ins = self.at.ins
@@ -99,6 +102,9 @@ class RowPrinter:
         # A loop pass of many inputs is not unrolled: their hoisted loads would spill (16
         # float16 inputs × 8192 at 1024 threads: 152 bytes, ptxas).
         unroll = LOOP_UNROLL if len(loads) <= LOOP_UNROLL_INPUTS else 1
+        if self.columns and loop and len(loads) <= LOOP_UNROLL_INPUTS:
+            # A column's thread loads one element a step: more steps in flight (rowplan.COLUMN_UNROLL).
+            unroll = rows.COLUMN_UNROLL
         if loop:  # 16-byte loads for the first few inputs; the rest element by element
             loads = self.loop_vectors(loads)
 
@@ -204,7 +210,10 @@ class RowPrinter:
                     not (regs and self.full_chunks), loop=not regs)
         fn = f"[]({ct} u, {ct} v) {{ return {red.combine}; }}"
         self.lines.append(f"{ind}acc{j} = stitch_row_reduce<T>(acc{j}, {fn}, {ident}, reinterpret_cast<{ct}*>(stitch_smem));")
-        if self.split:  # then across the cluster's blocks
+        if self.split and self.columns:  # each thread's column, across the cluster's blocks
+            self.lines.append(f"{ind}acc{j} = stitch_cluster_reduce<KS, true>(acc{j}, {fn}, "
+                              f"reinterpret_cast<{ct}*>(&stitch_slots[trip][{j}][threadIdx.x]));")
+        elif self.split:  # then across the cluster's blocks
             self.lines.append(f"{ind}acc{j} = stitch_cluster_reduce<KS>(acc{j}, {fn}, "
                               f"reinterpret_cast<{ct}*>(&stitch_slots[trip][{j}]));")
 
