@@ -25,7 +25,7 @@ import onnx
 from onnx import helper
 
 from .edit import implicit_inputs, reads, subgraphs
-from .errors import StitchError, first_line
+from .errors import SIZE_HINT, StitchError, first_line
 from .rewrite import DOMAIN, IR_VERSION, OP_TYPE
 from .shapes import TensorInfo
 from .weights import is_stub
@@ -215,7 +215,7 @@ class _Where(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage().replace(
-            "give sizes it runs at with --shape, or --no-verify",
+            SIZE_HINT,
             "this body may run only at other sizes (a branch for another input length)")
         record.msg, record.args = f"{self.where}: {text}", ()
         if self.held is not None:

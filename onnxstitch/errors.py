@@ -43,3 +43,8 @@ class CompileError(StitchError):
         super().__init__(message)
         self.log = log
         self.source = source
+
+
+# What a user can do when verification cannot run the original model at any sizes it tried.
+SIZE_HINT = ("give sizes it runs at with --shape, values an input must hold with --value (an attention mask "
+             "of ones), or --no-verify")

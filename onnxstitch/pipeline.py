@@ -626,6 +626,11 @@ def _verified(given: _Given, built: list, attempt: Callable[[list], Any], opts: 
         except (verify_mod.VerifyError, verify_mod.CannotVerify) as e:
             if opts.strict:
                 raise
+            if not built:
+                # Nothing fused is left and the model still cannot be checked (its normalized or
+                # body-stitched form is compared whole): it goes out as loaded, not tried again.
+                log.warning("%s; the model is written as loaded", first_line(e))
+                return _Written(given.loaded, None, [], tuple(dropped))
             at_fault = set(getattr(e, "groups", ()))
             if not at_fault and isinstance(e, verify_mod.VerifyError):
                 at_fault = {grp.name for grp, _ in _bisect(built, attempt, deadline)}

@@ -19,7 +19,7 @@ from onnx import helper
 
 from . import standalone
 from .sessions import Runner, library_domains
-from .errors import BadInputError, StitchError, first_line
+from .errors import SIZE_HINT, BadInputError, StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
 from .planned import Group
@@ -317,7 +317,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
             raise BadInputError(f"ONNX Runtime cannot load the model as given ({fault}): the model itself is "
                                 f"invalid (a fault of its export), so neither it nor a stitched form can run")
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
-                           f"({'; '.join(failures)}){hint}: give sizes it runs at with --shape, or --no-verify")
+                           f"({'; '.join(failures)}){hint}: {SIZE_HINT}")
     judge = _Judge(original, feeds, expected, runner, any(grp.tf32 for grp in groups))
     checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge)
     _as_written(stitched, original, feeds, runner, judge)

@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
+from onnxstitch.errors import SIZE_HINT
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -202,8 +204,7 @@ def test_warnings_while_a_body_is_optimized_name_the_body(caplog: pytest.LogCapt
     import logging
 
     with caplog.at_level(logging.WARNING), bodies._scoped("If x: then_branch"), bodies._scoped("Loop y: body"):
-        logging.getLogger("onnxstitch.pipeline").warning(
-            "verification cannot run it: give sizes it runs at with --shape, or --no-verify; %s", "left")
+        logging.getLogger("onnxstitch.pipeline").warning(f"verification cannot run it: {SIZE_HINT}; %s", "left")
     (rec,) = caplog.records
     assert rec.getMessage().startswith("If x: then_branch: Loop y: body: verification cannot run it: ")
     assert "--shape" not in rec.getMessage() and rec.getMessage().endswith("; left")
