@@ -38,6 +38,11 @@ rewrites keep the values and drop the work:
   net, tied embeddings) and Identity nodes giving it each of the other names. The readers then
   read the initializer itself, so they still see a constant (a BatchNorm's scale and shift).
 
+- **A Cast to the type its input has.** Models written for several dtypes cast where the
+  float32 form has nothing to cast (BLOOM's attention probabilities, cast back to the hidden
+  dtype after a float32 Softmax): the Cast is its input, so the attention matcher sees the
+  probabilities reach the second MatMul directly.
+
 Nodes left without readers are removed. Anything else is left as it was.
 """
 from __future__ import annotations
@@ -331,6 +336,13 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             rename[n.output[0]] = n.input[0]
             replace[i] = []
             done.append(f"{n.name or n.output[0]} (an Identity of the constant '{n.input[0]}') is that constant")
+            continue
+        if n.op_type == "Cast" and n.input and n.output[0] not in g.outputs and n.output[0] not in nested:
+            src = g.tensors.get(n.input[0])
+            if src is not None and src.dtype and src.dtype == node_attrs(n).get("to"):
+                rename[n.output[0]] = n.input[0]
+                replace[i] = []
+                done.append(f"{n.name or n.output[0]} (a Cast to the type '{n.input[0]}' has) is '{n.input[0]}'")
             continue
         if n.op_type == "GatherND":
             got = _unsqueezed_gather(g, n)

@@ -481,7 +481,7 @@ class Decoder:
     sq: int
     sk: int
     d: int
-    form: str = "dynamo"  # or "ts"
+    form: str = "dynamo"  # or "ts"; "mqa": one K and V head (group = heads) broadcast, no repeat_kv
     causal: bool = True
     padding: str = ""  # "": none; "input": a [b, 1, 1, sk] boolean input; "computed": Not of one
     dtype: int = TP.FLOAT
@@ -505,12 +505,16 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
              numpy_helper.from_array(cast(np.array(0.0), t), "zerof"),
              numpy_helper.from_array(cast(np.array(lowest(t)), t), "fill")]
     nodes = []
-    for x in ("k", "v"):
-        nodes += [mk("Unsqueeze", [x, "ax2"], [f"{x}u"]), mk("Expand", [f"{x}u", "exp"], [f"{x}e"]),
-                  mk("Reshape", [f"{x}e", "rep"], [f"{x}r"])]
+    if c.form == "mqa":  # one K and V head, broadcast by the products themselves (Falcon)
+        assert kv == 1
+        nodes.append(mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))
+    else:
+        for x in ("k", "v"):
+            nodes += [mk("Unsqueeze", [x, "ax2"], [f"{x}u"]), mk("Expand", [f"{x}u", "exp"], [f"{x}e"]),
+                      mk("Reshape", [f"{x}e", "rep"], [f"{x}r"])]
     if c.form == "ts":
         nodes.append(mk("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]))
-    else:
+    elif c.form == "dynamo":
         nodes += [mk("Reshape", ["kr", "m3"], ["k3"]), mk("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
                   mk("Reshape", ["k3t", "t4"], ["kt"])]
     nodes += [mk("MatMul", ["q", "kt"], ["s"]), mk("Mul", ["s", "scale"], ["ss"])]
@@ -535,7 +539,7 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
         nodes += [mk("Where", ["cond" if len(cond) == 2 else cond[0], "zerof", "fill"], ["mask"]),
                   mk("Add", ["ss", "mask"], ["sm"])]
         last = "sm"
-    nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "vr"], ["ctx"]),
+    nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "v" if c.form == "mqa" else "vr"], ["ctx"]),
               mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3])]
     graph = helper.make_graph(nodes, "decoder", ins, [vi("y", t, [c.b, c.sq, c.heads, c.d])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

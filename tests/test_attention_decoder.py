@@ -44,6 +44,8 @@ CASES = [
     Decoder(2, 4, 2, 70, 70, 16, "ts", padding="input"),  # left-padded rows: all keys masked
     Decoder(2, 4, 2, 70, 140, 16, "dynamo", padding="computed"),  # combined mask read, tiles skipped
 ]
+# Multi-query attention as Falcon writes it: one K and V head that MatMul broadcasts (g = heads).
+CASES += [Decoder(2, 4, 4, 70, 70, 16, "mqa"), Decoder(1, 6, 6, 1, 150, 32, "mqa", causal=False)]
 HALF = [dataclasses.replace(c, dtype=TP.FLOAT16) for c in CASES[::2]]
 # Rows with every key masked by a finite fill and keys after the block's diagonal inside its last
 # tile: 128-key tiles (float16, 128 keys), and Sk − Sq not a multiple of the tile.
@@ -61,8 +63,9 @@ def _match(c: Decoder):
 def test_decoder_forms_are_one_chain_over_unexpanded_kv(c: Decoder) -> None:
     g, m = _match(c)
     assert (m.kt, m.v, m.kv_group, m.causal) == ("k", "v", c.group, c.causal)
-    # The repeat_kv and kᵀ nodes are the chain's: nothing writes the expanded K and V.
-    assert {"Expand", "Unsqueeze"} <= {g.nodes[i].op_type for i in m.nodes}
+    # The repeat_kv and kᵀ nodes are the chain's: nothing writes the expanded K and V (one
+    # broadcast head: the kᵀ Transpose is the chain's).
+    assert ({"Transpose"} if c.form == "mqa" else {"Expand", "Unsqueeze"}) <= {g.nodes[i].op_type for i in m.nodes}
     if c.padding == "input":
         assert m.masks == () and m.select is not None and m.select.mask == "pad"
     elif c.padding == "computed":  # Not(pad) could be computed inside another kernel: read the mask

@@ -300,3 +300,23 @@ def test_an_identity_read_inside_a_subgraph_stays() -> None:
     s = simplify.simplify(inferred, tensors)
     assert [n.name for n in s.model.graph.node if n.op_type == "Identity"] == ["alias_scale"]
     onnx.checker.check_model(s.model, full_check=True)
+
+
+def test_a_cast_to_the_type_its_input_has_is_its_input() -> None:
+    # BLOOM casts its float32 Softmax back to the hidden dtype: in a float32 model, to float32.
+    # That Cast goes; a Cast to another type and one giving a graph output stay.
+    x = helper.make_tensor_value_info("x", TP.FLOAT, [2, 8])
+    outs = [helper.make_tensor_value_info("y", TP.FLOAT, [2, 8]), helper.make_tensor_value_info("h", TP.FLOAT16, [2, 8]),
+            helper.make_tensor_value_info("c", TP.FLOAT, [2, 8])]
+    nodes = [helper.make_node("Softmax", ["x"], ["p"]), helper.make_node("Cast", ["p"], ["pc"], to=TP.FLOAT),
+             helper.make_node("Relu", ["pc"], ["y"]), helper.make_node("Cast", ["p"], ["h"], to=TP.FLOAT16),
+             helper.make_node("Cast", ["x"], ["c"], to=TP.FLOAT)]
+    model = helper.make_model(helper.make_graph(nodes, "casts", [x], outs), opset_imports=[helper.make_opsetid("", 18)])
+    _, infos = shapes.infer(model)
+    out = simplify.simplify(model, infos)
+    assert [n.op_type for n in out.model.graph.node] == ["Softmax", "Relu", "Cast", "Cast"], out.rewrites
+    assert list(out.model.graph.node[1].input) == ["p"] and len(out.rewrites) == 1
+    feeds = {"x": np.random.default_rng(fresh_seed()).standard_normal((2, 8)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    for a, b in zip(run(out.model), run(model)):
+        np.testing.assert_array_equal(a, b)

@@ -171,9 +171,34 @@ def grouped(g: FusionGraph, m: attention.Match, k_reader: int, v_reader: int) ->
     return Grouped(k[0], v[0], k[1], tuple(sorted(set(kt[1] + k[2] + v[2]) | along)))
 
 
+def heads_broadcast(g: FusionGraph, q: str, kt: str, v: str) -> bool:
+    """Whether kᵀ and v have one head [b, 1, ·, ·] that the products broadcast against q's H."""
+    qs, ks, vs = g.shape(q), g.shape(kt), g.shape(v)
+    return (qs is not None and ks is not None and vs is not None and len(qs) == len(ks) == len(vs) == 4
+            and ks[1] == 1 and vs[1] == 1 and isinstance(qs[1], int) and qs[1] >= 2
+            and attention.same(qs[0], ks[0]) and attention.same(qs[0], vs[0]))
+
+
+def broadcast(g: FusionGraph, m: attention.Match, k_reader: int) -> Grouped | None:
+    """K and V of one head [b, 1, Sk, D] that the products broadcast against q's H heads
+    (multi-query attention as Falcon writes it: no repeat_kv), with kᵀ a transpose of K: K read
+    as rows and g = H, the transpose taken into the chain; None otherwise."""
+    if not heads_broadcast(g, m.q, m.kt, m.v):
+        return None
+    along: set[int] = set()
+    kt = _transposed(g, m.kt, k_reader, along)
+    if kt is None:
+        return None
+    ks, vs = g.shape(kt[0]), g.shape(m.v)
+    if ks is None or vs is None or len(ks) != 4 or ks[1] != 1 or not all(attention.same(a, b) for a, b in zip(ks, vs)):
+        return None
+    return Grouped(kt[0], m.v, int(g.shape(m.q)[1]), tuple(sorted(set(kt[1]) | along)))  # type: ignore[index]
+
+
 def with_groups(g: FusionGraph, m: attention.Match, readers: tuple[int, int, int]) -> attention.Match:
-    """`m` reading un-expanded K and V (`kv_group` > 1) where its operands are repeat_kv's."""
-    got = grouped(g, m, readers[1], readers[2])
+    """`m` reading un-expanded K and V (`kv_group` > 1) where its operands are repeat_kv's, or
+    one K and V head broadcast against every q head (`broadcast`)."""
+    got = grouped(g, m, readers[1], readers[2]) or broadcast(g, m, readers[1])
     if got is None or g.tensors[got.k].dtype != m.dtype or g.tensors[got.v].dtype != m.dtype:
         return m
     ks, vs = g.shape(got.k), g.shape(got.v)

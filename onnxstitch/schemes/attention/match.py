@@ -304,6 +304,8 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, v_reader)
     # (Projections are taken for chains of one element type.)
     match = (None if match.upcast else _projections(g, match, readers)) or decoder.with_groups(g, match, readers)
+    if match.kv_group == 1 and decoder.heads_broadcast(g, match.q, match.kt, match.v):
+        return f"{name}: one K and V head broadcast against q's heads, kᵀ not a transpose of K read only here"
     causal = decoder.with_causal(g, match)
     return causal if isinstance(causal, Match) else dataclasses.replace(match, decoder_note=causal)
 
@@ -406,7 +408,9 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
         return "operand shapes are unknown"
     if not 3 <= len(qs) <= 4 or len(ks) != len(qs) or len(vs) != len(qs):
         return f"operands of rank {len(qs)}, {len(ks)}, {len(vs)}: [b, s, d] or [b, h, s, d] each"
-    if not all(_same(a, b) and _same(a, c) for a, b, c in zip(qs[:-2], ks[:-2], vs[:-2])):
+    # (one K and V head broadcast against q's heads is multi-query attention: decoder.broadcast)
+    if not all(_same(a, b) and _same(a, c) for a, b, c in zip(qs[:-2], ks[:-2], vs[:-2])) and \
+            not decoder.heads_broadcast(g, q, kt, v):
         return f"batch dims of q {list(qs)}, kᵀ {list(ks)} and v {list(vs)} differ (no broadcasting)"
     d = qs[-1]
     if not isinstance(d, int) or not _same(d, ks[-2]) or not _same(d, vs[-1]):
