@@ -163,6 +163,28 @@ TRANSFORMERS: dict[str, tuple[str, dict[str, Any], str]] = {
                                              num_attention_heads=4, image_size=224, patch_size=32), "image"),
     "wav2vec2": ("Wav2Vec2Config", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                                         intermediate_size=1024, conv_dim=(128,) * 7), "audio"),
+    # Tried first in the third wave (optimized and verified on the CPU before they joined):
+    # SegFormer's reduced-key attention and Mix-FFN, DINOv2's layer scale, PoolFormer's pooling
+    # mixer and one-group GroupNorm, BEiT's relative position bias, Gemma's (1 + w) RMSNorm and
+    # multi-query heads, BLOOM's ALiBi, Falcon's multi-query attention broadcast by MatMul,
+    # SqueezeBERT's grouped 1-D convolutions.
+    "segformer": ("SegformerConfig", dict(num_encoder_blocks=4, depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 160, 256],
+                                          num_attention_heads=[1, 2, 5, 8], decoder_hidden_size=128), "image"),
+    "dinov2": ("Dinov2Config", dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3, intermediate_size=768,
+                                    image_size=224, patch_size=14), "image"),
+    "poolformer": ("PoolFormerConfig", dict(depths=[1, 1, 2, 1], hidden_sizes=[32, 64, 160, 256]), "image"),
+    "beit": ("BeitConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768,
+                                use_relative_position_bias=True), "image"),
+    "gemma": ("GemmaConfig", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512),
+              "text"),
+    "bloom": ("BloomConfig", dict(vocab_size=_VOCAB, hidden_size=256, n_layer=2, n_head=4), "text"),
+    "falcon": ("FalconConfig", dict(vocab_size=_VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                    new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False),
+               "text"),
+    "squeezebert": ("SqueezeBertConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, embedding_size=256,
+                                              q_groups=4, k_groups=4, v_groups=4, post_attention_groups=1,
+                                              intermediate_groups=4, output_groups=4), "text"),
     "whisper-encoder": ("WhisperConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
                                               encoder_attention_heads=4, decoder_attention_heads=4,
                                               encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80,
