@@ -185,6 +185,19 @@ TRANSFORMERS: dict[str, tuple[str, dict[str, Any], str]] = {
     "squeezebert": ("SqueezeBertConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, embedding_size=256,
                                               q_groups=4, k_groups=4, v_groups=4, post_attention_groups=1,
                                               intermediate_groups=4, output_groups=4), "text"),
+    # and, in a second round: GPT-J's parallel block and interleaved rotary halves, Phi-3's fused
+    # qkv and gate-up projections, MPNet's relative attention bias, HuBERT's convolutional
+    # front end, YOLOS's detection tokens.
+    "gptj": ("GPTJConfig", dict(vocab_size=_VOCAB, n_embd=256, n_layer=2, n_head=4, rotary_dim=32, n_positions=512),
+             "text"),
+    "phi3": ("Phi3Config", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                pad_token_id=0), "text"),
+    "mpnet": ("MPNetConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512), "text"),
+    "hubert": ("HubertConfig", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                                    conv_dim=(128,) * 7), "audio"),
+    "yolos": ("YolosConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768,
+                                  image_size=[224, 224], num_detection_tokens=10), "image"),
     "whisper-encoder": ("WhisperConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
                                               encoder_attention_heads=4, decoder_attention_heads=4,
                                               encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80,
