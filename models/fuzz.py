@@ -666,7 +666,8 @@ def simplified(model: onnx.ModelProto) -> onnx.ModelProto:
 def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto,
                         rewritten: onnx.ModelProto | None = None) -> list[str]:
     """What is wrong with the stitched model's structure (empty when nothing); `rewritten`:
-    the original after exact rewrites (`simplified`), whose nodes the stitched model must hold:
+    the original after exact rewrites (`simplified`), whose nodes the stitched model must hold
+    where it fuses anything (else the original's):
 
     - graph inputs and outputs keep their names, order and types;
     - every FusedKernel node has its function (domain, name, overload), with the node's arity,
@@ -716,7 +717,9 @@ def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto,
             for n in f.node:
                 if n.op_type != "Constant":
                     remaining[key_of(n)] = remaining.get(key_of(n), 0) + 1
-    for n in (rewritten or original).graph.node:
+    # (a model nothing fuses goes out as it came in, not in its rewritten form)
+    base = rewritten if rewritten is not None and any(True for _ in fused_nodes(stitched)) else original
+    for n in base.graph.node:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             continue
         k = key_of(n)

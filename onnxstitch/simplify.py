@@ -38,6 +38,10 @@ rewrites keep the values and drop the work:
   net, tied embeddings) and Identity nodes giving it each of the other names. The readers then
   read the initializer itself, so they still see a constant (a BatchNorm's scale and shift).
 
+- **Fixed dims of a Shape.** A Gather or Slice of a Shape's output that selects only dims the
+  model fixes (a head size) is that constant, and small arithmetic on constants alone (FOLDABLE)
+  is folded after it: TorchScript's SDPA without a scale computes 1/√√D from Shape(q)[-1:] and
+  scales q and kᵀ by it; folded, the attention matcher takes it as its scale.
 - **A Cast to the type its input has.** Models written for several dtypes cast where the
   float32 form has nothing to cast (BLOOM's attention probabilities, cast back to the hidden
   dtype after a float32 Softmax): the Cast is its input, so the attention matcher sees the
@@ -180,6 +184,67 @@ def _all_true(g: _Graph, t: str, depth: int = 0) -> bool:
         return bound is not None and bound.size == 1 and float(bound.reshape(-1)[0]) <= 0 and \
             _non_negative(g, n.input[0])
     return False
+
+
+# Ops folded where every input is a constant (or folded) and the result is small: the
+# arithmetic TorchScript writes on fixed dims (1/√√D from a head size, a Reshape's heads).
+FOLDABLE = frozenset({"Cast", "Sqrt", "Reciprocal", "Div", "Mul", "Add", "Sub", "Pow", "Neg", "Abs", "Floor", "Ceil",
+                      "Unsqueeze", "Squeeze", "Concat", "Gather", "Slice", "Reshape", "Identity", "Max", "Min"})
+FOLD_MAX_ELEMENTS = 64
+
+
+def _small(g: _Graph, t: str) -> bool:
+    c = g.constants.get(t)
+    return c is not None and int(np.prod(c.dims)) <= FOLD_MAX_ELEMENTS
+
+
+def _folded(g: _Graph, n: onnx.NodeProto, known: Mapping[str, np.ndarray], opset: int) -> np.ndarray | None:
+    """Node `n`'s output computed from its constant inputs (onnx's reference evaluator), or
+    None where it is too large or the evaluator does not take it."""
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = {t: known[t] if t in known else g.value(t) for t in n.input if t}
+    graph = helper.make_graph([n], "fold", [helper.make_tensor_value_info(t, numpy_helper.from_array(v).data_type,
+                                                                          list(np.shape(v))) for t, v in feeds.items()],
+                              [helper.make_tensor_value_info(n.output[0], onnx.TensorProto.UNDEFINED, None)])
+    try:
+        (out,) = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])).run(
+            None, feeds)
+    except Exception:  # noqa: BLE001 - not folded: ORT computes it as before
+        return None
+    out = np.asarray(out)
+    return out if out.size <= FOLD_MAX_ELEMENTS and out.dtype != object else None
+
+
+def _fixed_dims(g: _Graph, n: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Gather (axis 0) or Slice of a Shape's output when every dim it selects is
+    fixed in the model (a head size, not a batch or a length), else None."""
+    src = g.op(n.input[0]) if n.input else None
+    if src is None or src.op_type != "Shape":
+        return None
+    shape = g.shape(src.input[0])
+    if shape is None:
+        return None
+    attrs = node_attrs(src)
+    dims = list(shape)[attrs.get("start", 0):attrs.get("end")]
+    pos = np.arange(len(dims))
+    if n.op_type == "Gather":
+        idx = g.value(n.input[1]) if len(n.input) > 1 else None
+        if idx is None or idx.dtype.kind not in "iu" or node_attrs(n).get("axis", 0) != 0:
+            return None
+        picked = pos[idx]  # (a scalar index gives a scalar)
+    else:
+        if g.index.opset < 10:
+            return None
+        bounds = [g.ints(t) if t else None for t in list(n.input[1:5]) + [""] * (5 - len(n.input))]
+        starts, ends, axes, steps = bounds
+        if starts is None or ends is None or len(starts) != 1 or (axes is not None and axes not in ([0], [-1])):
+            return None
+        picked = pos[slice(starts[0], ends[0], (steps or [1])[0])]
+    chosen = [dims[int(k)] for k in np.ravel(picked)]
+    if not all(isinstance(d, int) for d in chosen):
+        return None
+    return np.array(chosen, np.int64).reshape(np.shape(picked))
 
 
 def _non_negative(g: _Graph, t: str) -> bool:
@@ -328,6 +393,8 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     done: list[str] = []
     # Tensors read inside subgraphs: the rename reaches only the main graph's inputs.
     nested = {t for n in g.nodes for t in edit.implicit_inputs(n)}
+    known: dict[str, np.ndarray] = {}  # values folded so far (fixed dims, then what they feed)
+    folded: list[str] = []
     for i, n in enumerate(g.nodes):
         if n.domain not in ("", "ai.onnx"):
             continue
@@ -343,7 +410,23 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
                 rename[n.output[0]] = n.input[0]
                 replace[i] = []
                 done.append(f"{n.name or n.output[0]} (a Cast to the type '{n.input[0]}' has) is '{n.input[0]}'")
-            continue
+                if n.input[0] in known:  # (what reads it may fold on)
+                    known[n.output[0]] = known[n.input[0]]
+                continue
+        if len(n.output) == 1 and n.output[0] not in g.outputs and n.output[0] not in nested:
+            value = _fixed_dims(g, n) if n.op_type in ("Gather", "Slice") else None
+            if value is not None:
+                done.append(f"{n.name or n.output[0]} ({n.op_type} of fixed dims of a Shape) is the constant "
+                            f"{value.tolist()}")
+            elif n.op_type in FOLDABLE and n.input and all(not t or t in known or _small(g, t) for t in n.input):
+                value = _folded(g, n, known, opset)
+                if value is not None:
+                    folded.append(n.name or n.output[0])
+            if value is not None:
+                known[n.output[0]] = value
+                extra.append(numpy_helper.from_array(value, n.output[0]))
+                replace[i] = []
+                continue
         if n.op_type == "GatherND":
             got = _unsqueezed_gather(g, n)
             if got is None:
@@ -375,6 +458,9 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
                     done.append(f"{n.name or n.output[0]} (And with a tensor known all true) is '{y}'"
                                 + ("" if tuple(ys) == tuple(out) else f", {list(ys)} rather than {list(out)}"))
                     break
+    if folded:
+        more = f" (and {len(folded) - 3} more)" if len(folded) > 3 else ""
+        done.append(f"{', '.join(folded[:3])}{more}: computed from constants alone, constants")
     if not done:
         return Simplified(model, tensors)
     out = edit.spliced(g.index, replace, initializers=extra, rename=rename, prune=True)

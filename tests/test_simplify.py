@@ -182,12 +182,17 @@ def repeat_shape_model(gather: int) -> onnx.ModelProto:
     return m
 
 
-@pytest.mark.parametrize("gather, rewritten", [(0, True), (2, True), (3, True), (-1, True), (1, False), (-3, False)])
-def test_the_shape_of_a_repeated_kv_reads_it_unrepeated(gather: int, rewritten: bool) -> None:
+@pytest.mark.parametrize("gather, rewritten", [(0, True), (2, True), (3, None), (-1, None), (1, None), (-3, None)])
+def test_the_shape_of_a_repeated_kv_reads_it_unrepeated(gather: int, rewritten: bool | None) -> None:
+    # A dim of the batch or the length reads V itself; a fixed one (the heads, the head size)
+    # is a constant, and the Shape goes (None).
     model = repeat_shape_model(gather)
     res = simplified(model)
-    shape = next(n for n in res.model.graph.node if n.output[0] == "shape")
-    assert (shape.input[0] == "v") == rewritten and bool(res.rewrites) == rewritten
+    shape = next((n for n in res.model.graph.node if n.output[0] == "shape"), None)
+    if rewritten is None:
+        assert shape is None and any("fixed dims" in r for r in res.rewrites), res.rewrites
+    else:
+        assert shape is not None and (shape.input[0] == "v") == rewritten and bool(res.rewrites) == rewritten
     f = {"v": np.random.default_rng(fresh_seed()).standard_normal((3, 2, 5, 4)).astype(np.float32)}
     for a, b in zip(run(model, f), run(res.model, f)):
         np.testing.assert_array_equal(a, b)
@@ -320,3 +325,34 @@ def test_a_cast_to_the_type_its_input_has_is_its_input() -> None:
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
     for a, b in zip(run(out.model), run(model)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_fixed_dims_of_a_shape_are_constants_and_an_unscaled_sdpa_gets_its_scale() -> None:
+    # TorchScript's SDPA without a scale (Falcon) computes 1/√√D from Shape(q)[-1:] (through a
+    # Cast to float32 of a float32) and scales q and kᵀ by it: the Slice of a fixed dim folds,
+    # the rest is computed from constants, and the attention chain takes 1/√D as its scale. A
+    # Gather of the batch dim stays.
+    mk, vi, f = helper.make_node, helper.make_tensor_value_info, TP.FLOAT
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [i64("m1", [-1]), i64("big", [2**62]), i64("zero", 0), numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    nodes = [mk("Shape", ["q"], ["qs"]), mk("Slice", ["qs", "m1", "big"], ["d"]), mk("Cast", ["d"], ["df"], to=f),
+             mk("Sqrt", ["df"], ["sd"]), mk("Div", ["one", "sd"], ["inv"]), mk("Cast", ["inv"], ["invc"], to=f),
+             mk("Sqrt", ["invc"], ["s"]),
+             mk("Mul", ["q", "s"], ["qq"]), mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), mk("Mul", ["kt", "s"], ["kk"]),
+             mk("MatMul", ["qq", "kk"], ["sc"]), mk("Softmax", ["sc"], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["y"]),
+             mk("Gather", ["qs", "zero"], ["b"])]
+    ins = [vi(t, f, ["batch", 4, "seq", 64]) for t in ("q", "k", "v")]
+    outs = [vi("y", f, ["batch", 4, "seq", 64]), vi("b", TP.INT64, [])]
+    model = helper.make_model(helper.make_graph(nodes, "sdpa", ins, outs, inits), opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    _, infos = shapes.infer(model)
+    out = simplify.simplify(model, infos)
+    assert any("Slice of fixed dims" in r for r in out.rewrites), out.rewrites
+    assert "Gather" in [n.op_type for n in out.model.graph.node]  # the batch dim is not fixed
+    from .attention_models import attention_graph
+
+    g, found = attention_graph(out.model)
+    (m,) = found.matches
+    assert m.scale == pytest.approx(1 / 8, rel=1e-6) and m.kt == "kt", found.refusals
+    res = onnxstitch.optimize(model, shapes={"batch": [2], "seq": [16]})
+    assert "FusedKernel" in [n.op_type for n in res.model.graph.node] and res.report.verification.device == "cpu"

@@ -78,7 +78,8 @@ def _op(g: FusionGraph, t: str) -> str | None:
 
 
 def _scaling(g: FusionGraph, t: str) -> tuple[str, float, int] | None:
-    """(x, factor, the node) when `t` is x multiplied or divided by a non-zero scalar constant."""
+    """(x, factor, the node) when `t` is x multiplied or divided by a non-zero scalar constant
+    (simplify folds one computed from fixed dims: TorchScript's SDPA without a scale)."""
     at = g.producer.get(t)
     if at is None or g.nodes[at].op_type not in ("Mul", "Div"):
         return None
