@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
@@ -244,6 +245,113 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     return sym.out_mp_
 
 
+def _dim_of(t: str, producer: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto],
+            infos: Mapping[str, TensorInfo], depth: int = 0) -> int | str | None:
+    """The value of scalar int `t` where the graph computes it from one dim of a Shape
+    (Gather(Shape(x), i), maybe unsqueezed, or times a constant: TorchScript's b·h), as an int
+    or a product as inference writes one ('4*batch'); None for any other form."""
+    if t in inits:
+        v = numpy_helper.to_array(inits[t]).reshape(-1)
+        return int(v[0]) if v.size == 1 and v.dtype.kind in "iu" else None
+    n = producer.get(t)
+    if n is None or depth > 4:
+        return None
+    if n.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity"):
+        return _dim_of(n.input[0], producer, inits, infos, depth + 1)
+    if n.op_type == "Gather" and n.input[1] in inits:
+        sh = producer.get(n.input[0])
+        src = infos.get(sh.input[0]) if sh is not None and sh.op_type == "Shape" else None
+        if src is None or src.shape is None:
+            return None
+        attrs = {a.name: helper.get_attribute_value(a) for a in sh.attribute}  # type: ignore[union-attr]
+        dims = list(src.shape)[attrs.get("start", 0):attrs.get("end")]
+        index = numpy_helper.to_array(inits[n.input[1]])
+        if index.size != 1 or not -len(dims) <= int(index.reshape(-1)[0]) < len(dims):
+            return None
+        return dims[int(index.reshape(-1)[0])]
+    if n.op_type == "Mul" and len(n.input) == 2:
+        a, b = (_dim_of(x, producer, inits, infos, depth + 1) for x in n.input)
+        if isinstance(a, int) and isinstance(b, int):
+            return a * b
+        num = a if isinstance(a, int) else b if isinstance(b, int) else None
+        sym = b if isinstance(a, int) else a
+        if num is not None and isinstance(sym, str) and _NAME.fullmatch(sym):
+            return sym if num == 1 else f"{num}*{sym}"
+    return None
+
+
+def _target_entries(t: str, producer: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto],
+                    infos: Mapping[str, TensorInfo]) -> list | None:
+    """A Reshape target's entries where the graph builds it as exporters do: a constant, or a
+    Concat of constants and single dims of Shapes (_dim_of), each an int or a symbolic dim;
+    None for any other form."""
+    if t in inits:
+        return [int(v) for v in numpy_helper.to_array(inits[t]).reshape(-1)]
+    cat = producer.get(t)
+    if cat is None or cat.op_type != "Concat":
+        return None
+    out: list = []
+    for part in cat.input:
+        if part in inits:
+            out += [int(v) for v in numpy_helper.to_array(inits[part]).reshape(-1)]
+            continue
+        d = _dim_of(part, producer, inits, infos)
+        if d is None:
+            return None
+        out.append(d)
+    return out
+
+
+def reshape_fills(model: onnx.ModelProto, infos: Mapping[str, TensorInfo]) -> dict[str, int | str]:
+    """Symbolic dims inference named where a Reshape's −1 infers them and their value follows:
+    the input's dims over the target's others once equal symbols cancel — a number, or a product
+    of the input's symbols (TorchScript's attention in audio models reshapes [b, s, 256] to
+    Concat(b, s, −1, 64): the heads are 4 where onnxruntime's inference says `unk__11`; and
+    [b, h, s, d] to Concat(−1, s, d): '4*batch')."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    out: dict[str, int | str] = {}
+    for n in model.graph.node:
+        if n.op_type != "Reshape" or n.domain not in ("", "ai.onnx") or len(n.input) < 2:
+            continue
+        src, dst = infos.get(n.input[0]), infos.get(n.output[0])
+        target = _target_entries(n.input[1], producer, inits, infos)
+        if src is None or dst is None or src.shape is None or dst.shape is None or target is None or \
+                len(target) != len(dst.shape) or 0 in target:
+            continue
+        for d, want in zip(dst.shape, target):  # entries the graph computes: the dims they give
+            if isinstance(d, str) and _UNNAMED.fullmatch(d) and d not in out and want != -1 and want != d and \
+                    (isinstance(want, int) or all(f.isdigit() or _NAME.fullmatch(f) for f in want.split("*"))):
+                out[d] = want
+        if target.count(-1) != 1:
+            continue
+        k = target.index(-1)
+        if not isinstance(dst.shape[k], str) or not _UNNAMED.fullmatch(dst.shape[k]) or dst.shape[k] in out or \
+                None in src.shape:
+            continue
+        num, den = list(src.shape), [d for j, d in enumerate(target) if j != k]
+        for d in list(den):
+            if isinstance(d, str) and d in num:
+                num.remove(d)
+                den.remove(d)
+        if not all(isinstance(d, int) for d in den):
+            continue
+        symbols = sorted(d for d in num if isinstance(d, str))
+        a, b = int(np.prod([d for d in num if isinstance(d, int)])), int(np.prod(den))
+        if b <= 0 or a % b or not all(_NAME.fullmatch(d) for d in symbols):
+            continue
+        # a number, or a product as inference writes one ('4*batch': TorchScript's [b·h, s, d])
+        out[dst.shape[k]] = "*".join(([str(a // b)] if a // b != 1 or not symbols else []) + symbols) \
+            if symbols else a // b  # type: ignore[assignment]
+    return out
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The names onnxruntime's inference gives dims it could not write (only these are filled: a
+# model's own dim names stand).
+_UNNAMED = re.compile(r"unk__\d+")
+
+
 def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo]]:
     """Run shape inference and return (model with value_info, tensor name → TensorInfo).
     onnx's inference and onnxruntime's symbolic inference both run; for each tensor the record
@@ -261,6 +369,11 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo
             infos[name] = _more_precise(infos.get(name), info)
     except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
         log.info("symbolic shape inference skipped: %s", e)
+    fills = reshape_fills(model, infos)
+    if fills:  # a dim inference named, found constant: that number wherever the name appears
+        infos = {k: TensorInfo(k, v.dtype, None if v.shape is None else tuple(fills.get(d, d) if isinstance(d, str)
+                                                                              else d for d in v.shape))
+                 for k, v in infos.items()}
     for init in model.graph.initializer:
         infos[init.name] = TensorInfo(init.name, init.data_type, tuple(int(d) for d in init.dims))
     for node in model.graph.node:

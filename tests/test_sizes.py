@@ -140,3 +140,39 @@ g (float[N, 8] x, int64 sr) => (float[N, 8] y) {
     res = runner.invoke(main, ["check", str(src), "--baseline", str(tmp_path / "b.json"), "--update-baseline",
                                "--shape", "N=4", "--value", "sr=16000"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_reshape_names_the_dims_it_computes() -> None:
+    # TorchScript's attention in audio models: [b, s, 256] reshaped to Concat(b, s, −1, 64), and
+    # [s, b, 256] to Concat(s, b·4, 64). Where onnxruntime's inference leaves the heads and b·4
+    # unknown (its `unk__` names), the target says what they are: 4, and '4*batch'.
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    from onnxstitch import shapes
+    from onnxstitch.shapes import TensorInfo
+
+    mk = helper.make_node
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [mk("Shape", ["x"], ["xs"]), mk("Gather", ["xs", "i0"], ["b"], axis=0), mk("Gather", ["xs", "i1"], ["s"], axis=0),
+             mk("Unsqueeze", ["b", "ax"], ["bu"]), mk("Unsqueeze", ["s", "ax"], ["su"]),
+             mk("Concat", ["bu", "su", "m1", "d64"], ["t1"], axis=0), mk("Reshape", ["x", "t1"], ["heads"]),
+             mk("Transpose", ["x"], ["xt"], perm=[1, 0, 2]), mk("Shape", ["xt"], ["ts"]),
+             mk("Gather", ["ts", "i1"], ["b2"], axis=0), mk("Mul", ["b2", "four"], ["bh"]),
+             mk("Gather", ["ts", "i0"], ["s2"], axis=0), mk("Unsqueeze", ["bh", "ax"], ["bhu"]),
+             mk("Unsqueeze", ["s2", "ax"], ["s2u"]), mk("Concat", ["s2u", "bhu", "d64"], ["t2"], axis=0),
+             mk("Reshape", ["xt", "t2"], ["rows"])]
+    inits = [i64("i0", 0), i64("i1", 1), i64("ax", [0]), i64("m1", [-1]), i64("d64", [64]), i64("four", 4)]
+    vi = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(nodes, "r", [vi("x", TP.FLOAT, ["batch", "seq", 256])],
+                                                [vi("heads", TP.FLOAT, None), vi("rows", TP.FLOAT, None)], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    infos = {"x": TensorInfo("x", TP.FLOAT, ("batch", "seq", 256)), "xt": TensorInfo("xt", TP.FLOAT, ("seq", "batch", 256)),
+             "heads": TensorInfo("heads", TP.FLOAT, ("batch", "seq", "unk__1", 64)),
+             "rows": TensorInfo("rows", TP.FLOAT, ("seq", "unk__2", 64))}
+    assert shapes.reshape_fills(model, infos) == {"unk__1": 4, "unk__2": "4*batch"}
+    # A −1 whose symbols do not cancel is left as inference named it, and a model's own dim names
+    # are never replaced.
+    infos["x"] = TensorInfo("x", TP.FLOAT, ("batch", "seq", "unk__9"))
+    infos["heads"] = TensorInfo("heads", TP.FLOAT, ("batch", "other", "unk__1", 64))
+    assert shapes.reshape_fills(model, infos) == {"unk__2": "4*batch"}
