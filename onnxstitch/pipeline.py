@@ -425,6 +425,8 @@ def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:
             break
         undone += [f"MatMul into {t} (of '{x.activation}'): left apart, the plan left its Slice to ONNX Runtime"
                    for x, t in unfolded]
+        if {t for _, t in unfolded} <= skip:  # (planned apart already: nothing new to leave apart)
+            break
         skip |= {t for _, t in unfolded}
     if planned.normal.model is not given.model:
         # "Before" is the model as given, not its rewritten form (k MatMuls, not one and k
@@ -638,7 +640,8 @@ def _verified(given: _Given, built: list, attempt: Callable[[list], Any], opts: 
                     e = verify_mod.VerifyError(f"{first_line(e)}; the verification budget of "
                                                f"{opts.verify_budget_s:g} s ran out before one group was found "
                                                f"(--verify-budget)")
-            at_fault = at_fault or {grp.name for grp, _ in built}
+            # (a verdict naming no group still fused leaves them all: every round drops one at least)
+            at_fault = (at_fault & {grp.name for grp, _ in built}) or {grp.name for grp, _ in built}
             if at_fault & linked:
                 at_fault |= linked
             log.warning("%s; %s left to ONNX Runtime", first_line(e),

@@ -160,3 +160,22 @@ def test_a_model_verification_cannot_run_is_written_as_loaded_without_looping(mo
     res = onnxstitch.optimize(model, shapes={"batch": [8]})
     assert "FusedKernel" not in [n.op_type for n in res.model.graph.node]
     assert res.report.dropped and len(calls) == 2, (res.report.dropped, calls)
+
+
+def test_a_verdict_naming_no_fused_group_still_ends(monkeypatch) -> None:
+    # Verification names a group that is not (or no longer) fused: every round still leaves at
+    # least one group to ORT, so optimize ends, the model written as loaded.
+    from onnxstitch import verify as verify_mod
+
+    calls = []
+
+    def wrong(*args, **kwargs):
+        calls.append(1)
+        assert len(calls) < 10, "verification retried without end"
+        raise verify_mod.VerifyError("outputs differ", groups=("no-such-group",))
+
+    monkeypatch.setattr(verify_mod, "verify", wrong)
+    model = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch, 64] x) => (float[batch, 64] y) { a = Exp(x)  b = Relu(a)  y = Tanh(b) }""")
+    res = onnxstitch.optimize(model, shapes={"batch": [8]})
+    assert "FusedKernel" not in [n.op_type for n in res.model.graph.node] and res.report.dropped
