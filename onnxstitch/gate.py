@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from . import ortio, sizes
+from . import edit, ortio, sizes
 from .version import __version__
 from .errors import BadInputError, first_line, read_json
 from .inputs import random_feeds
@@ -72,13 +72,9 @@ def _plan_summary(report) -> dict[str, Any]:
 
 def _fuses(model: onnx.ModelProto) -> bool:
     """Whether any node of `model`, subgraphs included, is one of ours."""
-    def nodes(graph: onnx.GraphProto):
-        for n in graph.node:
-            yield n
-            for a in n.attribute:
-                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                    yield from nodes(sub)
-    return any(n.domain == DOMAIN for n in nodes(model.graph))
+    def fuses(graph: onnx.GraphProto) -> bool:
+        return any(n.domain == DOMAIN or any(fuses(sub) for sub in edit.subgraphs(n)) for n in graph.node)
+    return fuses(model.graph)
 
 
 def _numerics(model_path: str, stitched: onnx.ModelProto, original: onnx.ModelProto, gpu: bool, seed: int,

@@ -36,7 +36,7 @@ from .graph import FusionGraph
 from .inputs import index_inputs, random_feeds
 from .planned import Group
 from .sessions import runtime_session
-from .shapes import symbolic_value
+from .shapes import shape_output, symbolic_value
 from .weights import is_stub
 
 log = logging.getLogger(__name__)
@@ -312,8 +312,7 @@ def count_values(original: onnx.ModelProto, graph: FusionGraph, counts: Sequence
             if got is None:
                 return None
             dims = np.array(got[1], np.int64)
-            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            value = dims[attrs.get("start", 0):attrs.get("end")] if n.op_type == "Shape" else np.array(dims.prod())
+            value = shape_output(n, dims) if n.op_type == "Shape" else np.array(dims.prod())
             shapes.append(numpy_helper.from_array(np.asarray(value, np.int64), n.output[0]))
             continue
         if (n.op_type not in _SHAPE_OPS or n.domain not in ("", "ai.onnx") or len(keep) >= MAX_SHAPE_NODES

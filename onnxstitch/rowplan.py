@@ -123,8 +123,8 @@ def fits_registers(vec: int, chunks: int, block: int, extra: int) -> bool:
 # of its column in registers (longer columns re-read them, from L1/L2).
 COLUMN_BLOCK, COLUMN_CHUNKS = 256, 16
 
-# A column kernel's threads each walk one column, holding up to COLUMN_CHUNKS of its elements
-# in flight: few columns cannot keep the memory system busy. A device needs about this many
+# A column kernel's threads each walk one column (or a slice of it), holding up to
+# COLUMN_UNROLL of its elements in flight: few columns cannot keep the memory system busy. A device needs about this many
 # bytes in flight to reach its copy bandwidth (bandwidth × latency: ~3 TB/s × ~0.6 µs), so a
 # column kernel's share of the bandwidth is its bytes in flight over this. ConvNeXt V2's GRN
 # (an L2 norm over 56 × 56 of NHWC activations, 768 columns at batch 8) planned at full

@@ -245,6 +245,12 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     return sym.out_mp_
 
 
+def shape_output(node: onnx.NodeProto, shape: Sequence) -> list:
+    """The dims a Shape node gives for an input of `shape` (its `start` and `end`, opset 15)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return list(shape)[attrs.get("start", 0):attrs.get("end")]
+
+
 def _dim_of(t: str, producer: Mapping[str, onnx.NodeProto], inits: Mapping[str, onnx.TensorProto],
             infos: Mapping[str, TensorInfo], depth: int = 0) -> int | str | None:
     """The value of scalar int `t` where the graph computes it from one dim of a Shape
@@ -263,8 +269,7 @@ def _dim_of(t: str, producer: Mapping[str, onnx.NodeProto], inits: Mapping[str, 
         src = infos.get(sh.input[0]) if sh is not None and sh.op_type == "Shape" else None
         if src is None or src.shape is None:
             return None
-        attrs = {a.name: helper.get_attribute_value(a) for a in sh.attribute}  # type: ignore[union-attr]
-        dims = list(src.shape)[attrs.get("start", 0):attrs.get("end")]
+        dims = shape_output(sh, src.shape)  # type: ignore[arg-type]
         index = numpy_helper.to_array(inits[n.input[1]])
         if index.size != 1 or not -len(dims) <= int(index.reshape(-1)[0]) < len(dims):
             return None

@@ -60,7 +60,7 @@ from onnx import helper, numpy_helper
 
 from . import edit, ops
 from .graph import node_attrs
-from .shapes import Shape, TensorInfo, broadcast_shapes, infer
+from .shapes import Shape, TensorInfo, broadcast_shapes, infer, shape_output
 
 
 @dataclass(frozen=True)
@@ -225,8 +225,7 @@ def _fixed_dims(g: _Graph, n: onnx.NodeProto) -> np.ndarray | None:
     shape = g.shape(src.input[0])
     if shape is None:
         return None
-    attrs = node_attrs(src)
-    dims = list(shape)[attrs.get("start", 0):attrs.get("end")]
+    dims = shape_output(src, shape)
     pos = np.arange(len(dims))
     if n.op_type == "Gather":
         idx = g.value(n.input[1]) if len(n.input) > 1 else None

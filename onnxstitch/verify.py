@@ -422,12 +422,13 @@ def judge_outputs(original: onnx.ModelProto, got: Mapping[str, np.ndarray], expe
     model's own envelope (what the original moves under TF32 on the GPU), with the exact rules
     for shapes, integers, NaN and Inf. `tf32`: the stitched model runs TF32 kernels."""
     judge = _Judge(original, feeds, expected, runner, tf32)
+    reasons = {o.name: judge.output(o.name, got[o.name]) for o in original.graph.output}
+    stats = {s.name: s for s in judge.stats()}  # (none for a shape, integer or NaN mismatch)
     out = []
-    for o in original.graph.output:
-        why = judge.output(o.name, got[o.name])
-        stat = judge._stats.get(o.name)
+    for name, why in reasons.items():
+        stat = stats.get(name)
         abs_err, rel_err = (stat.max_abs_err, stat.max_rel_err) if stat else (float("inf"), float("inf"))
-        out.append(OutputCheck(o.name, why is None, abs_err, rel_err, why or ""))
+        out.append(OutputCheck(name, why is None, abs_err, rel_err, why or ""))
     return tuple(out)
 
 

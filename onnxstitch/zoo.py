@@ -205,7 +205,6 @@ def gpu_ids() -> list[str]:
     return [d.strip() for d in visible.split(",") if d.strip()][:len(listed)]
 
 
-
 class LocalExecutor:
     """Tasks in local processes: one per GPU at a time (CUDA_VISIBLE_DEVICES), or `jobs` at a
     time on the CPU."""
