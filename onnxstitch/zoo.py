@@ -21,6 +21,9 @@ Ray tasks (`num_gpus=1` each on GPU machines): a local Ray is started unless `--
 cluster to join. Without Ray, or with `--local`, local processes run them. Kernel caches and
 measured costs live in `$ONNXSTITCH_CACHE`, shared by the tasks of one machine.
 
+The longest models start first (`_longest_first`: the last report's times, else node counts);
+`--shard K/N` takes every Nth model of the manifest from its Kth, for a zoo split across CI jobs.
+
 Exit status: 0 when every model passed, 1 when any regressed, failed or died, 2 for a manifest
 or an address that is wrong.
 """
@@ -351,6 +354,7 @@ class ZooReport:
     results: tuple[ZooResult, ...]
     executor: str
     seconds: float
+    shard: str = ""  # "K/N" when the run took one shard of the manifest (shard_of)
 
     @property
     def failed(self) -> list[ZooResult]:
@@ -362,7 +366,7 @@ class ZooReport:
         return math.exp(sum(math.log(s) for s in speeds) / len(speeds)) if speeds else None
 
     def to_json(self) -> dict:
-        return {"schema": REPORT_SCHEMA, "manifest": self.manifest, "executor": self.executor,
+        return {"schema": REPORT_SCHEMA, "manifest": self.manifest, "shard": self.shard or None, "executor": self.executor,
                 "seconds": round(self.seconds, 2), "geomean_speedup": self.geomean,
                 "summary": self.summary(), "models": [r.to_json() for r in _ordered(self.results)]}
 
@@ -370,7 +374,8 @@ class ZooReport:
         counts = {s: sum(r.status == s for r in self.results) for s in (OK, REGRESSED, ERROR, INTERNAL, DIED)}
         retried = sum(r.attempts > 1 for r in self.results)
         geo = f"; geometric mean speedup {self.geomean:.2f}×" if self.geomean else ""
-        return (f"{len(self.results)} models: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
+        which = f" (shard {self.shard})" if self.shard else ""
+        return (f"{len(self.results)} models{which}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) +
                 (f" ({retried} run again after their worker died)" if retried else "") +
                 f"{geo}; {self.seconds:.0f} s on {self.executor}")
 
@@ -396,26 +401,73 @@ def _ordered(results: Iterable[ZooResult]) -> list[ZooResult]:
     return sorted(results, key=lambda r: (rank.get(r.status, 5), r.name))
 
 
-def _longest_first(tasks: list[dict], out: Path | None) -> list[dict]:
-    """`tasks` with the models the last report in `out` timed longest first, so that no long
-    model starts last while the other workers sit idle (one took a third of a 20-model run on
-    one GPU); models it does not list keep the manifest's order, after them."""
+def _nodes(path: Path) -> int:
+    """Nodes of the model at `path`, its If/Loop/Scan bodies' included (0 if it cannot be read:
+    its task reports why). Weights stay on disk."""
+    import onnx
+
+    from .edit import subgraphs
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - the task itself names what is wrong with the file
+        return 0
+
+    def count(g: onnx.GraphProto) -> int:
+        return sum(1 + sum(count(b) for b in subgraphs(n)) for n in g.node)
+
+    return count(model.graph)
+
+
+def _longest_first(tasks: list[dict], out: Path | None, models: Sequence[ZooModel] = ()) -> list[dict]:
+    """`tasks` by their expected time, longest first, so that no long model starts last while
+    the other workers sit idle (slanet-table, started last in a first run on four GPUs, held one
+    worker 50 s past the others). A model the last report in `out` timed is expected to take that
+    long again; another, its node count times the seconds per node of the models timed (a first
+    run: its node count), so that big models start early without any report."""
     try:
         last = json.loads((out / "zoo.json").read_text()) if out is not None else {}
         took = {r["name"]: float(r["seconds"]) for r in last.get("models", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         took = {}
-    return sorted(tasks, key=lambda t: -took.get(t["name"], 0.0))
+    nodes = {m.name: _nodes(m.path) for m in models if m.name not in took}
+    per_node = sorted(took[m.name] / n for m in models if m.name in took and (n := _nodes(m.path)) > 0)
+    rate = per_node[len(per_node) // 2] if per_node else 1.0
+    return sorted(tasks, key=lambda t: -took.get(t["name"], nodes.get(t["name"], 0) * rate))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/N` (1 ≤ K ≤ N) as (K, N). Raises BadInputError for anything else."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise BadInputError(f"--shard {text}: expected K/N with 1 ≤ K ≤ N (1/2 and 2/2 split a zoo in two)")
+    return k, n
+
+
+def shard_of(models: Sequence[ZooModel], shard: tuple[int, int] | None) -> list[ZooModel]:
+    """The models of shard K of N: every Nth of the manifest, from its Kth. The split depends on
+    the manifest alone, so that CI jobs started at different times (with different reports in
+    their --out) still take every model exactly once."""
+    if shard is None:
+        return list(models)
+    k, n = shard
+    return [m for i, m in enumerate(models) if i % n == k - 1]
 
 
 def run_zoo(manifest: str | os.PathLike, *, out: Path | None = None, run: Any = None, update: bool = False,
-            max_slowdown: float = 10.0, progress: Callable[[ZooResult, int, int], None] | None = None) -> ZooReport:
-    """Check every model of `manifest` on `run` (an executor: `executor()`'s choice by default),
-    writing `zoo.json` and `zoo.md` into `out` as results arrive."""
-    models = read_manifest(manifest)
+            max_slowdown: float = 10.0, progress: Callable[[ZooResult, int, int], None] | None = None,
+            shard: tuple[int, int] | None = None) -> ZooReport:
+    """Check every model of `manifest` (of its shard (K, N) if given: `shard_of`) on `run` (an
+    executor: `executor()`'s choice by default), writing `zoo.json` and `zoo.md` into `out` as
+    results arrive."""
+    models = shard_of(read_manifest(manifest), shard)
     run = run or executor()
-    tasks = _longest_first([_task(m, update, max_slowdown) for m in models], out)
+    tasks = _longest_first([_task(m, update, max_slowdown) for m in models], out, models)
     results: list[ZooResult] = []
+    label = f"{shard[0]}/{shard[1]}" if shard else ""
     where = run.describe()  # once: Ray's asks the cluster
     t0 = time.perf_counter()
 
@@ -426,10 +478,10 @@ def run_zoo(manifest: str | os.PathLike, *, out: Path | None = None, run: Any = 
         if progress:
             progress(r, len(results), len(tasks))
         if out is not None:
-            _write(ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0), out)
+            _write(ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0, label), out)
 
     run.run(tasks, done)
-    report = ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0)
+    report = ZooReport(str(manifest), tuple(results), where, time.perf_counter() - t0, label)
     if out is not None:
         _write(report, out)
     return report

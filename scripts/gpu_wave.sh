@@ -105,16 +105,19 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
       [ -f /tmp/zoofill/manifest.json ] || fill "$ZOO_FILL" /tmp/zoofill
       manifest=/tmp/zoofill/manifest.json
     fi
+    # ZOO_SHARD=K/N: one shard of the manifest (a one-GPU run longer than a call's 10 minutes
+    # is made in two calls, 1/2 then 2/2, on one lease; its wall is their sum).
     for run in ${ZOO_RUNS:-one all}; do
-      echo "== $run"
+      echo "== $run ${ZOO_SHARD:-}"
       [ "$run" = all ] && [ -f "$OUT/zoo-one/zoo.json" ] && mkdir -p "$OUT/zoo-all" && cp "$OUT/zoo-one/zoo.json" "$OUT/zoo-all/"
       [ -n "${ZOO_ORDER:-}" ] && mkdir -p "$OUT/zoo-$run" && cp "$ZOO_ORDER" "$OUT/zoo-$run/zoo.json"
       export ONNXSTITCH_CACHE=/tmp/zoo-cache-$run
       start=$(date +%s.%N)
       if [ $run = one ]; then
-        CUDA_VISIBLE_DEVICES=0 python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q
+        CUDA_VISIBLE_DEVICES=0 python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q \
+          ${ZOO_SHARD:+--shard $ZOO_SHARD}
       else
-        python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q
+        python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q ${ZOO_SHARD:+--shard $ZOO_SHARD}
       fi
       rc=$?
       cp "$OUT/zoo-$run/zoo.json" "/tmp/zoo-order-$run.json" 2>/dev/null  # for a later call's ZOO_ORDER

@@ -141,6 +141,18 @@ def test_the_same_run_through_a_local_ray_retries_a_dead_worker(tmp_path: Path) 
     assert "Ray" in json.loads((tmp_path / "r" / "zoo.json").read_text())["executor"]
 
 
+class _Recorder:
+    """An executor that runs nothing and keeps the order the tasks came in."""
+
+    order: list[str] = []
+
+    def describe(self) -> str:
+        return "a recorder"
+
+    def run(self, tasks, done) -> None:
+        self.order = [t["name"] for t in tasks]
+
+
 def test_the_models_the_last_run_timed_longest_start_first(tmp_path: Path) -> None:
     """A report already in --out orders the next run: its slowest model starts first, the models
     it does not list after, in the manifest's order."""
@@ -150,20 +162,48 @@ def test_the_models_the_last_run_timed_longest_start_first(tmp_path: Path) -> No
     (out / "zoo.json").write_text(json.dumps({"models": [{"name": "chain", "seconds": 1.0},
                                                           {"name": "short", "seconds": 40.0}]}))
 
-    class Recorder:
-        order: list[str] = []
-
-        def describe(self) -> str:
-            return "a recorder"
-
-        def run(self, tasks, done) -> None:
-            self.order = [t["name"] for t in tasks]
-
-    rec = Recorder()
+    rec = _Recorder()
     zoo.run_zoo(manifest, out=out, run=rec)
     assert rec.order == ["short", "chain", "broken"]
     zoo.run_zoo(manifest, out=tmp_path / "fresh", run=rec)  # no report yet: the manifest's order
     assert rec.order == ["chain", "short", "broken"]
+
+
+def test_a_first_run_starts_the_biggest_models_first(tmp_path: Path) -> None:
+    """With no report yet, expected time is the node count (bodies included): a big model last
+    in the manifest starts first. With one, models it did not time are priced at its seconds per
+    node, so a new big model still starts before small ones it timed."""
+    onnx.save(chain(40, shape=("batch", 64)), str(tmp_path / "big.onnx"))
+    manifest = _zoo(tmp_path, [{"name": "big", "file": "big.onnx", "shapes": {"batch": [4]}}])
+
+    rec = _Recorder()
+    zoo.run_zoo(manifest, out=tmp_path / "fresh", run=rec)
+    assert rec.order == ["big", "chain", "short", "broken"]
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "zoo.json").write_text(json.dumps({"models": [{"name": "chain", "seconds": 2.0},
+                                                          {"name": "short", "seconds": 3.0}]}))
+    zoo.run_zoo(manifest, out=out, run=rec)
+    assert rec.order[0] == "big" and rec.order.index("short") < rec.order.index("chain")
+
+
+def test_shards_take_every_model_once(tmp_path: Path) -> None:
+    """--shard K/N takes every Nth model from the Kth, by the manifest alone; the report says
+    which shard it is; a malformed shard is one line and exit status 2."""
+    manifest = _zoo(tmp_path)
+    models = zoo.read_manifest(manifest)
+    parts = [zoo.shard_of(models, (k, 2)) for k in (1, 2)]
+    assert [m.name for m in parts[0]] == ["chain", "broken"] and [m.name for m in parts[1]] == ["short"]
+    out = tmp_path / "r2"
+    res = CliRunner().invoke(main, ["zoo", str(manifest), "--out", str(out), "--local", "--jobs", "1",
+                                    "--shard", "2/2"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "zoo.json").read_text())
+    assert [r["name"] for r in doc["models"]] == ["short"] and doc["shard"] == "2/2"
+    assert "(shard 2/2)" in doc["summary"]
+    for bad in ("3/2", "0/2", "x", "1/0"):
+        res = CliRunner().invoke(main, ["zoo", str(manifest), "--shard", bad])
+        assert res.exit_code == 2 and "--shard" in res.output and "Traceback" not in res.output, (bad, res.output)
 
 
 def test_workers_share_the_hosts_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -353,16 +353,19 @@ def check(model: Path, baseline: Path, update_baseline: bool, max_slowdown: floa
 @click.option("--update-baselines", is_flag=True, help="Write each passing model's baseline file.")
 @click.option("--max-slowdown", type=click.FloatRange(0, 100), default=10.0, show_default=True,
               help="Allowed drop of a model's measured speedup below its baseline, in percent (GPU only).")
+@click.option("--shard", metavar="K/N", help="Check only shard K of N (every Nth model of the manifest, from "
+                                            "its Kth): a zoo split across CI jobs.")
 @verbosity
 def zoo(manifest: Path, out: Path, address: str | None, local: bool, jobs: int | None, update_baselines: bool,
-        max_slowdown: float, verbose: bool, quiet: bool) -> None:
+        max_slowdown: float, shard: str | None, verbose: bool, quiet: bool) -> None:
     """Check every model of a zoo MANIFEST (optimize, verify, time) across GPUs or a Ray cluster;
     exit 1 if any regressed or failed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from onnxstitch import zoo as zoo_mod
 
-    models = zoo_mod.read_manifest(manifest)  # a wrong manifest fails before anything starts
+    part = zoo_mod.parse_shard(shard) if shard else None
+    models = zoo_mod.shard_of(zoo_mod.read_manifest(manifest), part)  # a wrong manifest fails before anything starts
     run = zoo_mod.executor(address, jobs, local)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=progress_console, disable=quiet, transient=True)
@@ -377,7 +380,7 @@ def zoo(manifest: Path, out: Path, address: str | None, local: bool, jobs: int |
                 bar.console.print(f"{r.name}: {r.status}{speed}{again}" + (f" — {r.error}" if r.error else ""))
 
         report = zoo_mod.run_zoo(manifest, out=out, run=run, update=update_baselines, max_slowdown=max_slowdown,
-                                 progress=arrived)
+                                 progress=arrived, shard=part)
     if not quiet:
         console.print(report.summary())
         console.print(f"report: {out / 'zoo.md'}, {out / 'zoo.json'}")
