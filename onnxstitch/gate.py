@@ -4,9 +4,11 @@ a baseline file. Anything worse than the baseline is a regression.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -43,6 +45,8 @@ class CheckResult:
     speedup: float | None  # stock median / stitched median (GPU only)
     regressions: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    # Where the check's time went: optimize's stages, then "numerics" and "timing" (seconds).
+    seconds: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -55,7 +59,8 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.baseline(), "outputs": [asdict(o) for o in self.outputs], "ok": self.ok,
-                "regressions": list(self.regressions), "notes": list(self.notes)}
+                "regressions": list(self.regressions), "notes": list(self.notes),
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
 def _plan_summary(report) -> dict[str, Any]:
@@ -140,11 +145,15 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
     settings = {"verify": False, **(options or {}), "values": values}
     res = optimize(original, shapes=shapes, seed=seed, custom_op_libraries=libraries,
                    **{k: v for k, v in settings.items() if k != "seed"})
+    seconds = dict(res.report.stage_seconds)
+    t0 = time.perf_counter()
     gpu = gpu_usable()
     outputs = _numerics(str(model_path), res.model, original, gpu, seed, given, atol, rtol, libraries, values,
                         tf32=any(grp.tf32 for grp in res.report.plan.groups))
     notes = [] if gpu else ["no GPU here (or no built custom-op library): numerics ran on CPU through the fallback "
                                "functions, and speed was not measured"]
+    seconds["numerics"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     speedup = None
     if gpu and not _fuses(res.model):
         # Nothing fused: optimize wrote the model as given, so it runs as fast as itself. Timing
@@ -169,11 +178,13 @@ def run_check(model_path: str | os.PathLike, baseline_path: str | os.PathLike | 
         if len(readings) > 1:
             notes.append("speedup below the baseline's floor, measured again: "
                          + ", ".join(f"{r:.2f}×" for r in readings) + " (the best counts)")
+    if speedup is not None:
+        seconds["timing"] = time.perf_counter() - t0
     result = CheckResult(str(model_path), "gpu" if gpu else "cpu", _plan_summary(res.report), outputs, speedup,
-                         notes=tuple(notes))
+                         notes=tuple(notes), seconds=seconds)
     regressions = [f"output '{o.name}': {o.detail}" for o in outputs if not o.ok]
     if baseline is not None:
         regressions += _regressions(result, baseline, max_slowdown_pct)
-    return CheckResult(result.model, result.device, result.plan, outputs, speedup, tuple(regressions), result.notes)
+    return dataclasses.replace(result, regressions=tuple(regressions))
 
 

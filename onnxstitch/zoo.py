@@ -117,6 +117,8 @@ class ZooResult:
     worker: str = ""  # where it ran: host (and GPU)
     # Kernels of one run of the model's If/Loop/Scan bodies, before and after (None: no body stitched).
     body_kernels: tuple[int, int] | None = None
+    # Where the model's time went: optimize's stages, check's "numerics" and "timing" (seconds).
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -145,7 +147,8 @@ def run_task(task: Mapping[str, Any]) -> dict:
                          old.get("speedup"), res.plan.get("kernels_before"), res.plan.get("kernels_after"),
                          tuple(res.regressions), tuple(res.notes),
                          body_kernels=(res.plan["body_kernels_before"], res.plan["body_kernels_after"])
-                         if "body_kernels_before" in res.plan else None).to_json()
+                         if "body_kernels_before" in res.plan else None,
+                         stage_seconds={k: round(v, 3) for k, v in res.seconds.items()}).to_json()
     except Exception as e:  # every failure becomes the model's row, never the run's
         from .errors import StitchError
 

@@ -42,6 +42,10 @@ def test_a_zoo_runs_in_local_processes_into_one_report(tmp_path: Path) -> None:
     assert rows["broken"]["status"] == "error" and "broken.onnx" in rows["broken"]["error"]
     assert doc["models"][0]["name"] == "broken"  # failures first
     assert rows["chain"]["kernels_after"] < rows["chain"]["kernels_before"] and rows["chain"]["device"] == "cpu"
+    # where each model's time went: optimize's stages, then check's numerics (no timing on a CPU)
+    took = rows["chain"]["stage_seconds"]
+    assert {"plan", "compile", "numerics"} <= set(took) and "timing" not in took
+    assert sum(took.values()) <= rows["chain"]["seconds"]
     assert (tmp_path / "base" / "chain.json").exists()  # --update-baselines
     md = (out / "zoo.md").read_text()
     assert "| broken | error |" in md and "3 models:" in md and "local process" in md
