@@ -42,6 +42,16 @@ rewrites keep the values and drop the work:
   model fixes (a head size) is that constant, and small arithmetic on constants alone (FOLDABLE)
   is folded after it: TorchScript's SDPA without a scale computes 1/√√D from Shape(q)[-1:] and
   scales q and kᵀ by it; folded, the attention matcher takes it as its scale.
+- **A batched product on merged heads.** BLOOM's attention multiplies [b·h, s, d] operands
+  (Reshapes of [b, h, s, d] tensors, kᵀ a Transpose of one), scales the scores, adds its ALiBi
+  bias ([b·h, 1, s], a Reshape of [b, h, s]) and reshapes them to [b, h, s, s] for the mask and
+  the Softmax; the probabilities go back to [b·h, s, s] for the second product, which is
+  reshaped to [b, h, s, d] again. Where shape inference shows each Reshape merging (or
+  splitting) exactly the two leading dims, the product runs on the 4-D tensors themselves (the
+  same sums, batched over b and h rather than b·h), kᵀ as a Transpose of the 4-D K, and each
+  term on the way as a 4-D tensor: a scalar or a [1, x, y] as it is, a Reshape of a
+  [b, h, …] tensor reshaped to [b, h, x, y] instead. The attention matcher then sees the chain
+  it knows.
 - **A Cast to the type its input has.** Models written for several dtypes cast where the
   float32 form has nothing to cast (BLOOM's attention probabilities, cast back to the hidden
   dtype after a float32 Softmax): the Cast is its input, so the attention matcher sees the
@@ -381,6 +391,154 @@ def _unflattened(g: _Graph, f: _Flattened, name: str, extra: list[onnx.TensorPro
     return out
 
 
+# Elementwise ops that may lie between a batched product on merged heads and its Reshape back
+# to 4-D (a scale, an added bias), and how many of them.
+LIFT_TERMS, MAX_LIFT_TERMS = ("Add", "Sub", "Mul", "Div"), 4
+
+
+def _known(dims: Shape | None) -> bool:
+    return dims is not None and all(d is not None and d != "" for d in dims)
+
+
+def _heads_source(g: _Graph, t: str, lead: tuple) -> str | None:
+    """The [B, H, m, n] tensor (B, H = `lead`) whose leading dims Reshape `t` ([B·H, m, n])
+    merges, or None."""
+    r = g.op(t)
+    if r is None or r.op_type != "Reshape":
+        return None
+    ts, xs = g.shape(t), g.shape(r.input[0])
+    if not _known(ts) or not _known(xs) or len(ts) != 3 or len(xs) != 4 or tuple(xs[:2]) != lead or \
+            tuple(xs[2:]) != tuple(ts[1:]):
+        return None
+    return r.input[0]  # (elements are kept, so t's first dim is B·H)
+
+
+# Unary ops and ops with a scalar other operand that a term on the merged scores may pass
+# through on its way from its Reshape (TorchScript scales BLOOM's ALiBi bias after the Reshape).
+TERM_STEPS = frozenset({"Cast", "Neg", "Add", "Sub", "Mul", "Div"})
+
+
+def _lifted_term(g: _Graph, o: str, lead: tuple, y: str, k: int,
+                 nodes: list[onnx.NodeProto], extra: list[onnx.TensorProto], depth: int = 0) -> str | None:
+    """Operand `o` of a term on the merged scores as a tensor that broadcasts to [B, H, m, n]
+    (`nodes` and `extra` get what computes it)."""
+    os_ = g.shape(o)
+    if not _known(os_) or len(os_) > 3:
+        return None
+    if len(os_) < 3 or os_[0] == 1:  # a scalar, or broadcast over B·H: it broadcasts the same
+        return o
+    src = _heads_source(g, o, lead)
+    if src is not None:
+        return src
+    r = g.op(o)
+    if r is None:
+        return None
+    name = f"{y}~term{k}" + (f"~{depth}" if depth else "")
+    if r.op_type in TERM_STEPS and depth < 3:
+        # op(u, scalar) or op(u): the same op on u lifted
+        ins = [u for u in r.input if u]
+        scalar = lambda u: _known(g.shape(u)) and all(d == 1 for d in g.shape(u))  # noqa: E731
+        full = [j for j, u in enumerate(ins) if not scalar(u)]
+        if len(full) == 1:
+            inner = _lifted_term(g, ins[full[0]], lead, y, k, nodes, extra, depth + 1)
+            if inner is None:
+                return None
+            ins[full[0]] = inner
+            nodes.append(helper.make_node(r.op_type, ins, [name], name=name, **node_attrs(r)))
+            return name
+        return None
+    ts = g.shape(r.input[0]) if r.op_type == "Reshape" else None
+    # A Reshape of a [B, H, …] tensor whose other dims hold as many elements as o's last two
+    # (the same dims other than ones): reshaped to [B, H, x, y] instead.
+    if not _known(ts) or len(ts) < 2 or tuple(ts[:2]) != lead or not isinstance(os_[1], int) or \
+            [d for d in ts[2:] if d != 1] != [d for d in os_[1:] if d != 1]:
+        return None
+    extra.append(numpy_helper.from_array(np.array([0, 0, os_[1], -1], np.int64), f"{name}~shape"))
+    nodes.append(helper.make_node("Reshape", [r.input[0], f"{name}~shape"], [name], name=name))
+    return name
+
+
+def _sizes_only(g: _Graph, t: str, r: onnx.NodeProto, depth: int = 0) -> bool:
+    """Whether everything computed from `t` ends in Reshape `r`'s target alone (it dies with r)."""
+    readers = g.index.readers_of(t)
+    if t in g.outputs or not readers or depth > 8:
+        return False
+    return all((n is r and list(n.input).index(t) == 1) or
+               (n is not r and all(_sizes_only(g, o, r, depth + 1) for o in n.output)) for n in readers)
+
+
+def _moved_shapes(g: _Graph, t: str, reader: onnx.NodeProto, r: onnx.NodeProto, same: list[str],
+                  moved: dict[int, onnx.NodeProto]) -> bool:
+    """Whether every reader of `t` but `reader` is a Shape that either only sizes Reshape `r` (it
+    dies with r) or can read a tensor of `same` of t's very shape instead (put in `moved`, by node
+    position): TorchScript sizes the Reshape after a product, and what follows, from the
+    product's shape."""
+    shape = g.shape(t)
+    for n in g.index.readers_of(t):
+        if n is reader:
+            continue
+        if n.op_type != "Shape":
+            return False
+        if _sizes_only(g, n.output[0], r):
+            continue
+        alike = next((u for u in same if _known(shape) and g.shape(u) == shape), None)
+        if alike is None:
+            return False
+        moved[g.nodes.index(n)] = helper.make_node("Shape", [alike], list(n.output), name=n.name, **node_attrs(n))
+    return sum(n is reader for n in g.index.readers_of(t)) == 1
+
+
+def _lifted_product(g: _Graph, r: onnx.NodeProto, extra: list[onnx.TensorProto],
+                    moved: dict[int, onnx.NodeProto]) -> list[onnx.NodeProto] | None:
+    """The nodes computing Reshape `r`'s [B, H, m, n] output as a batched product on merged
+    heads over the 4-D tensors themselves (module docstring), or None; Shape nodes of the
+    merged form that read an operand of its shape instead go into `moved` (by position)."""
+    y = g.shape(r.output[0])
+    if not _known(y) or len(y) != 4:
+        return None
+    lead = tuple(y[:2])
+    terms: list[tuple[onnx.NodeProto, int]] = []  # (node, its input from the product), outermost first
+    chain: list[tuple[str, onnx.NodeProto]] = []  # (a merged tensor, its reader in the chain)
+    t, reader = r.input[0], r
+    while True:
+        n = g.op(t)
+        if n is None or t in g.outputs:
+            return None
+        chain.append((t, reader))
+        if n.op_type == "MatMul":
+            break
+        if n.op_type not in LIFT_TERMS or len(n.input) != 2 or len(terms) == MAX_LIFT_TERMS:
+            return None
+        full = [k for k, u in enumerate(n.input) if g.shape(u) is not None and g.shape(u) == g.shape(t)]
+        if len(full) != 1:  # the product's side is the one of the output's shape, alone
+            return None
+        terms.append((n, full[0]))
+        t, reader = n.input[full[0]], n
+    a = _heads_source(g, n.input[0], lead)
+    kt = g.op(n.input[1])
+    transposed = kt is not None and kt.op_type == "Transpose" and list(node_attrs(kt).get("perm", ())) == [0, 2, 1]
+    b = _heads_source(g, kt.input[0] if transposed else n.input[1], lead)
+    same = [n.input[0], n.input[1]] + ([kt.input[0]] if transposed else [])
+    if a is None or b is None or not all(_moved_shapes(g, u, by, r, same, moved) for u, by in chain):
+        return None
+    name, out = r.output[0], []
+    more: list[onnx.TensorProto] = []
+    if transposed:
+        out.append(helper.make_node("Transpose", [b], [f"{name}~bt"], name=f"{name}~bt", perm=[0, 1, 3, 2]))
+        b = f"{name}~bt"
+    x = name if not terms else f"{name}~product"
+    out.append(helper.make_node("MatMul", [a, b], [x], name=n.name or f"{name}~product"))
+    for depth, (term, k) in enumerate(reversed(terms)):
+        other = _lifted_term(g, term.input[1 - k], lead, name, depth, out, more)
+        if other is None:
+            return None
+        inputs = [x, other] if k == 0 else [other, x]
+        x = name if depth == len(terms) - 1 else f"{name}~{depth}"
+        out.append(helper.make_node(term.op_type, inputs, [x], name=term.name or x))
+    extra.extend(more)
+    return out
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -395,7 +553,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     known: dict[str, np.ndarray] = {}  # values folded so far (fixed dims, then what they feed)
     folded: list[str] = []
     for i, n in enumerate(g.nodes):
-        if n.domain not in ("", "ai.onnx"):
+        if n.domain not in ("", "ai.onnx") or i in replace:  # (a Shape a lifted product moved)
             continue
         if n.op_type == "Identity" and n.input and n.input[0] in g.constants and \
                 n.output[0] not in g.outputs and n.output[0] not in nested:
@@ -443,6 +601,12 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             replace[i] = _unflattened(g, f, product.name or f.y, extra)
             done.append(f"{product.name or n.input[0]} ({product.op_type} on rows flattened from '{f.x}') "
                         f"is a MatMul over them{' with its bias added' if f.bias else ''}")
+        elif n.op_type == "Reshape" and n.output[0] not in nested and \
+                (lifted := _lifted_product(g, n, extra, moved := {})) is not None and not set(moved) & set(replace):
+            replace[i] = lifted
+            replace.update({at: [shape] for at, shape in moved.items()})
+            done.append(f"{n.name or n.output[0]} (a product on merged heads reshaped to 4-D) is a batched "
+                        f"product over the 4-D tensors")
         elif n.op_type == "Shape" and n.input and (x := _shape_of_repeat(g, n)) is not None:
             replace[i] = [helper.make_node("Shape", [x], list(n.output), name=n.name)]
             done.append(f"{n.name or n.output[0]} (the shape of a repeated K/V, dims other than the heads) reads '{x}'")

@@ -356,3 +356,71 @@ def test_fixed_dims_of_a_shape_are_constants_and_an_unscaled_sdpa_gets_its_scale
     assert m.scale == pytest.approx(1 / 8, rel=1e-6) and m.kt == "kt", found.refusals
     res = onnxstitch.optimize(model, shapes={"batch": [2], "seq": [16]})
     assert "FusedKernel" in [n.op_type for n in res.model.graph.node] and res.report.verification.device == "cpu"
+
+
+def merged_heads_model(*, heads_merged: bool = True, sized_by_shape: bool = False) -> onnx.ModelProto:
+    """BLOOM's attention as both exporters write it: q, k, v [b, 4, 8, 16] reshaped to
+    [b·4, 8, 16]; scores q·kᵀ × 0.25 + ALiBi (a [b, 4, 8] bias reshaped to [b·4, 1, 8], scaled
+    after the Reshape as TorchScript does), reshaped to [b, 4, 8, 8] for the mask and the
+    Softmax, back to [b·4, 8, 8] for the second product, whose result is reshaped to
+    [b, 4, 8, 16]. `heads_merged=False` merges the heads with the queries instead ([b, 32, 16]);
+    `sized_by_shape` sizes the last Reshape from the product's Shape (b·4 / 4) and also returns
+    that batch size, as TorchScript does."""
+    mk, vi, f = helper.make_node, helper.make_tensor_value_info, TP.FLOAT
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    merged = [-1, 8, 16] if heads_merged else [0, -1, 16]
+    inits = [i64("m3", merged), i64("m3s", [-1, 8, 8] if heads_merged else [0, -1, 8]), i64("bias3", [-1, 1, 8]),
+             i64("s4", [-1, 4, 8, 8]), i64("zero", [0]), i64("four", 4), i64("tail", [4, 8, 16]),
+             numpy_helper.from_array(np.array(0.25, np.float32), "alpha"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    nodes = [mk("Reshape", ["q", "m3"], ["q3"]), mk("Reshape", ["k", "m3"], ["k3"]), mk("Reshape", ["v", "m3"], ["v3"]),
+             mk("Transpose", ["k3"], ["kt3"], perm=[0, 2, 1]), mk("MatMul", ["q3", "kt3"], ["s3"]),
+             mk("Mul", ["s3", "alpha"], ["ss3"]), mk("Reshape", ["alibi", "bias3"], ["a3"]), mk("Mul", ["a3", "half"], ["ah3"]),
+             mk("Add", ["ss3", "ah3"], ["sb3"]), mk("Reshape", ["sb3", "s4"], ["s4d"]), mk("Add", ["s4d", "mask"], ["sm"]),
+             mk("Softmax", ["sm"], ["p"], axis=-1), mk("Reshape", ["p", "m3s"], ["p3"]), mk("MatMul", ["p3", "v3"], ["c3"])]
+    outs = [vi("y", f, ["batch", 4, 8, 16])]
+    if sized_by_shape:
+        nodes += [mk("Shape", ["c3"], ["cs"]), mk("Gather", ["cs", "zero"], ["bh"]), mk("Div", ["bh", "four"], ["b"]),
+                  mk("Concat", ["b", "tail"], ["c4d"], axis=0), mk("Reshape", ["c3", "c4d"], ["y"])]
+        outs.append(vi("b", TP.INT64, [1]))
+    else:
+        inits.append(i64("c4", [-1, 4, 8, 16]))
+        nodes.append(mk("Reshape", ["c3", "c4"], ["y"]))
+    ins = [vi(t, f, ["batch", 4, 8, 16]) for t in ("q", "k", "v")] + \
+        [vi("alibi", f, ["batch", 4, 8]), vi("mask", f, ["batch", 1, 8, 8])]
+    model = helper.make_model(helper.make_graph(nodes, "bloom", ins, outs, inits),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("sized_by_shape", [False, True])
+def test_a_product_on_merged_heads_runs_on_the_4d_tensors(sized_by_shape: bool) -> None:
+    # Both products go 4-D (the scores with their scale and scaled ALiBi term on the way), the
+    # results equal the original's on fresh inputs, and the attention matcher takes the chain.
+    model = merged_heads_model(sized_by_shape=sized_by_shape)
+    _, infos = shapes.infer(model)
+    out = simplify.simplify(model, infos)
+    assert sum("merged heads" in r for r in out.rewrites) == 2, out.rewrites
+    ops = [n.op_type for n in out.model.graph.node]
+    assert ops.count("MatMul") == 2 and "Softmax" in ops
+    rng = np.random.default_rng(fresh_seed())
+    feeds = {t: rng.standard_normal((3, 4, 8, 16)).astype(np.float32) for t in ("q", "k", "v")}
+    feeds |= {"alibi": rng.standard_normal((3, 4, 8)).astype(np.float32),
+              "mask": np.where(rng.random((3, 1, 8, 8)) < 0.2, MIN, 0).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    for want, got in zip(run(model), run(out.model)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    from .attention_models import attention_graph
+
+    _, found = attention_graph(out.model)
+    assert len(found.matches) == 1, found.refusals
+    res = onnxstitch.optimize(model, shapes={"batch": [2]})
+    assert res.report.notes["attention"].rewrites, res.report.notes["attention"].refusals
+
+
+def test_heads_merged_with_other_dims_stay() -> None:
+    # [b, 4·8, 16] merges the heads with the queries, not with the batch: not this form.
+    model = merged_heads_model(heads_merged=False)
+    _, infos = shapes.infer(model)
+    assert not any("merged heads" in r for r in simplify.simplify(model, infos).rewrites)
