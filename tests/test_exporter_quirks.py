@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from click.testing import CliRunner
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper, parser
 
 import onnxstitch
 from models.fuzz import run_cpu
 from onnxstitch import rewrite, verify
+from onnxstitch.cli.main import main
 from onnxstitch.errors import BadInputError
 from onnxstitch.inputs import input_shapes, random_feeds
 
@@ -175,7 +177,7 @@ def test_cnn_whose_small_sizes_do_not_run_is_verified_at_the_planning_sizes() ->
     assert any(n.op_type == "FusedKernel" for n in res.model.graph.node)
 
 
-def test_a_model_verification_cannot_run_is_written_unchanged() -> None:
+def test_a_model_verification_cannot_run_is_written_unchanged(tmp_path) -> None:
     # 5 × 5 images cannot pass two stride-2 3×3 convolutions: no size verification tries runs.
     model = _strided_cnn()
     x = model.graph.input[0].type.tensor_type.shape
@@ -187,6 +189,15 @@ def test_a_model_verification_cannot_run_is_written_unchanged() -> None:
     assert not any(n.op_type == "FusedKernel" for n in res.model.graph.node)
     with pytest.raises(verify.CannotVerify, match="--no-verify"):
         onnxstitch.optimize(model, shapes={"N": [2]}, strict=True)
+    # The CLI says the reason once, with how many groups it left to ONNX Runtime.
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, str(path))
+    res = CliRunner().invoke(main, ["optimize", str(path), "--shape", "N=2", "-o", str(tmp_path / "s.onnx")],
+                             terminal_width=400)
+    assert res.exit_code == 0, res.output
+    lines = [line for line in res.output.splitlines() if line.startswith("left to ONNX Runtime")]
+    groups = len({d["group"] for d in onnxstitch.optimize(model, shapes={"N": [2]}).report.dropped})
+    assert len(lines) == 1 and (groups == 1 or f"({groups} groups)" in lines[0]), res.output
 
 
 def test_a_model_onnx_runtime_cannot_load_is_named_bad_input(tmp_path) -> None:

@@ -203,8 +203,10 @@ def optimize(model: Path, output: Path | None, report: Path | None, bundle_dir: 
         console.print(_summary(result.report, out))
         if result.report.plan.message:
             console.print(f"[yellow]{result.report.plan.message}[/yellow]")
-        for d in result.report.dropped:
-            console.print(f"[yellow]left to ONNX Runtime: {d['reason']}[/yellow]")
+        # One line per reason: a model verification cannot run gives every group the same one.
+        reasons = Counter(d["reason"] for d in result.report.dropped)
+        for why, n in reasons.items():
+            console.print(f"[yellow]left to ONNX Runtime{f' ({n} groups)' if n > 1 else ''}: {why}[/yellow]")
         if made is not None:
             files = ", ".join(p.name for p in (made.model, *made.data, made.library, made.readme))
             console.print(f"bundle: {made.directory} ({files}); {made.readme.name} says how to load it")
