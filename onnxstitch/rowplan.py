@@ -163,6 +163,19 @@ def _column_in_flight(columns: int, length: int, split: int, elem_bytes: int) ->
 # register each: a column's thread loads one element a step).
 COLUMN_UNROLL = 32
 
+# Registers a column kernel's loop path may take per thread, through its launch bound's blocks
+# per SM: left to itself ptxas held a 128-thread column kernel to 32 registers (full occupancy,
+# which these launches of few blocks never reach) and issued 13 of a step's 32 loads before
+# their first use (float16 split GRN 8×56×56×384, NVRTC 13.0, sm_90); bounded so, it takes 44–90
+# and issues all 32. A bound of 64 spilled 8–120 bytes in multi-pass column kernels (Softmax
+# over axis 1).
+COLUMN_REGISTERS = 128
+
+
+def column_min_blocks(block: int) -> int:
+    """The blocks per SM a column kernel's launch bound names (COLUMN_REGISTERS each thread)."""
+    return max(1, 65536 // (block * COLUMN_REGISTERS))
+
 
 # Split columns: few long columns (GRN's L2 norm over H × W of NHWC activations) are each split
 # across a thread-block cluster of up to MAX_SPLIT blocks — every block of the cluster takes the

@@ -176,8 +176,9 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     if cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(resident), fn, block, ctypes.c_size_t(0)) != 0:
         resident.value = 2048 // block
     grid = max(1, min(-(-rows // per_block), resident.value * sms))
-    if split > 1:  # whole clusters, one wave
-        grid = max(1, min(rows, resident.value * sms // split)) * split
+    if split > 1:  # whole clusters, one wave, one per block's worth of rows (launch.cc): a split
+        # column kernel's cluster takes `per_block` columns (it read `rows` clusters, ~90 % idle)
+        grid = max(1, min(-(-rows // per_block), resident.value * sms // split)) * split
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(args), ctypes.c_void_p))
     for _ in range(5):
         check(cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None), f"cuLaunchKernel({entry}, {grid})")

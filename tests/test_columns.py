@@ -99,3 +99,28 @@ def test_many_short_columns_still_plan_as_one_kernel() -> None:
     res = onnxstitch.optimize(model, verify=False, gate=False)
     (grp,) = res.report.plan.groups
     assert len(grp.nodes) == 3 and grp.scheme == "rows"
+
+
+def test_split_column_kernel_batches_its_loads_and_alternates_its_slots() -> None:
+    """The split GRN norm's kernel (3072 columns of 3136, clusters of 8 blocks of 128 threads):
+    its loop takes whole steps of COLUMN_UNROLL loads (all issued before the first is used, then
+    one guarded step for the slice's last elements), its launch bound leaves ptxas the registers
+    for them (rowplan.COLUMN_REGISTERS), and consecutive trips of a cluster use alternate slots
+    (the trip's parity was once taken of row0 / G * per_block: even at every trip)."""
+    from onnxstitch.schemes.rows.codegen import generate_rows
+
+    m, g = prepared(grn(8, 56, 56, 384, "ReduceSum"), archs=("sm_90",))
+    nodes = tuple(n.index for n in g.nodes if n.op_type in ("Mul", "ReduceSum", "Sqrt") and
+                  (n.op_type != "Mul" or n.inputs[0] == n.inputs[1] == "x"))
+    plan = rows.row_plan(g, frozenset(nodes))
+    assert (plan.split, plan.geometry.block) == (8, 128)
+    src = generate_rows(g, "k", nodes).source
+    assert f"constexpr int UN = {rows.COLUMN_UNROLL};" in src and "for (; cm + UN <= Cr; cm += UN)" in src
+    assert f"__launch_bounds__(128, {rows.column_min_blocks(128)})" in src
+    trip = next(line for line in src.splitlines() if "const int trip" in line).split("=", 1)[1].strip(" ;")
+    expr = trip.replace("(int)", "").replace("(I)", "").replace("gridDim.x", "G").replace("/", "//")
+    grid, ks, per_block = 48, 8, 128
+    for k in range(4):
+        for cluster in range(grid // ks):
+            row0 = cluster * per_block + k * (grid // ks) * per_block
+            assert eval(expr, {"row0": row0, "G": grid, "KS": ks, "per_block": per_block}) == k & 1

@@ -176,6 +176,9 @@ def generate_rows(graph: FusionGraph, name: str, nodes: tuple[int, ...], fast_ha
         row_length += (f"\n  for (int d = {stop}; d < {rank}; ++d) rows *= (I)a.dims[d];\n"
                        f"  const I S = {' * '.join(p.dim(d) for d in range(stop, rank))};")
     plain = ", 1" if split > 1 else ""
+    # (a column kernel's loop path: blocks per SM bound its registers, rowplan.COLUMN_REGISTERS;
+    # columns held in registers whole keep ptxas's own choice, for occupancy)
+    bounds = f"{geo.block}, {rows.column_min_blocks(geo.block)}" if rp.inner and not static_row else f"{geo.block}"
     smem = "  __shared__ double stitch_smem[32];  // one partial per warp (T > 32); double-sized for any accumulator\n"
     if split > 1:
         reductions = sum(s.reduces for s in p.steps)
@@ -208,22 +211,22 @@ __device__ __forceinline__ void {name}_body(const StitchArgs& a) {{
 // Two entries (docs/abi.md): 32-bit index arithmetic whenever the tensors allow it (the
 // per-row divisions cost several times more in 64 bits, and a shared entry would carry the
 // 64-bit body's registers), 64-bit otherwise.
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows(const StitchArgs a) {{ {name}_body<int{plain}>(a); }}
-extern "C" __global__ void __launch_bounds__({geo.block}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long{plain}>(a); }}
-{cluster_entries(name, geo.block, split)}"""
+extern "C" __global__ void __launch_bounds__({bounds}) {name}_rows(const StitchArgs a) {{ {name}_body<int{plain}>(a); }}
+extern "C" __global__ void __launch_bounds__({bounds}) {name}_rows64(const StitchArgs a) {{ {name}_body<long long{plain}>(a); }}
+{cluster_entries(name, bounds, split)}"""
     return KernelSource(name, src, geo.vec, inputs, outputs, kinds, tuple(graph.tensors[t].dtype for t in outputs),
                         RowsSpec(out_kinds, span, geo.threads, geo.block, row_inner=rp.inner, row_split=split))
 
 
-def cluster_entries(name: str, block: int, split: int) -> str:
+def cluster_entries(name: str, bounds: str, split: int) -> str:
     """A split kernel's entries for GPUs with thread-block clusters: `split` blocks per row, the
     cluster size fixed at compile time (a plain cuLaunchKernel then launches clusters). Absent
     from images for older GPUs, where the runtime uses the one-block-per-row entries."""
     if split <= 1:
         return ""
     return (f"#ifdef STITCH_CLUSTERS\n"
-            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
+            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({bounds}) "
             f"{name}_rows_cl(const StitchArgs a) {{ {name}_body<int, {split}>(a); }}\n"
-            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({block}) "
+            f"extern \"C\" __global__ void __cluster_dims__({split}, 1, 1) __launch_bounds__({bounds}) "
             f"{name}_rows64_cl(const StitchArgs a) {{ {name}_body<long long, {split}>(a); }}\n"
             f"#endif\n")
