@@ -198,6 +198,26 @@ TRANSFORMERS: dict[str, tuple[str, dict[str, Any], str]] = {
                                     conv_dim=(128,) * 7), "audio"),
     "yolos": ("YolosConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768,
                                   image_size=[224, 224], num_detection_tokens=10), "image"),
+    # and in the fourth session: MobileBERT's bottlenecks and NoNorm, ConvBERT's span-based
+    # convolutions beside attention, GPT-Neo's boolean causal mask before the additive one,
+    # OLMo's parameter-free LayerNorm, Qwen3's per-head q/k RMSNorm, Swin V2's cosine attention
+    # with a per-head logit scale, Data2Vec-vision's relative position bias, LeViT's attention
+    # whose values are wider than its queries, DeiT's distillation token.
+    "mobilebert": ("MobileBertConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, embedding_size=128,
+                                            intra_bottleneck_size=128), "text"),
+    "convbert": ("ConvBertConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, embedding_size=256), "text"),
+    "gpt-neo": ("GPTNeoConfig", dict(vocab_size=_VOCAB, hidden_size=256, num_layers=2, num_heads=4, window_size=64,
+                                     attention_types=[[["global", "local"], 1]], max_position_embeddings=512), "text"),
+    "olmo": ("OlmoConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, max_position_embeddings=512), "text"),
+    "qwen3": ("Qwen3Config", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, num_key_value_heads=2, head_dim=64,
+                                  max_position_embeddings=512), "text"),
+    "swinv2": ("Swinv2Config", dict(image_size=224, patch_size=4, embed_dim=48, depths=[2, 2, 2], num_heads=[2, 4, 8],
+                                    window_size=7), "image"),
+    "data2vec-vision": ("Data2VecVisionConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
+                                                     intermediate_size=768, use_relative_position_bias=True), "image"),
+    "levit": ("LevitConfig", dict(), "image"),
+    "deit": ("DeiTConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3, intermediate_size=768,
+                                image_size=224, patch_size=16), "image"),
     "whisper-encoder": ("WhisperConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
                                               encoder_attention_heads=4, decoder_attention_heads=4,
                                               encoder_ffn_dim=1024, decoder_ffn_dim=1024, num_mel_bins=80,
