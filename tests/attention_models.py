@@ -293,8 +293,9 @@ class Sdpa:
     k [b, h, s, d], masks filled with the type's minimum; "ts": kᵀ = Transpose [0, 2, 3, 1] ←
     k [b, s, h, d], masks filled with -inf. scale "both": Mul by d^-1/4 on q and on kᵀ; "q": Mul
     by d^-1/2 on q alone; "div": Div by d^1/4 on each. mask "additive": scores + Where(mask, 0,
-    fill); "keep": Where(mask, scores, fill); "drop": Where(mask, fill, scores). `guard`:
-    Where(IsNaN(p), 0, p) after the Softmax."""
+    fill); "keep": Where(mask, scores, fill); "drop": Where(mask, fill, scores); "first":
+    Where(mask, scores, fill) + pad, an additive float mask [b, 1, 1, sk] (GPT-Neo's causal mask
+    before its padding mask). `guard`: Where(IsNaN(p), 0, p) after the Softmax."""
 
     core: Core
     exporter: str = "dynamo"
@@ -362,6 +363,9 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
         ins.append(vi("mask", TP.BOOL, list(c.mask)))
         if s.mask == "additive":
             nodes += [mk("Where", ["mask", "zero", "fill"], ["bias"]), mk("Add", [last, "bias"], ["masked"])]
+        elif s.mask == "first":
+            ins.append(vi("pad", tt, [b, 1, 1, c.sk]))
+            nodes += [mk("Where", ["mask", last, "fill"], ["selected"]), mk("Add", ["selected", "pad"], ["masked"])]
         else:
             kept = [last, "fill"] if s.mask == "keep" else ["fill", last]
             nodes.append(mk("Where", ["mask", *kept], ["masked"]))
@@ -402,6 +406,10 @@ def sdpa_feeds(s: Sdpa, rng: np.random.Generator, blank_rows: bool = False) -> d
         if blank_rows:
             mask[0, ..., 0, :] = False
         feeds["mask"] = mask if s.mask != "drop" else ~mask  # "drop": true where a key is dropped
+        if s.mask == "first":  # padding: a tenth of the keys, never the first
+            pad = rng.random((b, 1, 1, c.sk)) < 0.1
+            pad[..., 0] = False
+            feeds["pad"] = cast(np.where(pad, s.fill, 0.0), TP.FLOAT if s.upcast else c.dtype)
     return feeds
 
 
@@ -417,6 +425,9 @@ def sdpa_reference(s: Sdpa, feeds: dict[str, np.ndarray]) -> np.ndarray:
         mask = feeds["mask"]
         if s.mask == "additive":
             scores = scores + np.where(mask, 0.0, s.fill)
+        elif s.mask == "first":
+            with np.errstate(invalid="ignore"):  # (-inf fills: -inf + -inf stays -inf)
+                scores = np.where(mask, scores, s.fill) + feeds["pad"].astype(np.float64)
         else:
             scores = np.where(mask if s.mask == "keep" else ~mask, scores, s.fill)
     with np.errstate(invalid="ignore"):
@@ -461,6 +472,7 @@ SDPA = [
     Sdpa(Core((2, 2), 20, 70, 16, (2, 2, 20, 70), transposed=False), exporter="ts", mask="drop"),
     Sdpa(Core((2, 2), 65, 65, 32, None), exporter="ts", guard=False),
     Sdpa(Core((1, 2), 40, 40, 16, (1, 1, 40, 40)), exporter="ts", mask="keep", guard=False),
+    Sdpa(Core((2, 2), 50, 50, 32, (1, 1, 50, 50)), mask="first", guard=False),
 ]
 
 

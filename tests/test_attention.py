@@ -383,13 +383,16 @@ def test_sdpa_forms_are_one_chain(s: Sdpa) -> None:
     assert (m.q, m.kt, m.v, m.guarded) == ("q", "kt", "v", s.guard)
     ops = sorted(g.nodes[i].op_type for i in m.nodes)
     scales = ["Div" if s.scale == "div" else "Mul"] * (1 if s.scale == "q" else 2)
-    masks = [] if s.core.mask is None else ["Add"] if s.mask == "additive" else ["Where"]
+    masks = [] if s.core.mask is None else ["Add"] if s.mask == "additive" else ["Where", "Add"] if s.mask == "first" \
+        else ["Where"]
     want = ["MatMul", "MatMul", "Softmax"] + scales + masks + ["IsNaN", "Where"] * s.guard + ["Transpose"] * s.core.transposed
     assert ops == sorted(want)
     if s.core.mask is None:
         assert m.masks == () and m.select is None
     elif s.mask == "additive":  # Where(mask, 0, fill) is computed before the chain, once
         assert m.masks == ("bias",) and m.select is None
+    elif s.mask == "first":  # the boolean mask before the padding mask's term
+        assert m.masks == ("pad",) and m.select == attention.Select("mask", True, s.fill, first=True)
     else:
         assert m.masks == () and m.select == attention.Select("mask", s.mask == "keep", s.fill)
 
@@ -424,10 +427,13 @@ def _three_terms(g: onnx.GraphProto) -> None:
         g.node.insert(at + k, helper.make_node("Add", [x, "bias"], [y]))
 
 
-def _boolean_before_a_term(g: onnx.GraphProto) -> None:
+def _boolean_before_two_terms(g: onnx.GraphProto) -> None:
+    # (before one term, GPT-Neo's form, the kernel takes it: Select.first)
     where = _node(g, "masked")
     where.output[0] = "selected"
-    g.node.insert(list(g.node).index(where) + 1, helper.make_node("Add", ["selected", "q_bias"], ["masked"]))
+    at = list(g.node).index(where) + 1
+    g.node.insert(at, helper.make_node("Add", ["selected", "q_bias"], ["biased"]))
+    g.node.insert(at + 1, helper.make_node("Add", ["biased", "q_bias"], ["masked"]))
     g.input.append(helper.make_tensor_value_info("q_bias", TP.FLOAT, [10]))
 
 
@@ -438,7 +444,7 @@ SMALL_SDPA = Sdpa(SMALL)
     (_sdpa_edited(SMALL_SDPA, _guard_of_half), "reach the second MatMul through IsNaN, Where"),
     (_sdpa_edited(SMALL_SDPA, _reshaped_scores), "Reshape 'scores_r' between the scores' product and the Softmax"),
     (_sdpa_edited(SMALL_SDPA, _three_terms), "more terms than the kernel adds"),
-    (_sdpa_edited(dataclasses.replace(SMALL_SDPA, mask="keep"), _boolean_before_a_term),
+    (_sdpa_edited(dataclasses.replace(SMALL_SDPA, mask="keep"), _boolean_before_two_terms),
      "a boolean mask before an added term"),
     (_sdpa_edited(SMALL_SDPA, _extra_output), "'p' is also read outside the chain"),
 ], ids=["guard-not-zero", "reshaped-scores", "three-terms", "boolean-before-term", "probabilities-read-outside"])

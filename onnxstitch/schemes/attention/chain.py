@@ -47,6 +47,9 @@ class Select:
     mask: str
     keep: bool
     fill: float
+    # Applied before the added terms rather than after them: GPT-Neo writes
+    # Where(causal, scores, fill) + padding mask.
+    first: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Match:
     # q, kᵀ and v read from their projections (all three or none), with `heads` heads.
     projections: tuple[Projection, ...] = ()
     heads: int = 0
-    select: Select | None = None  # a boolean mask, applied after the added terms
+    select: Select | None = None  # a boolean mask, applied after the added terms (or before: Select.first)
     guarded: bool = False  # Where(IsNaN(p), 0, p): rows without a finite score give zeros
     softmax: str = ""  # the Softmax's name, for reports
     dtype: int = TP.FLOAT  # of q, kᵀ, v, the additive terms and the context (DTYPES)
@@ -112,7 +115,8 @@ class Match:
         """One line for reports."""
         mask = "".join(f" + '{t}'" for t in self.masks)
         if self.select:
-            mask += f" where '{self.select.mask}' is {str(self.select.keep).lower()} (else {self.select.fill:g})"
+            mask += (f" where '{self.select.mask}' is {str(self.select.keep).lower()} (else {self.select.fill:g})"
+                     + (", before the terms" if self.select.first else ""))
         read = ""
         if self.projections:
             cols = ", ".join(f"'{p.x}'[{p.offset}:]" for p in self.projections)

@@ -136,10 +136,11 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
         the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
         terms = " + ".join(term(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
         value = f"fmaf(acc[{i}], SCALE, {terms})" if terms else f"acc[{i}] * SCALE"
-        if boolean:
+        if boolean:  # after the terms, or before them (Select.first)
             k = len(m.masks)
-            kept = f"mk{k}[mr{k}[{i}] + key * mc{k}]"
-            value = f"({kept} {'!=' if m.select.keep else '=='} 0 ? {value} : FILL)"
+            test = f"mk{k}[mr{k}[{i}] + key * mc{k}] {'!=' if m.select.keep else '=='} 0"
+            value = (f"({test} ? acc[{i}] * SCALE : FILL)" + (f" + ({terms})" if terms else "")
+                     if m.select.first else f"({test} ? {value} : FILL)")
         if m.causal:
             value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
         return value

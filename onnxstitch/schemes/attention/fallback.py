@@ -68,11 +68,17 @@ def body(graph: FusionGraph, m: attention.Match) -> tuple[onnx.NodeProto, ...]:
     if m.upcast:  # the half product and V in float32, as the chain had them
         s, v = b.op("Cast", [s], to=onnx.TensorProto.FLOAT), b.op("Cast", [v], to=onnx.TensorProto.FLOAT)
     s = b.op("Mul", [s, b.const(m.scale)])
+
+    def select(s: str) -> str:
+        fill = b.const(m.select.fill)
+        return b.op("Where", [m.select.mask, s, fill] if m.select.keep else [m.select.mask, fill, s])
+
+    if m.select is not None and m.select.first:  # Where(mask, scores, fill) + terms (GPT-Neo)
+        s = select(s)
     for term in m.masks:
         s = b.op("Add", [s, term])
-    if m.select is not None:
-        fill = b.const(m.select.fill)
-        s = b.op("Where", [m.select.mask, s, fill] if m.select.keep else [m.select.mask, fill, s])
+    if m.select is not None and not m.select.first:
+        s = select(s)
     if m.causal:
         s = _causal(b, q, v, s, m.causal_fill)
     p = b.op("Softmax", [s], axis=-1)

@@ -126,6 +126,8 @@ def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
     if _scaled(g, t) is not None or _upcast_scores(g, t) is not None:
         return True
     at = g.producer.get(t)
+    if at is not None and g.nodes[at].op_type == "Where" and (got := _select(g, t)) is not None:
+        return _leads_to_scores(g, got[0], 0)  # a boolean mask before the terms (Select.first)
     return adds > 0 and at is not None and g.nodes[at].op_type == "Add" and \
         any(_leads_to_scores(g, u, adds - 1) for u in g.nodes[at].inputs[:2])
 
@@ -205,6 +207,10 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
         masks.insert(0, term)
         nodes.append(at)
         x = inner
+    if select is None and masks and len(masks) < MAX_MASKS and (got := _select(g, x)) is not None:
+        # A boolean mask before the added terms (GPT-Neo: Where(causal, scores, fill) + mask)
+        nodes.append(g.producer[x])
+        x, select = got[0], dataclasses.replace(got[1], first=True)
     upcast = _upcast_scores(g, x)
     if upcast is not None:
         nodes.append(upcast[1])
