@@ -702,6 +702,20 @@ def _validate(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
             return
         except Exception as e:
             error = e
+    # The original given the shapes inferred for it (the stitched model's value_info): where that
+    # fails the same check, those shapes do not agree with the model's own — a model that does
+    # not run as written (CANINE's TorchScript export multiplies [b, 4, s, 64] by [b, 64, s, 4],
+    # and ONNX Runtime refuses it too), or shapes inferred wrong. Nothing fused can be trusted
+    # then: verification's verdict, and everything goes back to ONNX Runtime.
+    annotated = onnx.ModelProto()
+    annotated.CopyFrom(original)
+    made = {o for n in original.graph.node for o in n.output} - {v.name for v in original.graph.value_info}
+    annotated.graph.value_info.extend(v for v in model.graph.value_info if v.name in made)
+    try:
+        load.check(annotated, full_check=True)
+    except Exception as e:
+        raise verify_mod.CannotVerify(f"the shapes inferred for the model do not agree with its own "
+                                      f"({first_line(e)}): nothing fused can be checked") from error
     # A stitched model that fails where the original passes is our bug, not the user's.
     raise StitchError(f"internal error: the stitched model fails onnx.checker: {first_line(error)}") from error
 

@@ -496,3 +496,26 @@ g (float[B, 1, samples] x, float[8, 1, 10] w) => (float[B, 8, T] y) {
     derived = {k: v for k, v in planned.items() if k not in ("B", "samples")}
     assert derived and set(derived.values()) == {frames}
     _same_outputs(model, res.model, {"B": 2, "samples": 123})
+
+
+def test_a_model_whose_shapes_do_not_agree_goes_out_as_loaded() -> None:
+    # CANINE's TorchScript export: kᵀ is a Transpose [0, 3, 1, 2] of [b, s, 4, 16] (so
+    # [b, 16, s, 4]) multiplied with q [b, 4, s, 16]; its Reshape targets are computed, so
+    # onnx.checker alone sees nothing wrong, and ONNX Runtime fails at the MatMul. The shapes
+    # inferred for it (written into the stitched model) expose the disagreement: nothing fused
+    # is written, the reason is the model's shapes, never an internal error.
+    model = parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[B, S, 64] x) => (float[B, 4, S, S] y) {
+            shp = Shape<end = 2>(x)
+            heads = Constant<value = int64[2] {4, 16}>()
+            target = Concat<axis = 0>(shp, heads)
+            x4 = Reshape(x, target)
+            xs = Mul(x4, x4)
+            q = Transpose<perm = [0, 2, 1, 3]>(xs)
+            kt = Transpose<perm = [0, 3, 1, 2]>(xs)
+            y = MatMul(q, kt)
+        }""")
+    res = onnxstitch.optimize(model, shapes={"B": [2], "S": [8]})
+    assert not any(n.op_type == "FusedKernel" for n in res.model.graph.node)
+    assert res.report.dropped and all("do not agree" in d["reason"] for d in res.report.dropped), res.report.dropped
