@@ -163,3 +163,40 @@ def test_a_model_nothing_fuses_is_not_timed(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(bench, "run", lambda *a, **k: SimpleNamespace(speedup=0.3))
     res = gate.run_check(path, None)
     assert res.speedup == 1.0 and res.ok and any("nothing fused" in n for n in res.notes), res
+
+
+def test_a_check_after_gpu_verification_takes_its_judgement(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A zoo run optimizes with verification: where that ran the kernels on this GPU and passed,
+    # check reports its per-output figures rather than running both models again; with its own
+    # tolerances, or where verification ran on the CPU, check compares the outputs itself (the
+    # GPU, verification's verdict and the timing are stood in for).
+    from types import SimpleNamespace
+
+    from onnxstitch import bench, gate, pipeline
+    from onnxstitch.verify import OutputStat, Verification
+
+    model = onnx.load(str(model_path))
+    outs = [o.name for o in model.graph.output]
+    stats = tuple(OutputStat(n, 1e-6, 2e-6, 3e-6, 1e-4, 0.0) for n in outs[:1])
+    real = pipeline.optimize
+
+    def verified(device: str):
+        def run(*a, **k):
+            res = real(*a, **k)
+            v = Verification(device, 5, 1e-6, outputs=stats)
+            return SimpleNamespace(model=res.model, report=SimpleNamespace(**{
+                name: getattr(res.report, name) for name in ("plan", "notes", "stage_seconds")}, verification=v))
+        return run
+
+    ran: list[bool] = []
+    monkeypatch.setattr(gate, "gpu_usable", lambda: True)
+    monkeypatch.setattr(gate, "_numerics", lambda *a, **k: ran.append(True) or ())
+    monkeypatch.setattr(bench, "run", lambda *a, **k: SimpleNamespace(speedup=1.5))
+    monkeypatch.setattr(gate, "optimize", verified("gpu"))
+    res = gate.run_check(model_path, None)
+    assert not ran and [o.name for o in res.outputs] == outs and all(o.ok for o in res.outputs)
+    assert res.outputs[0].max_abs_err == 2e-6 and res.speedup == 1.5
+    gate.run_check(model_path, None, atol=1e-3)  # its own tolerances: compared again
+    monkeypatch.setattr(gate, "optimize", verified("cpu"))
+    gate.run_check(model_path, None)  # verified through the fallbacks only: compared again
+    assert len(ran) == 2
