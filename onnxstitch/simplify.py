@@ -52,6 +52,12 @@ rewrites keep the values and drop the work:
   term on the way as a 4-D tensor: a scalar or a [1, x, y] as it is, a Reshape of a
   [b, h, …] tensor reshaped to [b, h, x, y] instead. The attention matcher then sees the chain
   it knows.
+- **A per-head scale of a product.** XCiT multiplies its scores by a learned temperature per
+  head ([h, 1, 1]), Swin V2 by its logit scale: Mul(MatMul(a, b), t) with t constant along the
+  product's last two dims. The scale moves onto the first operand, MatMul(Mul(a, t), b): the
+  same value in real arithmetic (the product rounds differently, as it does where the attention
+  kernel folds q's and kᵀ's scalar scales), and the attention matcher then sees a product
+  feeding the terms and the Softmax, the scale fused with what makes a.
 - **A Cast to the type its input has.** Models written for several dtypes cast where the
   float32 form has nothing to cast (BLOOM's attention probabilities, cast back to the hidden
   dtype after a float32 Softmax): the Cast is its input, so the attention matcher sees the
@@ -539,6 +545,27 @@ def _lifted_product(g: _Graph, r: onnx.NodeProto, extra: list[onnx.TensorProto],
     return out
 
 
+def _head_scaled(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """Mul `n` of a product by a factor constant along its last two dims, as the product of the
+    scaled first operand (module docstring), or None."""
+    if len(n.input) != 2:
+        return None
+    for k in (0, 1):
+        p, t = g.op(n.input[k]), n.input[1 - k]
+        if p is None or p.op_type != "MatMul" or len(g.index.readers_of(n.input[k])) != 1 or n.input[k] in g.outputs:
+            continue
+        a, ts, out = g.shape(p.input[0]), g.shape(t), g.shape(n.output[0])
+        # (products over heads alone, [b, h, m, k]: a GEMM's epilogue scale stays where it is)
+        if not _known(a) or not _known(ts) or not _known(out) or len(a) != 4 or len(ts) > len(a) or \
+                tuple(ts[-2:]) != (1,) * min(2, len(ts)) or all(d == 1 for d in ts) or \
+                broadcast_shapes([a, ts]) != tuple(a) or g.shape(n.input[k]) != out:
+            continue  # (a scalar is the attention matcher's own scale)
+        scaled = f"{n.output[0]}~scaled"
+        return [helper.make_node("Mul", [p.input[0], t], [scaled], name=f"{n.name or n.output[0]}~scale"),
+                helper.make_node("MatMul", [scaled, p.input[1]], list(n.output), name=p.name)]
+    return None
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -607,6 +634,9 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             replace.update({at: [shape] for at, shape in moved.items()})
             done.append(f"{n.name or n.output[0]} (a product on merged heads reshaped to 4-D) is a batched "
                         f"product over the 4-D tensors")
+        elif n.op_type == "Mul" and n.output[0] not in nested and (scaled := _head_scaled(g, n)) is not None:
+            replace[i] = scaled
+            done.append(f"{n.name or n.output[0]} (a product scaled per head) scales its first operand instead")
         elif n.op_type == "Shape" and n.input and (x := _shape_of_repeat(g, n)) is not None:
             replace[i] = [helper.make_node("Shape", [x], list(n.output), name=n.name)]
             done.append(f"{n.name or n.output[0]} (the shape of a repeated K/V, dims other than the heads) reads '{x}'")

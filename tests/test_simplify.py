@@ -424,3 +424,38 @@ def test_heads_merged_with_other_dims_stay() -> None:
     model = merged_heads_model(heads_merged=False)
     _, infos = shapes.infer(model)
     assert not any("merged heads" in r for r in simplify.simplify(model, infos).rewrites)
+
+
+def _head_scaled_model(t_shape: tuple[int, ...]) -> onnx.ModelProto:
+    """q·kᵀ [b, 4, 8, 8] times a factor of shape `t_shape` (XCiT's temperature: [4, 1, 1]),
+    then Softmax and ·v."""
+    mk, vi, f = helper.make_node, helper.make_tensor_value_info, TP.FLOAT
+    t = numpy_helper.from_array(np.linspace(0.5, 2.0, int(np.prod(t_shape))).astype(np.float32).reshape(t_shape), "t")
+    nodes = [mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), mk("MatMul", ["q", "kt"], ["s"]),
+             mk("Mul", ["s", "t"], ["st"]), mk("Softmax", ["st"], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["y"])]
+    ins = [vi(n, f, ["batch", 4, 8, 16]) for n in ("q", "k", "v")]
+    model = helper.make_model(helper.make_graph(nodes, "xca", ins, [vi("y", f, ["batch", 4, 8, 16])], [t]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("t_shape,moved", [((4, 1, 1), True), ((1, 4, 1, 1), True), ((4, 8, 1), False), ((), False)])
+def test_a_per_head_scale_moves_onto_the_first_operand(t_shape: tuple[int, ...], moved: bool) -> None:
+    # A factor constant along the product's last two dims scales q instead, and the attention
+    # matcher takes the chain; one that varies along them (or a scalar, the matcher's own
+    # scale) stays where it is.
+    model = _head_scaled_model(t_shape)
+    _, infos = shapes.infer(model)
+    out = simplify.simplify(model, infos)
+    assert any("scaled per head" in r for r in out.rewrites) == moved, out.rewrites
+    if not moved:
+        return
+    rng = np.random.default_rng(fresh_seed())
+    feeds = {n: rng.standard_normal((2, 4, 8, 16)).astype(np.float32) for n in ("q", "k", "v")}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    np.testing.assert_allclose(run(out.model)[0], run(model)[0], rtol=1e-5, atol=1e-6)
+    from .attention_models import attention_graph
+
+    _, found = attention_graph(out.model)
+    assert len(found.matches) == 1, found.refusals
