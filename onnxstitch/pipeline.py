@@ -389,8 +389,13 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     normal = normalize_mod.Normalized(merged.model, merged.tensors)
     if refusal is None and opts.reductions:
         normal = stage("normalize", lambda: normalize_mod.normalize(merged.model, merged.tensors))
-    g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, given.dim_values, opts.reductions,
-                                               opts.clusters))
+    # Dims the passes' own inference named anew (onnxruntime numbers its Flatten_… and unk__…
+    # names per run) get planning values too, as the loaded model's did: else they are planned
+    # at DEFAULT_SYMBOLIC_DIM, and a causal mask sized by them cannot be evaluated (Marian's).
+    dims = dict(given.dim_values)
+    if normal.model is not given.model:
+        dims |= stage("shapes", lambda: shapes_mod.derived_dims(normal.model, normal.tensors, dims))
+    g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dims, opts.reductions, opts.clusters))
     matchers = [(name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts)]
     found = {name: stage(m.stage, lambda m=m: m.find(g, given.weights)) for name, m in matchers}
     while True:

@@ -299,6 +299,13 @@ def is_causal(g: FusionGraph, t: str, sq: object, sk: object) -> bool:
     if not nodes:
         return False
     symbols = {d for u in g.graph_inputs for d in (g.tensors[u].shape or ()) if isinstance(d, str)}
+    # Dims shape inference could not name (unk__…) of the tensors whose Shapes the mask reads
+    # are lengths too where they vary with the inputs' (TorchScript's decoders size their causal
+    # mask from Shape(inputs_embeds), [batch, unk__5, d]): left at their planning values while
+    # the inputs' lengths change, the evaluation read shapes that disagree and could not run.
+    made = {o for i in nodes for o in g.nodes[i].outputs}
+    read = {u for i in nodes if g.nodes[i].op_type == "Shape" for u in g.nodes[i].inputs[:1] if u not in made}
+    symbols |= {d for u in read for d in (g.tensors[u].shape or ()) if isinstance(d, str) and d.startswith("unk__")}
     trials = [dict(g.dim_values)] + [{**g.dim_values, **{s: n for s in symbols}} for n in OTHER_LENGTHS]
     for dims in trials:
         got = _evaluate(g, nodes, t, dims)
