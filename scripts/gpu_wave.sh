@@ -31,8 +31,11 @@ fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded
 }
 case "$part" in
   bert)
-    fill build/unseenc /tmp/unseen
-    {
+    # (build/unseenc here: python3 scripts/build_corpus.py --only unseen --out build/unseen, then
+    # carry_weights.py strip each model into build/unseenc with the manifest; without it the
+    # TorchScript BERT rows are skipped)
+    [ -f build/unseenc/bert-ts.onnx ] && fill build/unseenc /tmp/unseen
+    [ -f build/unseenc/bert-ts.onnx ] && {
       echo "== bench --cuda-graph, TorchScript BERT (corpus widths)"
       python3 -m onnxstitch.cli optimize /tmp/unseen/bert-ts.onnx -o /tmp/bert-ts.stitched.onnx \
         --shape batch=8,sequence=128 -q
@@ -41,6 +44,7 @@ case "$part" in
       python3 -m onnxstitch.cli bench /tmp/unseen/bert-ts.onnx --stitched /tmp/bert-ts.stitched.onnx \
         --shape batch=8,sequence=128 --cuda-graph
     } 2>&1 | tee "$log"
+    [ -f build/unseenc/bert-ts.onnx ] || echo "== TorchScript BERT skipped: no build/unseenc" | tee "$log"
     bash scripts/gpu_optimize_time.sh 2>&1 | tee -a "$log"
     cp /tmp/zoo/report.json "$OUT/bert-report.json" 2>/dev/null
     for g in "" --cuda-graph; do
