@@ -409,8 +409,8 @@ def test_a_product_on_merged_heads_runs_on_the_4d_tensors(sized_by_shape: bool) 
     feeds |= {"alibi": rng.standard_normal((3, 4, 8)).astype(np.float32),
               "mask": np.where(rng.random((3, 1, 8, 8)) < 0.2, MIN, 0).astype(np.float32)}
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
-    for want, got in zip(run(model), run(out.model)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for want, got in zip(run(model), run(out.model)):  # (the same sums; ORT may block them otherwise)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     from .attention_models import attention_graph
 
     _, found = attention_graph(out.model)
@@ -454,7 +454,9 @@ def test_a_per_head_scale_moves_onto_the_first_operand(t_shape: tuple[int, ...],
     rng = np.random.default_rng(fresh_seed())
     feeds = {n: rng.standard_normal((2, 4, 8, 16)).astype(np.float32) for n in ("q", "k", "v")}
     run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
-    np.testing.assert_allclose(run(out.model)[0], run(model)[0], rtol=1e-5, atol=1e-6)
+    # (the scale multiplies q's elements rather than the dot products: float32 rounding apart,
+    # a few units in the last place of the scores, ~1e-6 absolute after the Softmax)
+    np.testing.assert_allclose(run(out.model)[0], run(model)[0], rtol=1e-4, atol=1e-5)
     from .attention_models import attention_graph
 
     _, found = attention_graph(out.model)
