@@ -366,12 +366,26 @@ def test_decode_kernel_of_an_sdpa_core_matches_float64(upcast: bool, dtype: int,
     if upcast and dtype == TP.FLOAT:
         pytest.skip("upcast chains are half")
     s = Sdpa(Core((2, 3), 1, 150, 64, (2, 1, 1, 150), dtype=dtype), exporter="ts", upcast=upcast)
+    check_decode_sdpa(s, sms, folder)
+
+
+@pytest.mark.parametrize("sms", [4, 1000])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+def test_decode_kernel_applies_a_boolean_mask_before_the_terms(dtype: int, sms: int, folder) -> None:
+    # GPT-Neo's form in a decoder step: Where(mask, scores, fill) + padding (Select.first).
+    s = Sdpa(Core((2, 3), 1, 150, 64, (2, 1, 1, 150), dtype=dtype), mask="first", guard=False)
+    check_decode_sdpa(s, sms, folder)
+
+
+def check_decode_sdpa(s: Sdpa, sms: int, folder) -> None:
+    """The decode kernel of SDPA core `s` (one query) against the float64 reference."""
+    dtype, upcast = s.core.dtype, s.upcast
     g, found = attention_graph(sdpa_model(s))
     (m,) = found.matches
     src = codegen_attention.generate(g, "stitch_h0", dataclasses.replace(m, decode=True))
     assert src.spec.decode_rows >= 1
     seed = fresh_seed()
-    feeds = sdpa_feeds(s, np.random.default_rng(seed), blank_rows=True)
+    feeds = sdpa_feeds(s, np.random.default_rng(seed), blank_rows=s.guard)
     expected = sdpa_reference(s, feeds)
     got = poisoned(expected.shape, TP.FLOAT if upcast else dtype)
     launch(src, sdpa_inputs(s, feeds, src.inputs), [got], folder, sm_count=sms)
