@@ -51,6 +51,15 @@ class Select:
     # Where(causal, scores, fill) + padding mask.
     first: bool = False
 
+    def applied(self, kept: str, product: str, value: str, terms: str) -> str:
+        """The kernels' score (C): `value` (the scaled `product` with the added `terms`, '' for
+        none) where the mask's element `kept` keeps it, FILL elsewhere; with `first`, the mask
+        comes before the terms, which are added to the fill too."""
+        test = f"{kept} {'!=' if self.keep else '=='} 0"
+        if self.first:
+            return f"({test} ? {product} * SCALE : FILL)" + (f" + ({terms})" if terms else "")
+        return f"({test} ? {value} : FILL)"
+
 
 @dataclass(frozen=True)
 class Match:

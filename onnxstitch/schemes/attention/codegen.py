@@ -155,15 +155,8 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(mask_term(i, row) for i in range(len(m.masks)))
         value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
-        if m.select is not None:
-            # The boolean mask (Where on the scores): its fill where the score is not kept, after
-            # the added terms, or before them (Select.first: the terms are added to the fill too).
-            kept = f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]"
-            test = f"{kept} {'!=' if m.select.keep else '=='} 0"
-            if m.select.first:
-                value = f"({test} ? s[n][{elem}] * SCALE : FILL)" + (f" + ({terms})" if terms else "")
-            else:
-                value = f"({test} ? {value} : FILL)"
+        if m.select is not None:  # the boolean mask (Where on the scores), Select.applied
+            value = m.select.applied(f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]", f"s[n][{elem}]", value, terms)
         # Causal: keys after query + Sk − Sq score the mask's fill.
         return f"(key <= q{row} + OFF ? {value} : CFILL)" if m.causal else value
 

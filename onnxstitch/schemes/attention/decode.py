@@ -136,11 +136,9 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
         the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
         terms = " + ".join(term(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
         value = f"fmaf(acc[{i}], SCALE, {terms})" if terms else f"acc[{i}] * SCALE"
-        if boolean:  # after the terms, or before them (Select.first)
+        if boolean:  # (Select.applied: after the terms, or before them)
             k = len(m.masks)
-            test = f"mk{k}[mr{k}[{i}] + key * mc{k}] {'!=' if m.select.keep else '=='} 0"
-            value = (f"({test} ? acc[{i}] * SCALE : FILL)" + (f" + ({terms})" if terms else "")
-                     if m.select.first else f"({test} ? {value} : FILL)")
+            value = m.select.applied(f"mk{k}[mr{k}[{i}] + key * mc{k}]", f"acc[{i}]", value, terms)
         if m.causal:
             value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
         return value
