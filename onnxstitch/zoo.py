@@ -434,7 +434,8 @@ def _longest_first(tasks: list[dict], out: Path | None, models: Sequence[ZooMode
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         took = {}
     nodes = {m.name: _nodes(m.path) for m in models if m.name not in took}
-    per_node = sorted(took[m.name] / n for m in models if m.name in took and (n := _nodes(m.path)) > 0)
+    # (the timed models' files are read only when some model needs their rate)
+    per_node = sorted(took[m.name] / n for m in models if nodes and m.name in took and (n := _nodes(m.path)) > 0)
     rate = per_node[len(per_node) // 2] if per_node else 1.0
     return sorted(tasks, key=lambda t: -took.get(t["name"], nodes.get(t["name"], 0) * rate))
 
