@@ -8,7 +8,8 @@
 #   unseen   carry build/unseenc: corpus_report --gpu over the models nobody here wrote
 #            (MODELS=a,b to choose), default flags: measured costs, the gate, GPU verification
 #   ab       the same (MODELS) with the gate and with --no-gate, one after the other
-#   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones)
+#   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones);
+#            TEST_WORKERS xdist workers (8), spread over ONNXSTITCH_TEST_GPUS GPUs (tests/conftest.py)
 #   opt      BERT-base optimize cold and warm (time, peak RSS, stages), then a cold run under
 #            cProfile (the top of it in $OUT/opt-profile.txt); carry build/bertc
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
@@ -113,7 +114,7 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
     # is made in two calls, 1/2 then 2/2, on one lease; its wall is their sum).
     for run in ${ZOO_RUNS:-one all}; do
       echo "== $run ${ZOO_SHARD:-}"
-      [ "$run" = all ] && [ -f "$OUT/zoo-one/zoo.json" ] && mkdir -p "$OUT/zoo-all" && cp "$OUT/zoo-one/zoo.json" "$OUT/zoo-all/"
+      [ "$run" = all ] && [ -f /tmp/zoo-order-one.json ] && mkdir -p "$OUT/zoo-all" && cp /tmp/zoo-order-one.json "$OUT/zoo-all/zoo.json"
       [ -n "${ZOO_ORDER:-}" ] && mkdir -p "$OUT/zoo-$run" && cp "$ZOO_ORDER" "$OUT/zoo-$run/zoo.json"
       export ONNXSTITCH_CACHE=/tmp/zoo-cache-$run
       start=$(date +%s.%N)
@@ -124,7 +125,16 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
         python3 -m onnxstitch.cli zoo "$manifest" --local --out "$OUT/zoo-$run" -q ${ZOO_SHARD:+--shard $ZOO_SHARD}
       fi
       rc=$?
-      cp "$OUT/zoo-$run/zoo.json" "/tmp/zoo-order-$run.json" 2>/dev/null  # for a later call's ZOO_ORDER
+      # for a later call's ZOO_ORDER and the run on every GPU: the shards' rows merged
+      python3 - "$OUT/zoo-$run/zoo.json" "/tmp/zoo-order-$run.json" <<'PY'
+import json, os, sys
+new, kept = json.load(open(sys.argv[1])), {}
+if os.path.exists(sys.argv[2]):
+    kept = {r["name"]: r for r in json.load(open(sys.argv[2])).get("models", [])}
+kept.update({r["name"]: r for r in new.get("models", [])})
+new["models"] = list(kept.values())
+json.dump(new, open(sys.argv[2], "w"))
+PY
       echo "exit $rc wall $(python3 -c "import time; print(round(time.time() - $start, 1))") s"
       head -5 "$OUT/zoo-$run/zoo.md"
     done 2>&1 | tee "$log"
@@ -135,7 +145,7 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \
-      $(python3 -c "import xdist" 2>/dev/null && printf -- "-n 8") --junitxml="$OUT/tests.xml" 2>&1 \
+      $(python3 -c "import xdist" 2>/dev/null && printf -- "-n %s" "${TEST_WORKERS:-8}") --junitxml="$OUT/tests.xml" 2>&1 \
       | tee "$log" | tail -30
     ;;
 esac

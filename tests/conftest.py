@@ -5,6 +5,20 @@ from __future__ import annotations
 import pytest
 
 
+def _spread_workers() -> None:
+    """ONNXSTITCH_TEST_GPUS=N: xdist worker gwK runs on GPU K mod N, so that a host's GPUs share
+    the GPU suite (set here, before any test starts CUDA)."""
+    import os
+
+    gpus = int(os.environ.get("ONNXSTITCH_TEST_GPUS") or 0)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if gpus > 1 and worker.startswith("gw"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % gpus)
+
+
+_spread_workers()
+
+
 def gpu_available() -> bool:
     """True when a CUDA device and onnxruntime's CUDA EP are both usable."""
     try:
