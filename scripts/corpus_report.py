@@ -22,6 +22,7 @@ import dataclasses
 import contextlib
 import json
 import math
+import os
 import re
 import resource
 import shlex
@@ -157,16 +158,17 @@ def _job(entry: Mapping[str, Any], corpus: Path, gpu: bool, iters: int, keep: Pa
             "keep": str(keep / f"{entry['name']}.stitched.onnx") if keep else ""}
 
 
-def _in_child(kind: str, job: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """Run `child` (kind "optimize") or `time_child` ("time") in a fresh process; a timeout or
-    a crash of the child is an internal error."""
+def _in_child(kind: str, job: Mapping[str, Any], timeout: float, device: int | None = None) -> dict[str, Any]:
+    """Run `child` (kind "optimize") or `time_child` ("time") in a fresh process (on GPU `device`
+    alone when given); a timeout or a crash of the child is an internal error."""
     with tempfile.TemporaryDirectory() as tmp:
         job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "row.json"
         job_file.write_text(json.dumps(job))
         t0 = time.perf_counter()
         try:
+            env = None if device is None else dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
             done = subprocess.run([sys.executable, __file__, "--child", kind, str(job_file), str(out_file)],
-                                  capture_output=True, text=True, timeout=timeout)
+                                  capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"status": INTERNAL, "error": f"timeout: {kind} ran past {timeout:.0f} s",
                     "optimize_s": round(time.perf_counter() - t0, 1)}
@@ -182,15 +184,16 @@ FLAGS = {("epilogues", True): "--epilogues", ("gate", False): "--no-gate"}
 
 
 def measure(entry: Mapping[str, Any], corpus: Path, timeout: float, gpu: bool, iters: int,
-            keep: Path | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            keep: Path | None = None, options: Mapping[str, Any] | None = None,
+            device: int | None = None) -> dict[str, Any]:
     """Optimize one manifest entry in a fresh process with `options` (optimize's keywords; the
-    stitched model written into `keep` when given, for timing later)."""
+    stitched model written into `keep` when given, for timing later), on GPU `device` if given."""
     path = str(corpus / entry["file"])
     row: dict[str, Any] = {"model": entry["name"], "source": entry["source"], "exporter": entry["exporter"],
                            "opset": entry.get("opset"), "bytes": entry["bytes"], "shapes": entry["shapes"],
                            "repro": repro(path, entry["shapes"]) + "".join(
                                f" {flag}" for (k, v), flag in FLAGS.items() if (options or {}).get(k, not v) == v)}
-    return row | _in_child("optimize", _job(entry, corpus, gpu, iters, keep, options), timeout)
+    return row | _in_child("optimize", _job(entry, corpus, gpu, iters, keep, options), timeout, device)
 
 
 def _verification(row: Mapping[str, Any]) -> str:
@@ -280,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gate", dest="gate", action="store_false",
                     help="optimize without measured costs and the gate (optimize --no-gate): the plan as planned")
     ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="spread the optimizing over this many GPUs (model i on GPU i mod N; timing stays on one), "
+                         "so that concurrent jobs do not measure their kernels on one busy GPU")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only the models that failed")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "JOB", "ROW"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -321,9 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         keep = Path(keep_dir) if gpu else None
         # Optimizing runs `--jobs` models at once; timings are taken one model at a time after.
         options = {"epilogues": args.epilogues, "gate": args.gate}
-        for e, row in zip(entries, pool.map(lambda e: measure(e, args.corpus, args.timeout, gpu, args.iters, keep,
-                                                                      options),
-                                            entries)):
+        def optimized(i: int) -> dict[str, Any]:
+            return measure(entries[i], args.corpus, args.timeout, gpu, args.iters, keep, options,
+                           i % args.gpus if args.gpus > 1 else None)
+
+        for e, row in zip(entries, pool.map(optimized, range(len(entries)))):
             rows.append(row)
             note = row.get("error", "") + (" UNVERIFIED" if row.get("unverified") else "")
             say(f"{e['name']:<28} {row['status']:<9} {row.get('optimize_s', 0):>7.1f}s "

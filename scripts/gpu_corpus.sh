@@ -24,5 +24,5 @@ for f in "$carried"/*.onnx; do
     [ -f "$corpus/$name.onnx" ] || python3 scripts/carry_weights.py fill "$f" "$corpus" >/dev/null
   fi
 done
-python3 scripts/corpus_report.py --corpus "$corpus" --gpu --jobs 8 --timeout 240 --out "$OUT/corpus" \
+python3 scripts/corpus_report.py --corpus "$corpus" --gpu --jobs ${JOBS:-8} --gpus "$(nvidia-smi -L | wc -l)" --timeout 240 --out "$OUT/corpus" \
   ${models:+--models "$models"} ${EPILOGUES:+--epilogues} 2>&1 | tee "$OUT/corpus.log" | tail -60
