@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -64,6 +65,10 @@ class BenchConfig:
     # Seconds of warm-up and of timed runs each configuration may take, where set: a model whose
     # run is long (a Loop of hundreds of steps) gets fewer runs, never under MIN_TIMED.
     time_budget_s: float | None = None
+    # Build every session at once in threads before the first runs (optimize's gate, which times
+    # runs, not session building; ORT builds mostly outside the GIL): each configuration's
+    # startup figure then includes waiting for the others.
+    build_together: bool = False
 
     @property
     def on_gpu(self) -> bool:
@@ -359,9 +364,12 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     # On the CPU the library is not registered (it has CUDA kernels only): the fallbacks run.
     makers = {stock: stock_maker(model_path), STITCHED: stitched_maker if config.on_gpu else stock_maker(stitched_path)}
     makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
+    reference_maker = stock_maker(model_path)
+    if config.build_together:
+        makers, reference_maker = _built_together(makers, reference_maker)
     # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run.
     try:
-        ref_bound = _Bound(stock_maker(model_path)(graphs=False), feeds, None)
+        ref_bound = _Bound(reference_maker(graphs=False), feeds, None)
         ref_bound.run()
     except Exception as e:
         raise _stock_fault(model_path, e) from e
@@ -411,6 +419,25 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     return BenchResult(str(model_path), device, driver, ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
                        configs, package_versions(), profiles if config.profile else {})
+
+
+def _built_together(makers: Mapping[str, Callable], reference: Callable) -> tuple[dict[str, Callable], Callable]:
+    """`makers` and the reference's maker, whose sessions are being built at once in threads:
+    each maker's first plain call (the reference's first call with graphs=False) takes its
+    session from the threads (raising what building raised); any other call builds anew."""
+    pool = ThreadPoolExecutor(len(makers) + 1, thread_name_prefix="onnxstitch-bench")
+    built = {label: pool.submit(make) for label, make in makers.items()}
+    built[None] = pool.submit(reference, graphs=False)
+    pool.shutdown(wait=False)
+
+    def first(label: str | None, make: Callable, plain: dict[str, Any]) -> Callable:
+        def maker(so=None, **kw):
+            future = built.pop(label, None) if so is None and kw == plain else None
+            return future.result() if future is not None else make(so, **kw)
+        return maker
+
+    return ({label: first(label, make, {}) for label, make in makers.items()},
+            first(None, reference, {"graphs": False}))
 
 
 def _loaded(make: Callable, feeds: Mapping[str, np.ndarray], like) -> tuple[_Bound, float]:

@@ -732,7 +732,7 @@ def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, sha
 
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
                          custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
-                         values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S)
+                         values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
     res = run(original, stitched, config=config, shapes=shapes)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -328,6 +328,7 @@ class _Given:
     # written model's outputs are verified against, and what the bodies stage did.
     original: onnx.ModelProto | None = None
     bodies: "StageNotes" = None  # type: ignore[assignment]
+    path: str | None = None  # the file `loaded` was read from, where `loaded` is that file's model
 
 
 def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
@@ -360,7 +361,8 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
         simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))
     notes = StageNotes(done.rewrites, done.refusals, {"kernels_before": done.kernels_before,
                                                       "kernels_after": done.kernels_after}) if done else StageNotes()
-    return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes)
+    path = str(model) if isinstance(model, (str, os.PathLike)) and original is None else None
+    return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes, path)
 
 
 @dataclass(frozen=True)
@@ -604,8 +606,10 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
     why it could not be timed."""
     def timed() -> measure_mod.ModelTiming:
         with tempfile.TemporaryDirectory(prefix="onnxstitch-gate-") as tmp:
-            paths = []
-            for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model)):
+            # Stock ORT runs the user's own file where the model is that file (BERT-base: 440 MB
+            # not written again); the stitched model goes to a file of its own.
+            paths: list[str | Path] = [given.path] if given.path else []
+            for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model))[len(paths):]:
                 path = Path(tmp) / name
                 big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
                 given.weights.save(model, path, big)

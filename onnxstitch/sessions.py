@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -91,3 +92,39 @@ class Runner:
         sess = self.open(model, stitched)
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, ortio.run(sess, names, feeds)))
+
+    def run_together(self, jobs: Sequence[tuple[onnx.ModelProto, bool]],
+                     feeds: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray] | Exception]:
+        """`run` of each (model, stitched) job on the same feeds: its outputs, or the exception
+        it raised. On the GPU, where they fit its free memory, the jobs build their sessions and
+        run in threads at once (ORT builds a session mostly outside the GIL, and building is
+        most of a verification: BERT-base's four sessions took 4 s one after another); else one
+        after another, stopping after a failing first job (the reference the others need)."""
+        def one(job: tuple[onnx.ModelProto, bool]) -> dict[str, np.ndarray] | Exception:
+            try:
+                return self.run(job[0], job[1], feeds)
+            except Exception as e:  # noqa: BLE001 - the caller names what failed
+                return e
+
+        if len(jobs) > 1 and self._fit_together(jobs):
+            with ThreadPoolExecutor(len(jobs), thread_name_prefix="onnxstitch-verify") as pool:
+                return list(pool.map(one, jobs))
+        results = [one(jobs[0])] if jobs else []
+        if results and isinstance(results[0], Exception):
+            return results + [results[0]] * (len(jobs) - 1)
+        return results + [one(job) for job in jobs[1:]]
+
+    def _fit_together(self, jobs: Sequence[tuple[onnx.ModelProto, bool]]) -> bool:
+        """Whether the jobs run at once: on the GPU, where every job's weights, twice over (ORT's
+        working copies), fit in half its free memory (sessions built at once hold their weights
+        at once). On the CPU they run one after another (its cores run the sessions)."""
+        if not self.gpu:
+            return False
+        try:
+            import cupy
+
+            free, _ = cupy.cuda.runtime.memGetInfo()
+        except Exception:  # noqa: BLE001 - no reading: one after another
+            return False
+        need = sum(m.ByteSize() + (self.weights.bytes_in(m) if self.weights is not None else 0) for m, _ in jobs)
+        return 2 * need < free / 2

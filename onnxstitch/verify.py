@@ -300,13 +300,16 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     ref_model = _expose(original, graph, exposed + reads)
     new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
     failures = []
+    # The original, the stitched model with its groups' tensors exposed and as written, and the
+    # model as given run on the same inputs, independent of one another: at once where they can.
+    jobs = [(ref_model, False), (new_model, True), (stitched, True)] + ([(source, False)] if source is not None else [])
     for dims in sizes:
         feeds = random_feeds(original, seed, dims, values=values)
-        try:
-            expected = runner.run(ref_model, False, feeds)
+        ran = runner.run_together(jobs, feeds)
+        if not isinstance(ran[0], Exception):
+            expected, runs = ran[0], _Runs(*ran[1:3], ran[3] if source is not None else None)
             break
-        except Exception as e:  # the original itself cannot run at these sizes
-            failures.append(f"{_sizes(dims)}: {first_line(e)}")
+        failures.append(f"{_sizes(dims)}: {first_line(ran[0])}")  # the original cannot run at these sizes
     else:
         where = "GPU (CUDA EP)" if gpu else "CPU"
         custom = sorted(library_domains(original))
@@ -319,9 +322,27 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         raise CannotVerify(f"verification cannot run the original model on ONNX Runtime {where} "
                            f"({'; '.join(failures)}){hint}: {SIZE_HINT}")
     judge = _Judge(original, feeds, expected, runner, any(grp.tf32 for grp in groups))
-    checked = _compare_runs(new_model, original, graph, groups, feeds, runner, expected, source, judge)
-    _as_written(stitched, original, feeds, runner, judge)
+    checked = _compare_runs(runs, original, graph, groups, feeds, runner, expected, judge)
+    _as_written(runs.written, original, runner, judge)
     return dataclasses.replace(checked, outputs=judge.stats())
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What verification's runs of the stitched model gave (outputs by name, or the exception
+    the run raised): with its groups' tensors exposed, as written, and the model as given
+    (before normalization; None where the original is the model as given)."""
+
+    exposed: dict[str, np.ndarray] | Exception
+    written: dict[str, np.ndarray] | Exception
+    given: dict[str, np.ndarray] | Exception | None
+
+
+def _outputs(ran: dict[str, np.ndarray] | Exception) -> dict[str, np.ndarray]:
+    """A run's outputs, or its exception raised again."""
+    if isinstance(ran, Exception):
+        raise ran
+    return ran
 
 
 # An end-to-end difference is accepted up to this many times what the original model itself
@@ -432,7 +453,7 @@ def judge_outputs(original: onnx.ModelProto, got: Mapping[str, np.ndarray], expe
     return tuple(out)
 
 
-def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dict, runner: Runner,
+def _as_written(written: dict[str, np.ndarray] | Exception, original: onnx.ModelProto, runner: Runner,
                 judge: _Judge) -> None:
     """The stitched model once more as it will be written, with no tensor exposed: ORT then
     optimizes the graph around the fused nodes as a user's session will (fusions the exposed
@@ -440,7 +461,7 @@ def _as_written(stitched: onnx.ModelProto, original: onnx.ModelProto, feeds: dic
     names no group (VerifyError.groups is empty)."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds)
+        actual = _outputs(written)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model as written does not run: "
                           f"{first_line(e)}") from e
@@ -518,15 +539,14 @@ def _scale(feeds: Mapping[str, np.ndarray]) -> float:
     return float(np.sqrt(total / count)) if count else 0.0
 
 
-def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
-                  feeds: dict, runner: Runner, expected: dict[str, np.ndarray],
-                  source: onnx.ModelProto | None, judge: _Judge) -> Verification:
-    """Run the stitched model; judge every group on its own inputs and the graph outputs
-    within the model's envelope (`judge`); with `source` (the model as given, before
-    normalization) its graph outputs are compared with the stitched run too."""
+def _compare_runs(runs: _Runs, original: onnx.ModelProto, graph: FusionGraph, groups: Sequence[Group],
+                  feeds: dict, runner: Runner, expected: dict[str, np.ndarray], judge: _Judge) -> Verification:
+    """Judge the stitched model's run (`runs.exposed`): every group on its own inputs and the
+    graph outputs within the model's envelope (`judge`); where the model as given was run
+    (`runs.given`, before normalization) its graph outputs are compared with the stitched run too."""
     where = runner.where
     try:
-        actual = runner.run(stitched, True, feeds)
+        actual = _outputs(runs.exposed)
     except Exception as e:
         raise VerifyError(f"verification failed on {where}: the stitched model does not run: {first_line(e)}") from e
     values = {**feeds, **expected, **actual}
@@ -567,8 +587,8 @@ def _compare_runs(stitched: onnx.ModelProto, original: onnx.ModelProto, graph: F
         if why:
             raise VerifyError(f"verification failed on {where}: graph output '{o.name}': {why}, though every "
                               f"fused group is right on its own inputs")
-    if source is not None:
-        given = runner.run(source, False, feeds)
+    if runs.given is not None:
+        given = _outputs(runs.given)
         for name in (o.name for o in original.graph.output):
             why = judge.output(name, actual[name], against=given[name])
             if why:

@@ -29,3 +29,31 @@ def test_without_a_budget_every_run_is_timed() -> None:
     fast = _Sleeps(0.0)
     assert len(bench._time({"a": fast, "b": _Sleeps(0.0)}, bench.BenchConfig(warmup=2, iters=100))["a"]) == 100
     assert fast.calls == 102
+
+
+def test_sessions_built_together_are_each_used_once() -> None:
+    """optimize's gate builds its sessions at once (BenchConfig.build_together): each maker's
+    first plain call takes its own session from the threads, the reference's takes the plain
+    one, and any other call (the plain fallback after a failed CUDA-graph build) builds anew."""
+    calls: list[tuple[str, dict]] = []
+
+    def maker(label: str):
+        def make(so=None, **kw):
+            calls.append((label, kw))
+            if label == "broken" and not kw:
+                raise RuntimeError("cannot capture")
+            return (label, dict(kw))
+        return make
+
+    makers, reference = bench._built_together({"stock": maker("stock"), "broken": maker("broken")}, maker("ref"))
+    assert reference(graphs=False) == ("ref", {"graphs": False})
+    assert makers["stock"]() == ("stock", {})
+    try:
+        makers["broken"]()
+    except RuntimeError as e:
+        assert "cannot capture" in str(e)
+    else:
+        raise AssertionError("the build's failure was not raised")
+    assert makers["broken"](graphs=False) == ("broken", {"graphs": False})  # built anew, plain
+    assert makers["stock"]() == ("stock", {})  # a second call builds anew
+    assert sorted(label for label, _ in calls) == ["broken", "broken", "ref", "stock", "stock"]

@@ -179,3 +179,31 @@ g (float[1000] x) => (float[1000] y) { y = Relu(x) }""")
     nan = want.copy()
     nan[0] = np.nan
     assert "NaN" in judge(1.0).output("y", nan)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_runs_together_give_what_runs_one_after_another_give(monkeypatch: pytest.MonkeyPatch,
+                                                             together: bool) -> None:
+    """The GPU builds verification's sessions in threads at once (Runner.run_together): its
+    results and failures, in order, are those of runs one after another (here on the CPU)."""
+    monkeypatch.setattr(Runner, "_fit_together", lambda self, jobs: together)
+    model = parser.parse_model(TWO_GROUPS)
+    broken = parser.parse_model(TWO_GROUPS.replace("z = Add(c, m)", "z = Add(c, nowhere)"))
+    feeds = random_feeds(model, fresh_seed(), {"B": 3})
+    runner = Runner(gpu=False)
+    got = runner.run_together([(model, False), (broken, False), (model, False)], feeds)
+    assert isinstance(got[1], Exception) and not isinstance(got[0], Exception)
+    np.testing.assert_array_equal(got[0]["z"], got[2]["z"])
+    np.testing.assert_allclose(got[0]["z"], run_cpu(model, feeds)[0], rtol=1e-6)
+    first_fails = runner.run_together([(broken, False), (model, False)], feeds)
+    assert isinstance(first_fails[0], Exception) and (together or first_fails[1] is first_fails[0])
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_broken_group_is_named_when_the_runs_go_together(monkeypatch: pytest.MonkeyPatch, together: bool) -> None:
+    monkeypatch.setattr(Runner, "_fit_together", lambda self, jobs: together)
+    model = parser.parse_model(TWO_GROUPS)
+    target = onnxstitch.optimize(model, verify=False).report.plan.groups[0].name
+    _broken_function(monkeypatch, target)
+    res = onnxstitch.optimize(model)
+    assert [d["group"] for d in res.report.dropped] == [target]
