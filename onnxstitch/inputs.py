@@ -21,12 +21,16 @@ def input_shapes(model: onnx.ModelProto, dim_values: Mapping[str, int] | None = 
 
 # Ops that pass integer values through unchanged in meaning (so an index stays an index).
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Identity", "Transpose"}
+# Arithmetic that makes positions of a mask, through any operand: OPT's position ids are
+# cumsum(mask) · mask − 1 (+ an offset), rows of its position table only for a mask of 0s and 1s.
+_ARITHMETIC = {"CumSum", "Add", "Sub", "Mul"}
 _INDEX_USERS = {"Gather", "GatherElements", "GatherND"}
 
 
 def index_inputs(model: onnx.ModelProto) -> set[str]:
-    """Integer graph inputs used as Gather indices (token ids, token types): they must be valid
-    rows of whatever table they index, so feeds draw them from {0, 1}."""
+    """Integer graph inputs used as Gather indices (token ids, token types), directly or through
+    a mask's running sum (positions): they must be valid rows of whatever table they index, so
+    feeds draw them from {0, 1}."""
     users: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
         for t in n.input:
@@ -39,7 +43,8 @@ def index_inputs(model: onnx.ModelProto) -> set[str]:
             for n in users.get(t, []):
                 if n.op_type in _INDEX_USERS and len(n.input) > 1 and n.input[1] == t:
                     found.add(vi.name)
-                elif n.op_type in _PASS_THROUGH and n.input and n.input[0] == t:
+                elif (n.op_type in _PASS_THROUGH and n.input and n.input[0] == t) or \
+                        (n.op_type in _ARITHMETIC and t in n.input[:2]):
                     stack += [o for o in n.output if o not in seen]
                     seen.update(n.output)
     return found

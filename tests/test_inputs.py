@@ -36,3 +36,25 @@ def test_gather_indices_are_drawn_in_range() -> None:
     feeds = random_feeds(model, seed=3, dim_values={"batch": 50})
     assert feeds["ids"].min() >= 0 and feeds["ids"].max() <= 1 and len(np.unique(feeds["ids"])) == 2
     ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_a_masks_running_sum_indexes_its_positions_in_range() -> None:
+    """OPT's position ids: cumsum(mask) · mask − 1 + 2 index a table of sequence + 2 rows; only a
+    mask of 0s and 1s stays within it, so the mask is drawn from {0, 1} as indices are."""
+    from onnx import numpy_helper
+
+    from .stitching import fresh_seed
+
+    seq = 16
+    table = numpy_helper.from_array(np.random.default_rng().standard_normal((seq + 2, 4)).astype(np.float32), "pos")
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("axis", 1), ("one", 1), ("two", 2))]
+    nodes = [helper.make_node("CumSum", ["mask", "axis"], ["c"]), helper.make_node("Mul", ["c", "mask"], ["m"]),
+             helper.make_node("Sub", ["m", "one"], ["s"]), helper.make_node("Add", ["s", "two"], ["p"]),
+             helper.make_node("Gather", ["pos", "p"], ["y"])]
+    graph = helper.make_graph(nodes, "opt_positions", [helper.make_tensor_value_info("mask", TP.INT64, ["b", seq])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, ["b", seq, 4])], [table, *consts])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = random_feeds(model, seed=fresh_seed(), dim_values={"b": 3})
+    assert set(np.unique(feeds["mask"])) <= {0, 1}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, feeds)[0].shape == (3, seq, 4)
