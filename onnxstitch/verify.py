@@ -369,8 +369,8 @@ class OutputStat:
 
 class _Judge:
     """Judges graph outputs against the original's, within the model's envelope: what the
-    original's outputs move when ORT's GEMMs and convolutions round to TF32, measured once
-    (one more run of the original, on the GPU only, and only when an output needs it)."""
+    original's outputs move under ORT's own rounding, measured once (one more run of the
+    original, only when an output needs it)."""
 
     def __init__(self, original: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                  expected: Mapping[str, np.ndarray], runner: Runner, tf32: bool) -> None:
@@ -378,20 +378,25 @@ class _Judge:
         self.tf32 = tf32  # the stitched model runs TF32 kernels (attention)
         self.scale = _scale(feeds)
         self._envelope: dict[str, float] | None = None
+        self._user_run: dict[str, np.ndarray] = {}  # the envelope's run: the original as a user runs it
         self._stats: dict[str, OutputStat] = {}
 
     def envelope(self) -> dict[str, float]:
-        """Relative norm difference of each graph output between the original with TF32 and
-        without (what stock ORT's own rounding does to this model); zeros on the CPU."""
+        """Relative norm difference of each graph output between the original as a user's
+        session runs it (no tensor exposed, so ORT fuses across them; on the GPU with TF32 in
+        its GEMMs and convolutions, stock ORT's default) and the reference run (tensors exposed,
+        TF32 off): what stock ORT's own rounding does to this model. A detector whose TopK
+        picks among near-equal scores moves by half its output there (a YOLO from PyPI, on the
+        CPU), and so may the stitched model."""
         if self._envelope is None:
             self._envelope = {o.name: 0.0 for o in self.original.graph.output}
-            if self.runner.gpu:
-                try:
-                    other = dataclasses.replace(self.runner, tf32=True).run(self.original, False, self.feeds)
-                    self._envelope = {o.name: compare(other[o.name], self.expected[o.name],
-                                                      input_scale=self.scale)[1] for o in self.original.graph.output}
-                except Exception as e:  # no envelope: the fixed tolerance stands
-                    log.info("the TF32 envelope run failed: %s", first_line(e))
+            try:
+                other = dataclasses.replace(self.runner, tf32=True).run(self.original, False, self.feeds)
+                self._user_run = other
+                self._envelope = {o.name: compare(other[o.name], self.expected[o.name],
+                                                  input_scale=self.scale)[1] for o in self.original.graph.output}
+            except Exception as e:  # no envelope: the fixed tolerance stands
+                log.info("the envelope run failed: %s", first_line(e))
         return self._envelope
 
     def output(self, name: str, actual: np.ndarray, against: np.ndarray | None = None) -> str | None:
@@ -409,11 +414,17 @@ class _Judge:
         if not ok and rel > ACCUMULATED_TOLERANCE:
             envelope = self.envelope().get(name, 0.0)
             tolerance = max(ACCUMULATED_TOLERANCE, ENVELOPE_MARGIN * envelope)
+            if against is None and name in self._user_run:
+                # as close to the original as a user's session runs it: that is the original too
+                near, rel_user, _ = compare(actual, self._user_run[name], tf32=self.tf32, input_scale=self.scale)
+                if rel_user < rel:
+                    ok, rel, want = near, rel_user, self._user_run[name]
         if against is None:
             self._record(name, actual, want, rel, tolerance, envelope)
         if ok or rel <= tolerance:
             return None
-        env = f", {ENVELOPE_MARGIN:g}× the {envelope:.3g} the original itself moves under TF32" if envelope else ""
+        env = f", {ENVELOPE_MARGIN:g}× the {envelope:.3g} the original itself moves under ORT's own rounding" \
+            if envelope else ""
         return f"relative error {rel:.3g} > {tolerance:.3g} (the model's envelope{env})"
 
     def _record(self, name: str, actual: np.ndarray, want: np.ndarray, rel: float, tolerance: float,

