@@ -346,7 +346,7 @@ def _outputs(ran: dict[str, np.ndarray] | Exception) -> dict[str, np.ndarray]:
 
 
 # An end-to-end difference is accepted up to this many times what the original model itself
-# moves under TF32 rounding (per output), where every group is right on its own inputs.
+# moves under ORT's own rounding (per output), where every group is right on its own inputs.
 ENVELOPE_MARGIN = 2.0
 
 
