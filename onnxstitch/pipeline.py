@@ -187,11 +187,12 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
     meas = _Measuring.of(opts)
     measured: dict[frozenset[str], float] = {}
     replanned: list[str] = []
+    graphs: dict[frozenset[str], _Graphed] = {}  # what replanning at measured prices reuses
     for round_ in range(REPLAN_ROUNDS + 1):
         # Planned again with what the GPU measured of the groups that did not pay: the plan may
         # find other groups over their nodes that do, which are measured in turn.
         costed = dataclasses.replace(opts, cost=dataclasses.replace(opts.cost, measured=dict(measured)))
-        planned = _plan(given, costed if measured else opts, stage)
+        planned = _plan(given, costed if measured else opts, stage, graphs)
         g, plan = planned.graph, planned.plan
         sources = stage("codegen", lambda g=g, plan=plan: [
             source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp)) for grp in plan.groups])
@@ -378,12 +379,19 @@ class _Planned:
     undone: tuple[str, ...] = ()  # sibling merges undone, with why
 
 
-def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Planned:
-    """One pass of merge → normalize → graph → matchers → plan → pack, siblings into `skip` left
-    apart. Every scheme that finds its own groups (schemes/registry.matchers) proposes them as
-    candidates of the one program, against the rows and elementwise groups over the same nodes
-    and ORT's own kernels; after the plan each may settle it (conv: NHWC between its groups) and
-    have it planned again without some of its matches."""
+@dataclass(frozen=True)
+class _Graphed:
+    """merge → normalize → graph → the schemes' matchers, for one set of siblings left apart:
+    nothing here depends on the prices, so planning again at measured prices starts after it."""
+
+    merged: siblings.Merged
+    normal: normalize_mod.Normalized
+    graph: graph_mod.FusionGraph
+    matchers: tuple[tuple[str, Any], ...]
+    found: Mapping[str, Any]
+
+
+def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Graphed:
     simple, refusal = given.simple, given.refusal
     merged = siblings.Merged(simple.model, simple.tensors)
     if refusal is None and opts.merge:
@@ -398,8 +406,23 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     if normal.model is not given.model:
         dims |= stage("shapes", lambda: shapes_mod.derived_dims(normal.model, normal.tensors, dims))
     g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dims, opts.reductions, opts.clusters))
-    matchers = [(name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts)]
+    matchers = tuple((name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts))
     found = {name: stage(m.stage, lambda m=m: m.find(g, given.weights)) for name, m in matchers}
+    return _Graphed(merged, normal, g, matchers, found)
+
+
+def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str],
+                  graphs: dict[frozenset[str], _Graphed]) -> _Planned:
+    """One pass of merge → normalize → graph → matchers → plan → pack, siblings into `skip` left
+    apart (the passes before the plan taken from `graphs` where they ran already). Every scheme
+    that finds its own groups (schemes/registry.matchers) proposes them as candidates of the one
+    program, against the rows and elementwise groups over the same nodes and ORT's own kernels;
+    after the plan each may settle it (conv: NHWC between its groups) and have it planned again
+    without some of its matches."""
+    if skip not in graphs:
+        graphs[skip] = _graphed(given, opts, stage, skip)
+    merged, normal, g, matchers = graphs[skip].merged, graphs[skip].normal, graphs[skip].graph, graphs[skip].matchers
+    found = dict(graphs[skip].found)
     while True:
         ours = [m.group_of(g, opts.cost, f"{m.prefix}{k}", x) for name, m in matchers
                 for k, x in enumerate(found[name].matches)]
@@ -416,13 +439,14 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     return _Planned(merged, normal, g, plan, {name: m.chosen(found[name], plan) for name, m in matchers})
 
 
-def _plan(given: _Given, opts: Options, stage: _Stages) -> _Planned:
+def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[str], _Graphed]) -> _Planned:
     """The plan, planned again without the merged siblings whose Slice it left to ORT, its
-    "before" figures those of the model as given."""
+    "before" figures those of the model as given. `graphs`: the passes before the plan already
+    run, by siblings left apart (filled here)."""
     skip: frozenset[str] = frozenset()
     undone: list[str] = []
     while True:
-        planned = _planned_once(given, opts, stage, skip)
+        planned = _planned_once(given, opts, stage, skip, graphs)
         # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
         # would copy its columns apart again, so it is left apart and the model planned again.
         g, plan = planned.graph, planned.plan
