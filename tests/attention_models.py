@@ -305,11 +305,14 @@ class Sdpa:
     # Half q, k, v with the product cast to float32 before the (float32) mask and V cast to
     # float32 for the second product: TorchScript's SDPA in a half model.
     upcast: bool = False
+    # Gemma 2's logit cap before the mask: Mul(Tanh(Div(scores, cap)), cap); 0 for none.
+    softcap: float = 0.0
 
     @property
     def id(self) -> str:
         return f"{self.exporter}-{self.scale}-{self.mask if self.core.mask else 'nomask'}" \
-               f"{'-guard' if self.guard else ''}{'-upcast' if self.upcast else ''}-{self.core.id}"
+               f"{'-guard' if self.guard else ''}{'-upcast' if self.upcast else ''}" \
+               f"{f'-cap{self.softcap:g}' if self.softcap else ''}-{self.core.id}"
 
     @property
     def fill(self) -> float:
@@ -359,6 +362,11 @@ def sdpa_model(s: Sdpa, opset: int = 18) -> onnx.ModelProto:
     if s.upcast:
         nodes.append(mk("Cast", ["scores"], ["scores32"], to=TP.FLOAT))
         last = "scores32"
+    if s.softcap:
+        inits.append(scalar("cap", s.softcap, tt))
+        nodes += [mk("Div", [last, "cap"], ["capped_in"]), mk("Tanh", ["capped_in"], ["capped_t"]),
+                  mk("Mul", ["capped_t", "cap"], ["capped"])]
+        last = "capped"
     if c.mask is not None:
         ins.append(vi("mask", TP.BOOL, list(c.mask)))
         if s.mask == "additive":
@@ -421,6 +429,9 @@ def sdpa_reference(s: Sdpa, feeds: dict[str, np.ndarray]) -> np.ndarray:
     kt = k.transpose(0, 1, 3, 2) if s.exporter == "dynamo" else k.transpose(0, 2, 3, 1)
     fq, fk = s.factors
     scores = (q * fq) @ (kt * fk)
+    if s.softcap:
+        cap = float(cast(np.array(s.softcap), TP.FLOAT if s.upcast else c.dtype))
+        scores = cap * np.tanh(scores / cap)
     if c.mask is not None:
         mask = feeds["mask"]
         if s.mask == "additive":

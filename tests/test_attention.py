@@ -397,6 +397,25 @@ def test_sdpa_forms_are_one_chain(s: Sdpa) -> None:
         assert m.masks == () and m.select == attention.Select("mask", s.mask == "keep", s.fill)
 
 
+@pytest.mark.parametrize("mask", ["additive", "first"])
+def test_gemma2s_logit_cap_is_in_the_chain(mask: str) -> None:
+    """Mul(Tanh(Div(scores, cap)), cap) before the mask: one chain, the division folded into
+    the scale, the cap the kernel's; the stitched model, run through its function on the CPU,
+    matches the float64 reference on fresh inputs."""
+    s = Sdpa(SMALL, exporter="ts", mask=mask, softcap=2.5)
+    g, f = attention_graph(sdpa_model(s))
+    (m,) = f.matches
+    assert not f.refusals and m.softcap == 2.5
+    fq, fk = s.factors
+    assert m.scale == pytest.approx(fq * fk / 2.5, rel=1e-6)
+    assert sorted(g.nodes[i].op_type for i in m.nodes if g.nodes[i].op_type in ("Tanh", "Div")) == ["Div", "Tanh"]
+    res = onnxstitch.optimize(sdpa_model(s))
+    assert [n.op_type for n in res.model.graph.node if n.op_type == "FusedKernel"]
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()))
+    (got,) = run_cpu(res.model, feeds)
+    assert relative_error(got, sdpa_reference(s, feeds)) <= 1e-5
+
+
 def _sdpa_edited(s: Sdpa, edit) -> onnx.ModelProto:
     model = sdpa_model(s)
     edit(model.graph)

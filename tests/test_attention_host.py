@@ -391,3 +391,38 @@ def check_decode_sdpa(s: Sdpa, sms: int, folder) -> None:
     launch(src, sdpa_inputs(s, feeds, src.inputs), [got], folder, sm_count=sms)
     assert finite(got) and (got[(expected == 0).all(-1)] == 0).all(), f"seed {seed}"
     assert relative_error(got, expected) <= tolerance(dtype), f"seed {seed}"
+
+
+# Gemma 2's logit cap (cap · tanh(scores / cap), before the mask), with a cap the scores reach
+# (q and k of unit variance, d 64: scores of standard deviation 1 after the scale) so that the
+# tanh bends them: tiled in every type, with the mask before and after, and the decode kernel.
+CAPPED = [Sdpa(Core((2, 2), 70, 90, 64, (2, 1, 70, 90), dtype=dt), exporter=ex, mask=mask, softcap=1.5)
+          for dt in (TP.FLOAT, TP.FLOAT16, TP.BFLOAT16) for ex, mask in (("ts", "additive"), ("dynamo", "first"))]
+
+
+@pytest.mark.parametrize("s", CAPPED, ids=lambda s: s.id)
+def test_softcapped_scores_match_float64(s: Sdpa, folder) -> None:
+    match, _ = generated(sdpa_model(s))
+    assert match.softcap == pytest.approx(1.5, rel=1e-2) and "capped at" in match.describe()
+    check_sdpa(s, "default", folder)
+
+
+@pytest.mark.parametrize("sms", [4, 1000])
+@pytest.mark.parametrize("dtype", [TP.FLOAT, TP.FLOAT16])
+def test_decode_kernel_caps_the_scores(dtype: int, sms: int, folder) -> None:
+    s = Sdpa(Core((2, 3), 1, 150, 64, (2, 1, 1, 150), dtype=dtype), exporter="ts", softcap=1.5, guard=False)
+    check_decode_sdpa(s, sms, folder)
+
+
+def test_a_mistake_dropping_the_cap_is_caught(folder) -> None:
+    """The kernel without its tanh (the cap dropped) is beyond the tolerance: the test can fail."""
+    s = CAPPED[0]
+    model = sdpa_model(s)
+    match, _ = generated(model)
+    g, _ = attention_graph(model)
+    src = codegen_attention.generate(g, "stitch_h0", dataclasses.replace(match, softcap=0.0))
+    feeds = sdpa_feeds(s, np.random.default_rng(fresh_seed()))
+    expected = sdpa_reference(s, feeds)
+    got = poisoned(expected.shape, s.core.dtype)
+    launch(src, sdpa_inputs(s, feeds, src.inputs), [got], folder)
+    assert relative_error(got, expected) > tolerance(s.core.dtype)

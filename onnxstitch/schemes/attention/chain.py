@@ -27,6 +27,11 @@ DTYPES = {TP.FLOAT: "float32", TP.FLOAT16: "float16", TP.BFLOAT16: "bfloat16"}
 TENSOR_TFLOPS = {TP.FLOAT: 494.7, TP.FLOAT16: 989.4, TP.BFLOAT16: 989.4}
 
 
+def c_float(x: float) -> str:
+    """`x` as a CUDA float literal, exactly (hexadecimal); NaN as its bit pattern."""
+    return f"{float.hex(float(x))}f" if x == x else "__int_as_float(0x7fc00000)"
+
+
 @dataclass(frozen=True)
 class Projection:
     """An operand read straight from a projection's output `x` [b, s, w]: head j's columns are
@@ -51,13 +56,13 @@ class Select:
     # Where(causal, scores, fill) + padding mask.
     first: bool = False
 
-    def applied(self, kept: str, product: str, value: str, terms: str) -> str:
-        """The kernels' score (C): `value` (the scaled `product` with the added `terms`, '' for
+    def applied(self, kept: str, scored: str, value: str, terms: str) -> str:
+        """The kernels' score (C): `value` (the `scored` product with the added `terms`, '' for
         none) where the mask's element `kept` keeps it, FILL elsewhere; with `first`, the mask
         comes before the terms, which are added to the fill too."""
         test = f"{kept} {'!=' if self.keep else '=='} 0"
         if self.first:
-            return f"({test} ? {product} * SCALE : FILL)" + (f" + ({terms})" if terms else "")
+            return f"({test} ? {scored} : FILL)" + (f" + ({terms})" if terms else "")
         return f"({test} ? {value} : FILL)"
 
 
@@ -96,6 +101,15 @@ class Match:
     # Half q, k and v with the scores, the added terms and the context in float32 (TorchScript's
     # SDPA in a half model with a float32 mask: the product and V cast to float32).
     upcast: bool = False
+    # Scores soft-capped before the terms: softcap · tanh(product · scale), Gemma 2's logit cap
+    # (the chain's division by the cap folded into `scale`); 0 for none.
+    softcap: float = 0.0
+
+    def scored(self, product: str) -> str:
+        """The kernels' score (C) of `product` before the added terms: scaled, and capped."""
+        if self.softcap:
+            return f"{c_float(self.softcap)} * tanhf({product} * SCALE)"
+        return f"{product} * SCALE"
 
     @property
     def term_dtype(self) -> int:
@@ -134,6 +148,8 @@ class Match:
             read += f"; K and V read un-expanded, {self.kv_group} q heads per KV head"
         if self.causal:
             mask += f", causal (fill {self.causal_fill:g})"
+        if self.softcap:
+            mask = f" capped at {self.softcap:g} (tanh)" + mask
         kind = "" if self.dtype == TP.FLOAT else f" in {DTYPES[self.dtype]}"
         if self.upcast:
             kind += " (terms and context float32)"

@@ -30,6 +30,7 @@ from typing import Callable
 from ...graph import FusionGraph
 from ..source import ARGS_STRUCT, KernelSource
 from . import decode, fallback, flavors, match as attention
+from .chain import c_float as _literal
 from .flavors import Flavor
 from .spec import ENTRY_SUFFIX, AttentionSpec
 
@@ -116,10 +117,6 @@ def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = Fal
     return 4 * (k_tile + kt * v_stride(head_dim, False))
 
 
-def _literal(x: float) -> str:
-    return f"{float.hex(float(x))}f" if x == x else "__int_as_float(0x7fc00000)"
-
-
 def generate(graph: FusionGraph, name: str, m: attention.Match,
              options: AttentionOptions = AttentionOptions()) -> KernelSource:
     """The kernel for chain `m` under entry `name` + "_attn" (docs/abi.md, "attention")."""
@@ -154,9 +151,11 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(mask_term(i, row) for i in range(len(m.masks)))
-        value = f"fmaf(s[n][{elem}], SCALE, {terms})" if terms else f"s[n][{elem}] * SCALE"
+        scored = m.scored(f"s[n][{elem}]")
+        value = (f"fmaf(s[n][{elem}], SCALE, {terms})" if not m.softcap else f"{scored} + {terms}") if terms \
+            else scored
         if m.select is not None:  # the boolean mask (Where on the scores), Select.applied
-            value = m.select.applied(f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]", f"s[n][{elem}]", value, terms)
+            value = m.select.applied(f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]", scored, value, terms)
         # Causal: keys after query + Sk − Sq score the mask's fill.
         return f"(key <= q{row} + OFF ? {value} : CFILL)" if m.causal else value
 

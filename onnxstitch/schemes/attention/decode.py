@@ -135,10 +135,11 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
         """Row r0 + i·RSTEP's score of `key` as the tiled kernel makes it: scale, added terms,
         the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
         terms = " + ".join(term(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
-        value = f"fmaf(acc[{i}], SCALE, {terms})" if terms else f"acc[{i}] * SCALE"
+        scored = m.scored(f"acc[{i}]")
+        value = (f"fmaf(acc[{i}], SCALE, {terms})" if not m.softcap else f"{scored} + {terms}") if terms else scored
         if boolean:  # (Select.applied: after the terms, or before them)
             k = len(m.masks)
-            value = m.select.applied(f"mk{k}[mr{k}[{i}] + key * mc{k}]", f"acc[{i}]", value, terms)
+            value = m.select.applied(f"mk{k}[mr{k}[{i}] + key * mc{k}]", scored, value, terms)
         if m.causal:
             value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
         return value

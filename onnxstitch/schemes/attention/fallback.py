@@ -68,6 +68,8 @@ def body(graph: FusionGraph, m: attention.Match) -> tuple[onnx.NodeProto, ...]:
     if m.upcast:  # the half product and V in float32, as the chain had them
         s, v = b.op("Cast", [s], to=onnx.TensorProto.FLOAT), b.op("Cast", [v], to=onnx.TensorProto.FLOAT)
     s = b.op("Mul", [s, b.const(m.scale)])
+    if m.softcap:  # softcap · tanh(s): Gemma 2's logit cap (the division by it is in the scale)
+        s = b.op("Mul", [b.op("Tanh", [s]), b.const(m.softcap)])
 
     def select(s: str) -> str:
         fill = b.const(m.select.fill)

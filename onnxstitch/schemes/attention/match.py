@@ -122,9 +122,11 @@ def _upcast_scores(g: FusionGraph, t: str) -> tuple[str, int] | None:
 
 
 def _leads_to_scores(g: FusionGraph, t: str, adds: int) -> bool:
-    """Whether `t` is the (scaled) product, or reaches it through at most `adds` more Adds."""
+    """Whether `t` is the (scaled, capped) product, or reaches it through at most `adds` more Adds."""
     if _scaled(g, t) is not None or _upcast_scores(g, t) is not None:
         return True
+    if (capped := _softcap(g, t)) is not None:
+        return _scaled(g, capped[0]) is not None or _upcast_scores(g, capped[0]) is not None
     at = g.producer.get(t)
     if at is not None and g.nodes[at].op_type == "Where" and (got := _select(g, t)) is not None:
         return _leads_to_scores(g, got[0], 0)  # a boolean mask before the terms (Select.first)
@@ -161,6 +163,27 @@ class _Scores:
     select: Select | None
     nodes: tuple[int, ...]  # the Mul/Div, the Adds and the Where (and the Cast when upcast)
     upcast: bool = False  # the half product cast to float32 before the terms (_upcast)
+    softcap: float = 0.0  # cap · tanh(scores · scale) before the terms (_softcap)
+
+
+def _softcap(g: FusionGraph, t: str) -> tuple[str, float, float, tuple[int, ...]] | None:
+    """(x, the scale inside, the cap, the nodes) when `t` is cap · Tanh(x · scale) with both
+    scalar constants, the Tanh's input scaled by a Mul or Div (Gemma 2's logit cap:
+    Mul(Tanh(Div(scores, cap)), cap)); None otherwise."""
+    at = g.producer.get(t)
+    if at is None or g.nodes[at].op_type != "Mul":
+        return None
+    a, b = g.nodes[at].inputs[:2]
+    for tanh, cap_t in ((a, b), (b, a)):
+        cap = _scalar(g, cap_t)
+        inner = g.producer.get(tanh)
+        if cap is None or not cap > 0 or inner is None or g.nodes[inner].op_type != "Tanh":
+            continue
+        scaled = _scaling(g, g.nodes[inner].inputs[0])
+        if scaled is None:
+            return None
+        return scaled[0], scaled[1], cap, (at, inner, scaled[2])
+    return None
 
 
 def _select(g: FusionGraph, t: str) -> tuple[str, Select] | None:
@@ -211,6 +234,11 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
         # A boolean mask before the added terms (GPT-Neo: Where(causal, scores, fill) + mask)
         nodes.append(g.producer[x])
         x, select = got[0], dataclasses.replace(got[1], first=True)
+    capped = _softcap(g, x)
+    inner = 1.0  # the scale inside the cap's tanh (its division by the cap)
+    if capped is not None:
+        x, inner = capped[0], capped[1]
+        nodes += capped[3]
     upcast = _upcast_scores(g, x)
     if upcast is not None:
         nodes.append(upcast[1])
@@ -225,10 +253,11 @@ def _scores(g: FusionGraph, soft: int) -> _Scores | str:
                 else "a boolean mask before an added term" if n.op_type == "Where" and x != g.nodes[soft].inputs[0]
                 else "not the chain's form")
         return (f"{n.op_type} '{n.name or n.outputs[0]}' between the scores' product and the Softmax ({what}: a "
-                f"scale, up to {MAX_MASKS} added terms or boolean masks (one Where, outermost))")
+                f"scale, a cap · tanh, up to {MAX_MASKS} added terms or boolean masks (one Where, outermost))")
     product, scale, scaler = scaled
-    return _Scores(product, scale, tuple(masks), select, tuple(nodes) + ((scaler,) if scaler is not None else ()),
-                   upcast=upcast is not None)
+    return _Scores(product, scale * inner, tuple(masks), select,
+                   tuple(nodes) + ((scaler,) if scaler is not None else ()), upcast=upcast is not None,
+                   softcap=capped[2] if capped is not None else 0.0)
 
 
 def _guarded_probabilities(g: FusionGraph, soft: int) -> tuple[str, tuple[int, ...]]:
@@ -307,7 +336,8 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
         return f"{name}: {why}"
     match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
                   int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
-                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype, upcast=scores.upcast)
+                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype, upcast=scores.upcast,
+                  softcap=scores.softcap)
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, v_reader)
     # (Projections are taken for chains of one element type.)
     match = (None if match.upcast else _projections(g, match, readers)) or decoder.with_groups(g, match, readers)
