@@ -52,6 +52,12 @@ rewrites keep the values and drop the work:
   term on the way as a 4-D tensor: a scalar or a [1, x, y] as it is, a Reshape of a
   [b, h, …] tensor reshaped to [b, h, x, y] instead. The attention matcher then sees the chain
   it knows.
+- **Attention over windows.** Hiera (SAM 2's image encoder) attends within mask units with
+  rank-5 operands [b, h, w, s, d] (heads, windows, tokens): MatMul(q·scale, kᵀ) → Softmax →
+  MatMul(·, v), kᵀ a Transpose of the last two dims of K. Where every dim but b is fixed, the
+  chain runs on [b, h·w, s, d] views of them (Reshapes of contiguous tensors, which ONNX Runtime
+  makes without copying), kᵀ as the 4-D K's transpose and q's scale after its view, and the
+  context is reshaped back: the same sums, and a chain the attention matcher knows.
 - **A per-head scale of a product.** XCiT multiplies its scores by a learned temperature per
   head ([h, 1, 1]), Swin V2 by its logit scale: Mul(MatMul(a, b), t) with t constant along the
   product's last two dims. The scale moves onto the first operand, MatMul(Mul(a, t), b): the
@@ -566,6 +572,86 @@ def _head_scaled(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     return None
 
 
+def _scalar_step(g: _Graph, t: str) -> tuple[onnx.NodeProto, int] | None:
+    """(the Mul or Div producing `t`, the position of its other operand) when that operand is a
+    scalar constant: a step that applies alike to a tensor of any rank."""
+    n = g.op(t)
+    if n is None or n.op_type not in ("Mul", "Div") or len(n.input) != 2:
+        return None
+    for k in ((1,) if n.op_type == "Div" else (1, 0)):
+        c = g.constants.get(n.input[k])
+        if c is not None and int(np.prod(c.dims)) == 1:
+            return n, k
+    return None
+
+
+def _window_attention(g: _Graph, n: onnx.NodeProto, extra: list[onnx.TensorProto]) -> list[onnx.NodeProto] | None:
+    """The nodes computing MatMul `n`'s output when `n` ends an attention chain on rank-5
+    operands [b, h, w, s, d] (module docstring: attention over windows), each step read once:
+    the chain over [b, h·w, s, d] views of them, its context reshaped back; None otherwise."""
+    probs, v = n.input[:2]
+    soft = g.op(probs)
+    if soft is None or soft.op_type != "Softmax" or node_attrs(soft).get("axis", -1) not in (-1, 4):
+        return None
+    steps: list[tuple[onnx.NodeProto, int]] = []  # scalar scales between the product and the Softmax
+    t = soft.input[0]
+    while (step := _scalar_step(g, t)) is not None and len(steps) < 2:
+        steps.append(step)
+        t = step[0].input[1 - step[1]]
+    product = g.op(t)
+    chain = [product, *(st for st, _ in steps), soft]
+    if product is None or product.op_type != "MatMul" or \
+            any(x.output[0] in g.outputs or len(g.index.readers_of(x.output[0])) != 1 for x in chain):
+        return None
+    q, kt = product.input[:2]
+    qs, kts, vs, out = (g.shape(x) for x in (q, kt, v, n.output[0]))
+    # (Every dim but b fixed: windows counted at run time, as TorchScript's Hiera has them, would
+    # give q, kᵀ and v merged dims that shape inference names apart, and the matcher could not
+    # tell them equal.)
+    if not all(_known(x) and len(x) == 5 for x in (qs, kts, vs, out)) or \
+            not all(isinstance(d, int) for x in (qs, kts, vs, out) for d in x[1:]) or \
+            not (qs[:3] == kts[:3] == vs[:3]) or qs[4] != kts[3] or kts[4] != vs[3]:
+        return None
+    q_step = _scalar_step(g, q)
+    if q_step is not None and (len(g.index.readers_of(q)) != 1 or q in g.outputs):
+        q_step = None
+    q_src = q_step[0].input[1 - q_step[1]] if q_step is not None else q
+    name, nodes = n.output[0], []
+
+    def shape(dims: list[int], tag: str) -> str:
+        extra.append(numpy_helper.from_array(np.array(dims, np.int64), f"{name}~{tag}"))
+        return f"{name}~{tag}"
+
+    def node(op: str, ins: list[str], tag: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, ins, [f"{name}~{tag}"], name=f"{name}~{tag}", **attrs))
+        return f"{name}~{tag}"
+
+    # q's own scalar scale after the view (the attention matcher folds it); kᵀ as the 4-D K's
+    # transpose where it is one of a rank-5 K.
+    if q_step is not None:
+        k = q_step[1]
+        view = node("Reshape", [q_src, shape([0, -1, qs[3], qs[4]], "qshape")], "q")
+        ins = [view, q_step[0].input[k]] if k == 1 else [q_step[0].input[k], view]
+        q4 = node(q_step[0].op_type, ins, "qscaled")
+    else:
+        q4 = node("Reshape", [q, shape([0, -1, qs[3], qs[4]], "qshape")], "q")
+    tr = g.op(kt)
+    if tr is not None and tr.op_type == "Transpose" and list(node_attrs(tr).get("perm", ())) == [0, 1, 2, 4, 3] and \
+            len(g.index.readers_of(kt)) == 1 and kt not in g.outputs:
+        k4 = node("Reshape", [tr.input[0], shape([0, -1, kts[4], kts[3]], "kshape")], "k")
+        kt4 = node("Transpose", [k4], "kt", perm=[0, 1, 3, 2])
+    else:
+        kt4 = node("Reshape", [kt, shape([0, -1, kts[3], kts[4]], "ktshape")], "kt")
+    x = node("MatMul", [q4, kt4], "scores")
+    for j, (st, k) in enumerate(reversed(steps)):
+        x = node(st.op_type, [x, st.input[k]] if k == 1 else [st.input[k], x], f"scaled{j}")
+    p = node("Softmax", [x], "probs", axis=-1)
+    v4 = node("Reshape", [v, shape([0, -1, vs[3], vs[4]], "vshape")], "v")
+    c = node("MatMul", [p, v4], "context")
+    nodes.append(helper.make_node("Reshape", [c, shape([0, *out[1:]], "shape")], [name], name=n.name or name))
+    return nodes
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -634,6 +720,12 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             replace.update({at: [shape] for at, shape in moved.items()})
             done.append(f"{n.name or n.output[0]} (a product on merged heads reshaped to 4-D) is a batched "
                         f"product over the 4-D tensors")
+        elif n.op_type == "MatMul" and n.output[0] not in nested and \
+                (windows := _window_attention(g, n, more := [])) is not None:
+            replace[i] = windows
+            extra.extend(more)
+            done.append(f"{n.name or n.output[0]} (attention over windows: rank-5 operands) runs on [b, h·w, s, d] "
+                        f"views of them")
         elif n.op_type == "Mul" and n.output[0] not in nested and (scaled := _head_scaled(g, n)) is not None:
             replace[i] = scaled
             done.append(f"{n.name or n.output[0]} (a product scaled per head) scales its first operand instead")

@@ -461,3 +461,38 @@ def test_a_per_head_scale_moves_onto_the_first_operand(t_shape: tuple[int, ...],
 
     _, found = attention_graph(out.model)
     assert len(found.matches) == 1, found.refusals
+
+
+def _window_attention(w: int | str) -> onnx.ModelProto:
+    """Hiera's mask-unit attention: q, k, v [b, 2, w, 16, 32] (heads, windows, tokens, head
+    dim), q scaled, kᵀ a Transpose of K's last two dims, the context [b, 2, w, 16, 32]."""
+    dims = ["b", 2, w, 16, 32]
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Mul", ["q", "scale"], ["qs"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
+             helper.make_node("MatMul", ["qs", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    g = helper.make_graph(nodes, "windows", [vi(x, TP.FLOAT, dims) for x in "qkv"], [vi("y", TP.FLOAT, dims)],
+                          [numpy_helper.from_array(np.array(32 ** -0.5, np.float32), "scale")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_attention_over_windows_runs_on_4d_views() -> None:
+    model = _window_attention(3)
+    res = onnxstitch.optimize(model, shapes={"b": [4]})
+    assert any("attention over windows" in r for r in res.report.notes["simplify"].rewrites)
+    assert len(res.report.notes["attention"].rewrites) == 1
+    rng = np.random.default_rng(fresh_seed())
+    feeds = {x: rng.standard_normal((3, 2, 3, 16, 32)).astype(np.float32) for x in "qkv"}
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    q, k, v = (feeds[x].astype(np.float64) for x in "qkv")
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(32)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_windows_counted_at_run_time_stay_rank_5() -> None:
+    res = onnxstitch.optimize(_window_attention("w"), shapes={"b": [4], "w": [3]})
+    assert not any("attention over windows" in r for r in res.report.notes["simplify"].rewrites)
+    assert any("rank 5" in r for r in res.report.notes["attention"].refusals)
