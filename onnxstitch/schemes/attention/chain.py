@@ -111,6 +111,14 @@ class Match:
             return f"{c_float(self.softcap)} * tanhf({product} * SCALE)"
         return f"{product} * SCALE"
 
+    def score(self, product: str, terms: str, kept: str) -> str:
+        """The tiled and decode kernels' score (C) of `product` before the causal fill: scored,
+        the added `terms` ('' for none), then the boolean mask whose element is `kept`
+        (Select.applied; ignored without a select)."""
+        scored = self.scored(product)
+        value = (f"{scored} + {terms}" if self.softcap else f"fmaf({product}, SCALE, {terms})") if terms else scored
+        return self.select.applied(kept, scored, value, terms) if self.select is not None else value
+
     @property
     def term_dtype(self) -> int:
         """The element type of the added terms and the context."""

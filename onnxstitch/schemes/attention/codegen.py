@@ -151,11 +151,7 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
 
     def scaled(elem: str, row: str) -> str:
         terms = " + ".join(mask_term(i, row) for i in range(len(m.masks)))
-        scored = m.scored(f"s[n][{elem}]")
-        value = (f"fmaf(s[n][{elem}], SCALE, {terms})" if not m.softcap else f"{scored} + {terms}") if terms \
-            else scored
-        if m.select is not None:  # the boolean mask (Where on the scores), Select.applied
-            value = m.select.applied(f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]", scored, value, terms)
+        value = m.score(f"s[n][{elem}]", terms, f"mk{row}{len(m.masks)}[key * mc{len(m.masks)}]")
         # Causal: keys after query + Sk − Sq score the mask's fill.
         return f"(key <= q{row} + OFF ? {value} : CFILL)" if m.causal else value
 

@@ -135,11 +135,8 @@ def generate(m: attention.Match, name: str, fill: str, scale: str, rows: int = R
         """Row r0 + i·RSTEP's score of `key` as the tiled kernel makes it: scale, added terms,
         the boolean mask's fill, the causal fill (key after query + Sk − Sq)."""
         terms = " + ".join(term(f"mk{k}[mr{k}[{i}] + key * mc{k}]") for k in range(len(m.masks)))
-        scored = m.scored(f"acc[{i}]")
-        value = (f"fmaf(acc[{i}], SCALE, {terms})" if not m.softcap else f"{scored} + {terms}") if terms else scored
-        if boolean:  # (Select.applied: after the terms, or before them)
-            k = len(m.masks)
-            value = m.select.applied(f"mk{k}[mr{k}[{i}] + key * mc{k}]", scored, value, terms)
+        k = len(m.masks)
+        value = m.score(f"acc[{i}]", terms, f"mk{k}[mr{k}[{i}] + key * mc{k}]")
         if m.causal:
             value = f"(key <= r % Sq + Sk - Sq ? {value} : CFILL)"
         return value
