@@ -35,6 +35,7 @@ from .errors import BadInputError, first_line
 from .graph import FusionGraph
 from .inputs import index_inputs, random_feeds
 from .planned import Group
+from .schemes import registry
 from .sessions import runtime_session
 from .shapes import shape_output, symbolic_value
 from .weights import is_stub
@@ -53,8 +54,6 @@ TARGET_US = 60.0
 MAX_COPIES = 16
 _INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
                        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64})
-# Schemes not timed alone: cuDNN chooses its engines at a session's first run (seconds).
-UNTIMED_SCHEMES = frozenset({"conv"})
 
 
 @dataclass(frozen=True)
@@ -450,7 +449,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
     for grp in groups:
         base = GroupCost(grp.name, grp.predicted_us, predicted_stock.get(grp.name, 0.0))
         bases[grp.name] = base
-        if grp.scheme in UNTIMED_SCHEMES:
+        if registry.plans_per_shape(grp.scheme):  # cuDNN chooses its engines at a session's first run
             bases[grp.name] = _why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)")
         elif device is None:
             bases[grp.name] = _why(base, "no GPU here and no measured costs for this device (--costs)")

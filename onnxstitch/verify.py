@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from . import standalone
+from .schemes import registry
 from .sessions import Runner, library_domains
 from .errors import SIZE_HINT, BadInputError, StitchError, first_line
 from .graph import FusionGraph
@@ -272,8 +273,9 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
 
     Symbolic dims run small on the CPU (VERIFY_DIM; an image's height and width
     VERIFY_SPATIAL_DIM); where the original does not run at those sizes (a CNN whose height and
-    width must survive its strides), at the planning sizes. Raises CannotVerify when the original
-    runs at neither."""
+    width must survive its strides), at the planning sizes. On the GPU only the batch runs small
+    (VERIFY_GPU_BATCH), and nothing where a group's library chooses its engines per shape
+    (registry.plans_per_shape). Raises CannotVerify when the original runs at neither."""
     if not groups and source is None:  # with bodies stitched (source), the whole model is still compared
         return Verification("none", 0, 0.0, skipped="nothing was fused")
     gpu = gpu_usable() if device == "auto" else device == "gpu"
@@ -281,7 +283,11 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     planned = {d: DEFAULT_SYMBOLIC_DIM for d in _symbolic_dims(original)}
     planned.update(dim_values or {})
     spatial = _spatial_dims(original)
-    if gpu:  # the batch small, every other size as planned (the kernels' paths at those sizes)
+    if gpu and any(registry.plans_per_shape(grp.scheme) for grp in groups):
+        # Library plans are chosen per shape at the first run (seconds a network): at the
+        # planning sizes, the gate and the user's sessions find them made (the runtime's cache).
+        small = dict(planned)
+    elif gpu:  # the batch small, every other size as planned (the kernels' paths at those sizes)
         batch = _batch_dims(original)
         small = {d: min(v, VERIFY_GPU_BATCH) if d in batch else v for d, v in planned.items()}
     else:

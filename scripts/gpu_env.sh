@@ -11,7 +11,8 @@ gpu_setup() {
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())"
-    python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
+    # (one install at a time: gpu_wave.sh cnn starts several scripts at once)
+    flock /tmp/onnxstitch-setup.lock python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -2
     # What a pip install leaves: bytecode for what optimize imports (timed runs then measure onnxstitch).
     python3 -c "import onnxstitch.cli.main, onnxstitch.pipeline, onnxruntime.tools.symbolic_shape_infer, sympy, mip"
   } 2>&1 | tee "$1"

@@ -17,12 +17,14 @@
 #   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
 #            at ConvNeXt V2's stages, split and unsplit, against the copy bandwidth)
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
+#   cnn      issue 36, carry build/cnnc: CNN_JOBS="resnet50-float32 nudenet-320n@8 ..." with and without
+#            epilogues, benched plain and in graphs (session start and first run too), a GPU a job
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, cf, gemm or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, zoo, zoofill, cnn or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
@@ -142,6 +144,24 @@ PY
   zoofill)  # fill ZOO_FILL's stripped models into /tmp/zoofill ahead of the zoo calls
     fill "${ZOO_FILL:?ZOO_FILL=DIR}" /tmp/zoofill 2>&1 | tee "$log"
     ls /tmp/zoofill | wc -l | tee -a "$log"
+    ;;
+  cnn)  # issue 36's CNN figures, carry build/cnnc: CNN_JOBS ("name[@batch]" each) with and without
+    # epilogues, benched plain and in CUDA graphs, one job per GPU at a time (scripts/gpu_conv.sh)
+    for job in ${CNN_JOBS:?CNN_JOBS}; do  # fill each model once, before the jobs share it
+      name=${job%@*}; [ -f "/tmp/zoo/$name.onnx" ] || python3 scripts/carry_weights.py fill "build/cnnc/$name.onnx" /tmp/zoo >/dev/null
+    done
+    gpus=$(nvidia-smi -L | wc -l); i=0
+    for job in $CNN_JOBS; do
+      name=${job%@*}; batch=${job#*@}; tag=; shape=
+      # NudeNet (YOLOv8n) has free sizes: 640², at the batch named
+      [ "$batch" != "$job" ] && tag=-b$batch && shape="--shape batch=$batch,height=640,width=640"
+      (CUDA_VISIBLE_DEVICES=$((i % gpus)) OUT="$OUT/cnn-$name$tag" TAG=$tag SHAPE=$shape PARTS=bench \
+        MODES="graphs plain" CORPUS=build/cnnc bash scripts/gpu_conv.sh "$name" > /dev/null 2>&1) &
+      i=$((i + 1)); [ $((i % gpus)) = 0 ] && wait
+    done
+    wait
+    cat "$OUT"/cnn-*/gpu_conv.log > "$log"
+    grep -h "speedup\|optimize" "$OUT"/cnn-*/gpu_conv.log
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \

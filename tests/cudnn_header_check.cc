@@ -14,6 +14,7 @@ static_assert(dnn::kTypeFloat == CUDNN_TYPE_FLOAT && dnn::kTypeDouble == CUDNN_T
 static_assert(dnn::kTypeVoidPtr == CUDNN_TYPE_VOID_PTR && dnn::kTypeConvolutionMode == CUDNN_TYPE_CONVOLUTION_MODE, "attr types");
 static_assert(dnn::kTypeHeurMode == CUDNN_TYPE_HEUR_MODE && dnn::kTypePointwiseMode == CUDNN_TYPE_POINTWISE_MODE, "attr types");
 static_assert(dnn::kTypeBackendDescriptor == CUDNN_TYPE_BACKEND_DESCRIPTOR, "attr types");
+static_assert(dnn::kTypeChar == CUDNN_TYPE_CHAR, "attr types");
 static_assert(dnn::kPointwiseDescriptor == CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "descriptors");
 static_assert(dnn::kConvolutionDescriptor == CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, "descriptors");
 static_assert(dnn::kEngineCfgDescriptor == CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "descriptors");
@@ -45,6 +46,7 @@ static_assert(dnn::kAttrEngineCfgWorkspaceSize == CUDNN_ATTR_ENGINECFG_WORKSPACE
 static_assert(dnn::kAttrExecutionPlanHandle == CUDNN_ATTR_EXECUTION_PLAN_HANDLE, "plan");
 static_assert(dnn::kAttrExecutionPlanEngineConfig == CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, "plan");
 static_assert(dnn::kAttrExecutionPlanWorkspaceSize == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, "plan");
+static_assert(dnn::kAttrExecutionPlanJsonRepresentation == CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, "plan");
 static_assert(dnn::kAttrConvolutionForwardAlpha == CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, "fprop");
 static_assert(dnn::kAttrConvolutionForwardBeta == CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, "fprop");
 static_assert(dnn::kAttrConvolutionForwardConvDesc == CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, "fprop");

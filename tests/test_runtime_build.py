@@ -387,14 +387,20 @@ extern "C" void sha256_hex(const unsigned char* data, long long size, long long 
 """
 
 
-@pytest.fixture(scope="module")
-def sha_lib(tmp_path_factory) -> ctypes.CDLL:
-    folder = tmp_path_factory.mktemp("sha256")
-    (folder / "driver.cc").write_text(SHA_DRIVER)
+def _header_driver(tmp_path_factory, name: str, source: str) -> ctypes.CDLL:
+    """`source` (C++ over the runtime's headers) built as a shared library and loaded."""
     import subprocess
+
+    folder = tmp_path_factory.mktemp(name)
+    (folder / "driver.cc").write_text(source)
     subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", f"-I{rtbuild.CSRC}", "-o", str(folder / "d.so"),
                     str(folder / "driver.cc")], check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(folder / "d.so"))
+
+
+@pytest.fixture(scope="module")
+def sha_lib(tmp_path_factory) -> ctypes.CDLL:
+    return _header_driver(tmp_path_factory, "sha256", SHA_DRIVER)
 
 
 def test_the_runtimes_sha256_is_hashlibs(sha_lib: ctypes.CDLL) -> None:
@@ -436,3 +442,66 @@ def test_the_rewrite_writes_the_digest_of_what_it_embeds(tmp_path: Path) -> None
     for n in fused:
         a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
         assert a["images_sha256"].decode() == hashlib.sha256(a["images"] + a["ptx"]).hexdigest()
+
+
+# Library plans are saved on disk between processes (plan_cache.h): where, and whole or not at all.
+
+PLAN_CACHE_DRIVER = r"""
+#include <cstring>
+#include "plan_cache.h"
+extern "C" void path_of(const char* key, char* out, long long size) {
+  std::strncpy(out, onnxstitch::plan_cache::PathOf(key).c_str(), static_cast<size_t>(size));
+}
+extern "C" void write_file(const char* path, const char* data, long long size) {
+  onnxstitch::plan_cache::Write(path, std::string(data, static_cast<size_t>(size)));
+}
+extern "C" long long read_file(const char* path, char* out, long long size) {
+  std::string text;
+  if (!onnxstitch::plan_cache::Read(path, &text)) return -1;
+  std::memcpy(out, text.data(), std::min(text.size(), static_cast<size_t>(size)));
+  return static_cast<long long>(text.size());
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan_cache_lib(tmp_path_factory) -> ctypes.CDLL:
+    return _header_driver(tmp_path_factory, "plan_cache", PLAN_CACHE_DRIVER)
+
+
+def test_saved_plans_live_in_the_cache_folder_under_a_digest_of_their_key(
+        plan_cache_lib: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    def path_of(key: str) -> str:
+        out = ctypes.create_string_buffer(4096)
+        plan_cache_lib.path_of(key.encode(), out, len(out))
+        return out.value.decode()
+
+    key = "conv plan v1|sm 90|132 SMs|" + str(np.random.default_rng().integers(1 << 30))
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("ONNXSTITCH_PLAN_CACHE", raising=False)
+    assert path_of(key) == f"{tmp_path}/cache/plans/{digest}.plan"
+    monkeypatch.delenv("ONNXSTITCH_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert path_of(key) == f"{tmp_path}/home/.cache/onnxstitch/plans/{digest}.plan"
+    monkeypatch.setenv("ONNXSTITCH_PLAN_CACHE", "0")
+    assert path_of(key) == ""
+
+
+def test_a_saved_plan_is_written_whole_in_new_folders_and_read_back(plan_cache_lib: ctypes.CDLL, tmp_path: Path) -> None:
+    rng = np.random.default_rng()
+    data = rng.integers(0, 256, int(rng.integers(1, 100_000)), dtype=np.uint8).tobytes()
+    path = tmp_path / "a" / "b" / "plans" / "x.plan"
+    plan_cache_lib.write_file(str(path).encode(), data, len(data))
+    assert path.read_bytes() == data
+    assert [p.name for p in path.parent.iterdir()] == ["x.plan"]  # no temporary file left
+    out = ctypes.create_string_buffer(len(data))
+    assert plan_cache_lib.read_file(str(path).encode(), out, len(out)) == len(data)
+    assert out.raw == data
+    assert plan_cache_lib.read_file(str(tmp_path / "missing.plan").encode(), out, len(out)) == -1
+    # A folder that cannot be made leaves nothing behind and raises nothing.
+    (tmp_path / "file").write_text("")
+    plan_cache_lib.write_file(str(tmp_path / "file" / "x.plan").encode(), data, len(data))
+    assert (tmp_path / "file").read_text() == ""

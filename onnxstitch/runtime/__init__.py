@@ -29,6 +29,20 @@ CPU_PROVIDER = "CPUExecutionProvider"
 ProviderSpec = Union[str, tuple[str, dict[str, Any]]]
 
 
+# Libraries a session of this process registered, held open for the life of the process. ONNX
+# Runtime unloads a custom-op library with the last session that registered it, and with it the
+# plans the library chose for cuDNN and cuBLASLt (at first use: seconds for a CNN); optimize's
+# verification, gate and a user's sessions one after another would each choose them again.
+_LOADED: dict[str, Any] = {}
+
+
+def _keep_loaded(lib: str) -> None:
+    import ctypes
+
+    if lib not in _LOADED:
+        _LOADED[lib] = ctypes.CDLL(lib)  # the handle ORT holds, one reference more
+
+
 def library_path(build: bool = True) -> Path:
     """Path of the custom-op library.
 
@@ -99,7 +113,9 @@ def session(
 
     if sess_options is None:
         sess_options = ort.SessionOptions()
-    sess_options.register_custom_ops_library(str(library_path()))
+    lib = str(library_path())
+    sess_options.register_custom_ops_library(lib)
+    _keep_loaded(lib)
 
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()

@@ -25,6 +25,9 @@ class Scheme(Protocol):
     fallback_verbatim: bool
     # How nodes its plan leaves to ONNX Runtime run in its own layout (base.Relayout), or None.
     relayout: "Relayout | None"
+    # (Optional, False where absent: registry.plans_per_shape.) Its library chooses engines per
+    # input shape at a session's first run.
+    # plans_per_shape: bool
 
     def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
         """Whether it runs the plan's candidate group over `nodes` (registry.candidate_scheme:

@@ -94,3 +94,67 @@ def test_conv_epilogue_under_cuda_graphs(net: Net) -> None:
 
     replay_under_cuda_graphs(stitched(net).model, lambda: feeds(net, 2, 20, 20, rng),
                              ("y", want.shape, helper.tensor_dtype_to_np_dtype(net.dtype)), check)
+
+
+# cuDNN plans chosen in one process are saved (runtime/csrc/plan_cache.h) and loaded by the next,
+# so a user's first inference does not compile and time engines again.
+
+_RUN_IN_NEW_PROCESS = r"""
+import sys, time
+import numpy as np, onnx, onnxstitch
+from onnxstitch import ortio
+model, given_at, out_at = sys.argv[1:4]
+given = dict(np.load(given_at))
+sess = onnxstitch.session(model, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+start = time.perf_counter()
+(y,) = sess.run(None, given)
+print(f"first run {time.perf_counter() - start:.3f} s")
+np.save(out_at, y)
+"""
+
+
+def _run_in_new_process(model_at, given_at, out_at, cache, **env) -> np.ndarray:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _RUN_IN_NEW_PROCESS, str(model_at), str(given_at), str(out_at)],
+                          env={**os.environ, "ONNXSTITCH_CACHE": str(cache), **env}, cwd=root, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out_at)
+
+
+@pytest.mark.parametrize("net", [NETS[9], NETS[-1]], ids=lambda n: n.id)
+def test_plans_chosen_in_one_process_are_loaded_by_the_next(net: Net, tmp_path) -> None:
+    res = stitched(net)
+    model_at = tmp_path / "stitched.onnx"
+    model_at.write_bytes(res.model.SerializeToString())
+    given = feeds(net, 2, 24, 24, np.random.default_rng(fresh_seed()))  # the planning sizes
+    np.savez(tmp_path / "given.npz", **given)
+    want = reference(net, given)
+    cache = tmp_path / "cache"
+
+    got = _run_in_new_process(model_at, tmp_path / "given.npz", tmp_path / "y1.npy", cache)
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+    saved = sorted((cache / "plans").glob("*.plan"))
+    assert saved, "no plan was saved"
+    for p in saved:
+        assert p.read_bytes().startswith(b"onnxstitch conv plan\n")
+    # The next process loads them (the files stay as they were) and computes the same.
+    before = {p: p.read_bytes() for p in saved}
+    got = _run_in_new_process(model_at, tmp_path / "given.npz", tmp_path / "y2.npy", cache)
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+    assert {p: p.read_bytes() for p in saved} == before
+    # A damaged plan falls back to the configuration the file names; the results stay right.
+    for p in saved:
+        p.write_bytes(p.read_bytes()[:40] + b"{not a plan")
+    got = _run_in_new_process(model_at, tmp_path / "given.npz", tmp_path / "y3.npy", cache)
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+    # Turned off: nothing is written.
+    off = tmp_path / "off"
+    got = _run_in_new_process(model_at, tmp_path / "given.npz", tmp_path / "y4.npy", off, ONNXSTITCH_PLAN_CACHE="0")
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+    assert not (off / "plans").exists()

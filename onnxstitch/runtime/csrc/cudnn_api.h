@@ -25,7 +25,7 @@ constexpr int kFloat = 0, kHalf = 2, kBfloat16 = 9;
 // cudnnBackendAttributeType_t
 constexpr int kTypeHandle = 0, kTypeDataType = 1, kTypeBoolean = 2, kTypeInt64 = 3, kTypeFloat = 4, kTypeDouble = 5,
               kTypeVoidPtr = 6, kTypeConvolutionMode = 7, kTypeHeurMode = 8, kTypePointwiseMode = 14,
-              kTypeBackendDescriptor = 15;
+              kTypeBackendDescriptor = 15, kTypeChar = 24;
 // cudnnBackendDescriptorType_t
 constexpr int kPointwiseDescriptor = 0, kConvolutionDescriptor = 1, kEngineCfgDescriptor = 3,
               kEngineHeurDescriptor = 4, kExecutionPlanDescriptor = 5, kOperationConvolutionForwardDescriptor = 10,
@@ -40,7 +40,7 @@ constexpr int kAttrConvolutionCompType = 100, kAttrConvolutionConvMode = 101, kA
 constexpr int kAttrEngineHeurMode = 200, kAttrEngineHeurOperationGraph = 201, kAttrEngineHeurResults = 202;
 constexpr int kAttrEngineCfgWorkspaceSize = 303;
 constexpr int kAttrExecutionPlanHandle = 400, kAttrExecutionPlanEngineConfig = 401,
-              kAttrExecutionPlanWorkspaceSize = 402;
+              kAttrExecutionPlanWorkspaceSize = 402, kAttrExecutionPlanJsonRepresentation = 405;
 constexpr int kAttrConvolutionForwardAlpha = 700, kAttrConvolutionForwardBeta = 701,
               kAttrConvolutionForwardConvDesc = 702, kAttrConvolutionForwardW = 703, kAttrConvolutionForwardX = 704,
               kAttrConvolutionForwardY = 705;

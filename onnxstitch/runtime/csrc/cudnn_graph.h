@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -66,10 +68,18 @@ inline std::vector<int64_t> PackedStrides(const std::vector<int64_t>& dims) {
   return s;
 }
 
+// Where a plan's engine configuration came from: the heuristic mode and its place in that mode's
+// list, so that a later process finalizes that one configuration alone (plan_cache.h).
+struct Origin {
+  int mode = 0;
+  int64_t index = -1;
+};
+
 // A finalized plan and the workspace it needs.
 struct Plan {
   Desc plan;
   int64_t workspace = 0;
+  Origin origin;
 };
 
 // Builds one graph: each call adds a tensor or an operation; the first failure is kept and every
@@ -158,9 +168,11 @@ class Graph {
   }
 
   // The graph's plans in the heuristic's order (mode A, else the fallback engines), each
-  // finalized and needing at most max_workspace bytes; at most `want` of them. An error when
-  // there is none.
-  std::string Plans(int64_t max_workspace, size_t want, std::vector<Plan>* out) {
+  // finalized and needing at most max_workspace bytes; at most `want` of them, or with `only`
+  // that configuration alone. An error when there is none. Configurations are finalized
+  // `want` at a time in threads: a runtime-fusion engine compiles its kernel there (about a
+  // second each), and cuDNN builds plans of one graph concurrently.
+  std::string Plans(int64_t max_workspace, size_t want, std::vector<Plan>* out, const Origin* only = nullptr) {
     if (!error_.empty()) return error_;
     if (ops_.empty()) return "an empty cuDNN graph";
     Descriptor graph = Make(kOperationGraphDescriptor, "operation graph");
@@ -173,28 +185,55 @@ class Graph {
     if (!error_.empty()) return error_;
     std::string why;
     for (int mode : {kHeurModeA, kHeurModeFallback}) {
+      if (only != nullptr && only->mode != mode) continue;
       std::vector<Desc> configs;
       why = Configs(graph, mode, &configs);
-      for (Desc& cfg : configs) {
-        if (out->size() >= want) break;
-        Descriptor pd = nullptr;
-        if (api_.BackendCreateDescriptor(kExecutionPlanDescriptor, &pd) != kSuccess) continue;
-        Desc plan(&api_, pd);
-        api_.BackendSetAttribute(pd, kAttrExecutionPlanHandle, kTypeHandle, 1, &handle_);
-        Descriptor c = cfg.get();
-        Status s = api_.BackendSetAttribute(pd, kAttrExecutionPlanEngineConfig, kTypeBackendDescriptor, 1, &c);
-        if (s == kSuccess) s = api_.BackendFinalize(pd);
-        if (s != kSuccess) {
-          why = "no engine finalized: " + api_.StatusText(s);
-          continue;
+      std::vector<int64_t> order;
+      for (int64_t i = 0; i < static_cast<int64_t>(configs.size()); ++i) {
+        if (only == nullptr || only->index == i) order.push_back(i);
+      }
+      for (size_t next = 0; out->size() < want && next < order.size();) {
+        const size_t n = std::min(want - out->size(), order.size() - next);
+        std::vector<Desc> plans;
+        std::vector<std::string> failed(n);
+        for (size_t j = 0; j < n; ++j) {
+          Descriptor pd = nullptr;
+          if (api_.BackendCreateDescriptor(kExecutionPlanDescriptor, &pd) != kSuccess) pd = nullptr;
+          plans.emplace_back(&api_, pd);
         }
-        int64_t ws = 0, n = 0;
-        api_.BackendGetAttribute(pd, kAttrExecutionPlanWorkspaceSize, kTypeInt64, 1, &n, &ws);
-        if (ws > max_workspace) {
-          why = "every engine needs more than " + std::to_string(max_workspace >> 20) + " MiB of workspace";
-          continue;
+        auto finalize = [&](size_t j) {
+          Descriptor pd = plans[j].get();
+          if (pd == nullptr) {
+            failed[j] = "cudnnBackendCreateDescriptor(execution plan) failed";
+            return;
+          }
+          api_.BackendSetAttribute(pd, kAttrExecutionPlanHandle, kTypeHandle, 1, &handle_);
+          Descriptor c = configs[static_cast<size_t>(order[next + j])].get();
+          Status st = api_.BackendSetAttribute(pd, kAttrExecutionPlanEngineConfig, kTypeBackendDescriptor, 1, &c);
+          if (st == kSuccess) st = api_.BackendFinalize(pd);
+          if (st != kSuccess) failed[j] = "no engine finalized: " + api_.StatusText(st);  // this thread's message
+        };
+        if (n == 1) {
+          finalize(0);
+        } else {
+          std::vector<std::thread> threads;
+          for (size_t j = 0; j < n; ++j) threads.emplace_back(finalize, j);
+          for (std::thread& t : threads) t.join();
         }
-        out->push_back(Plan{std::move(plan), ws});
+        for (size_t j = 0; j < n; ++j) {
+          if (!failed[j].empty()) {
+            why = failed[j];
+            continue;
+          }
+          int64_t ws = 0, got = 0;
+          api_.BackendGetAttribute(plans[j].get(), kAttrExecutionPlanWorkspaceSize, kTypeInt64, 1, &got, &ws);
+          if (ws > max_workspace) {
+            why = "every engine needs more than " + std::to_string(max_workspace >> 20) + " MiB of workspace";
+            continue;
+          }
+          out->push_back(Plan{std::move(plans[j]), ws, Origin{mode, order[next + j]}});
+        }
+        next += n;
       }
       if (!out->empty()) return "";
     }
@@ -257,6 +296,40 @@ class Graph {
   std::vector<Desc> owned_;
   std::vector<Descriptor> ops_;
 };
+
+// The plan as cuDNN serializes it: runtime-compiled engines only, their kernel included; "" for
+// the others (and where this cuDNN cannot).
+inline std::string PlanJson(const Api& api, const Plan& p) {
+  int64_t n = 0;
+  if (api.BackendGetAttribute(p.plan.get(), kAttrExecutionPlanJsonRepresentation, kTypeChar, 0, &n, nullptr) != kSuccess ||
+      n <= 0) {
+    return "";
+  }
+  std::string text(static_cast<size_t>(n), '\0');
+  if (api.BackendGetAttribute(p.plan.get(), kAttrExecutionPlanJsonRepresentation, kTypeChar, n, &n, &text[0]) != kSuccess) {
+    return "";
+  }
+  text.resize(strnlen(text.data(), text.size()));
+  return text;
+}
+
+// A plan from PlanJson's text, on this handle (the same GPU and cuDNN that wrote it, which the
+// caller's key ensures): "" on success, else why not.
+inline std::string PlanFromJson(const Api& api, Handle handle, const std::string& json, Plan* out) {
+  Descriptor pd = nullptr;
+  Status s = api.BackendCreateDescriptor(kExecutionPlanDescriptor, &pd);
+  if (s != kSuccess) return "cudnnBackendCreateDescriptor(execution plan): " + api.StatusText(s);
+  Desc plan(&api, pd);
+  s = api.BackendSetAttribute(pd, kAttrExecutionPlanJsonRepresentation, kTypeChar, static_cast<int64_t>(json.size()),
+                              json.data());
+  if (s == kSuccess) s = api.BackendSetAttribute(pd, kAttrExecutionPlanHandle, kTypeHandle, 1, &handle);
+  if (s == kSuccess) s = api.BackendFinalize(pd);
+  if (s != kSuccess) return "a saved cuDNN plan did not load: " + api.StatusText(s);
+  int64_t ws = 0, got = 0;
+  api.BackendGetAttribute(pd, kAttrExecutionPlanWorkspaceSize, kTypeInt64, 1, &got, &ws);
+  *out = Plan{std::move(plan), ws, Origin{}};
+  return "";
+}
 
 // Runs a plan on the handle's stream with the given tensors bound by id.
 inline std::string Execute(const Api& api, Handle handle, const Plan& plan, const std::vector<int64_t>& uids,

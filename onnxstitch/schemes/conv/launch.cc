@@ -12,7 +12,9 @@
 // Per CUDA context a cuDNN and a cuBLASLt handle (one stream at a time: their stream is set under
 // the lock); per input shape and attributes the cuDNN plan, shared by the process's nodes: the
 // fastest of the heuristic's first four where the stream is not being captured (timed on it
-// once), else the first.
+// once), else the first. The choice is saved on disk (plan_cache.h) and loaded by later
+// processes on the same kind of GPU, driver and cuDNN: the plan itself where cuDNN serializes it
+// (runtime-compiled engines), else which configuration won, finalized alone.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,12 +22,14 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "cublaslt_api.h"
 #include "cudnn_graph.h"
+#include "plan_cache.h"
 #include "scheme.h"
 
 namespace onnxstitch {
@@ -36,6 +40,7 @@ constexpr int64_t kFloat = 1, kFloat16 = 10;  // TensorProto element types
 constexpr int kRounds = 3, kReps = 10;  // timing each candidate engine at the first call (Fastest)
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
+constexpr const char* kSavedMagic = "onnxstitch conv plan";  // the first line of a saved plan (plan_cache.h)
 // conv_activation codes (schemes/conv/spec.py ACTIVATIONS).
 enum Activation {
   kNone = 0, kRelu, kClip, kLeakyRelu, kSilu, kSigmoid, kTanh, kGelu, kGeluTanh, kHardSwish, kHardSigmoid, kActivations
@@ -493,6 +498,8 @@ class Conv final : public Scheme {
         auto found = lib.plans.find(key);
         if (found != lib.plans.end()) shared = found->second;
       }
+      const std::string saved_at = SavedPath(call.Driver(), api, g);
+      if (shared == nullptr) shared = Saved(api, handle, g, saved_at);
       if (shared == nullptr) {
         dnn::Graph graph(api, handle);
         Build(graph, g);
@@ -507,9 +514,13 @@ class Conv final : public Scheme {
         // The fastest on this call's tensors, as the heuristic's order is often wrong: 3 rounds
         // of 10 runs. Convolutions here take 3-30 µs; one round of 3 left the choice to noise
         // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
+        bool timed = false;
         const size_t best = Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
           return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
-        });
+        }, &timed);
+        // Saved only when it was a choice by time (or the only one): an untimed first pick
+        // (under capture) is left for a later process to time.
+        if (timed || plans.size() == 1) Save(api, plans[best], saved_at);
         shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
         std::lock_guard<std::mutex> lock(lib.plans_mu);
         shared = lib.plans.emplace(key, shared).first->second;  // another node may have made it meanwhile
@@ -521,6 +532,60 @@ class Conv final : public Scheme {
       return call.Scratch(static_cast<size_t>(it->second->workspace), workspace);
     }
     return {};
+  }
+
+  // The file a plan of this geometry is saved in, "" when plans are not saved: everything the
+  // plan depends on besides the graph (PlanKey without the context) is in the key: the kind of
+  // GPU, the driver and cuDNN.
+  std::string SavedPath(const cu::Driver& d, const dnn::Api& api, const Geometry& g) const {
+    cu::Device dev = 0;
+    int major = 0, minor = 0, sms = 0, driver = 0;
+    if (d.CtxGetDevice == nullptr || d.CtxGetDevice(&dev) != cu::kSuccess ||
+        d.DeviceGetAttribute(&major, cu::kAttrComputeCapabilityMajor, dev) != cu::kSuccess ||
+        d.DeviceGetAttribute(&minor, cu::kAttrComputeCapabilityMinor, dev) != cu::kSuccess ||
+        d.DeviceGetAttribute(&sms, cu::kAttrMultiprocessorCount, dev) != cu::kSuccess ||
+        d.DriverGetVersion == nullptr || d.DriverGetVersion(&driver) != cu::kSuccess) {
+      return "";
+    }
+    Geometry any = g;
+    any.ctx = 0;
+    return plan_cache::PathOf("conv plan v1|sm " + std::to_string(major * 10 + minor) + "|" + std::to_string(sms) +
+                              " SMs|driver " + std::to_string(driver) + "|cudnn " + std::to_string(api.GetVersion()) +
+                              "|" + PlanKey(any));
+  }
+
+  // A saved plan ("onnxstitch conv plan", the winning configuration's mode and index, then
+  // cuDNN's serialized plan or nothing), made on this handle; null when there is none or it no
+  // longer loads (the caller then chooses again and saves anew).
+  std::shared_ptr<const dnn::Plan> Saved(const dnn::Api& api, dnn::Handle handle, const Geometry& g,
+                                         const std::string& path) const {
+    std::string text;
+    if (!plan_cache::Read(path, &text)) return nullptr;
+    std::istringstream in(text);
+    std::string magic;
+    dnn::Origin origin;
+    if (!std::getline(in, magic) || magic != kSavedMagic || !(in >> origin.mode >> origin.index) || in.get() != '\n') {
+      return nullptr;
+    }
+    const std::streamoff at = in.tellg();
+    const std::string json = at < 0 ? "" : text.substr(static_cast<size_t>(at));
+    dnn::Plan plan;
+    // (Only what looks whole goes to cuDNN's parser: a cut file falls back to the configuration.)
+    const bool whole = json.size() > 1 && json.front() == '{' && json.back() == '}';
+    if (whole && dnn::PlanFromJson(api, handle, json, &plan).empty() && plan.workspace <= kMaxWorkspace) {
+      return std::make_shared<const dnn::Plan>(std::move(plan));
+    }
+    dnn::Graph graph(api, handle);
+    Build(graph, g);
+    std::vector<dnn::Plan> plans;
+    if (!graph.Plans(kMaxWorkspace, 1, &plans, &origin).empty() || plans.empty()) return nullptr;
+    return std::make_shared<const dnn::Plan>(std::move(plans[0]));
+  }
+
+  static void Save(const dnn::Api& api, const dnn::Plan& plan, const std::string& path) {
+    if (path.empty() || plan.origin.index < 0) return;
+    plan_cache::Write(path, std::string(kSavedMagic) + "\n" + std::to_string(plan.origin.mode) + " " +
+                                std::to_string(plan.origin.index) + "\n" + dnn::PlanJson(api, plan));
   }
 
   // Frees the filters this node made.

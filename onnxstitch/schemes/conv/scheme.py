@@ -65,6 +65,7 @@ class Conv:
     matcher = MATCHER
     relayout = layout.RELAYOUT
     fallback_verbatim = True  # the body is the scheme's own (`fallback`)
+    plans_per_shape = True  # cuDNN's engines, compiled and timed at first run (registry.plans_per_shape)
 
     def claims(self, graph: FusionGraph, nodes: frozenset[int]) -> bool:
         return False  # its groups are its matcher's
