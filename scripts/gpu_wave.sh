@@ -19,6 +19,8 @@
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
 #   cnn      issue 36, carry build/cnnc: CNN_JOBS="resnet50-float32 nudenet-320n@8 ..." with and without
 #            epilogues, benched plain and in graphs (session start and first run too), a GPU a job
+#   epi      issue 36, carry build/cnnc: EPI_MODELS optimized with --epilogues (cold, cuDNN plan
+#            times logged), then their first inference and speed in CUDA graphs
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
@@ -162,6 +164,37 @@ PY
     wait
     cat "$OUT"/cnn-*/gpu_conv.log > "$log"
     grep -h "speedup\|optimize" "$OUT"/cnn-*/gpu_conv.log
+    ;;
+  epi)  # issue 36, carry build/cnnc: EPI_MODELS optimized with --epilogues, cold, side by side (a GPU
+    # each), cuDNN's plan times logged (ONNXSTITCH_PLAN_LOG), then the first inference in a new process
+    gpus=$(nvidia-smi -L | wc -l); i=0
+    for name in ${EPI_MODELS:?EPI_MODELS}; do
+      [ -f "/tmp/zoo/$name.onnx" ] || python3 scripts/carry_weights.py fill "build/cnnc/$name.onnx" /tmp/zoo >/dev/null
+      (export CUDA_VISIBLE_DEVICES=$((i % gpus)) ONNXSTITCH_PLAN_LOG=1
+       /usr/bin/time -f "$name: optimize %e s, peak %M KB" python3 -m onnxstitch.cli optimize "/tmp/zoo/$name.onnx" \
+         --shape batch=8 --epilogues -q -o "/tmp/$name-epi.onnx" --report "$OUT/$name-report.json" > "$OUT/$name-optimize.log" 2>&1
+       python3 -m onnxstitch.cli bench "/tmp/zoo/$name.onnx" --stitched "/tmp/$name-epi.onnx" --shape batch=8 \
+         --cuda-graph --iters 100 --json > "$OUT/$name-bench.json" 2> "$OUT/$name-bench.log") &
+      i=$((i + 1))
+    done
+    wait
+    for name in $EPI_MODELS; do
+      python3 - "$OUT" "$name" <<'PY' | tee -a "$log"
+import json, re, sys
+out, name = sys.argv[1:]
+text = open(f"{out}/{name}-optimize.log").read()
+stages = json.load(open(f"{out}/{name}-report.json")).get("stage_seconds", {})
+chosen = [tuple(map(int, m)) for m in re.findall(r"chosen in (\d+) ms: heuristics (\d+) ms, finalizing \d+ plans (\d+) ms", text)]
+loaded = [int(m) for m in re.findall(r"loaded in (\d+) ms", text)]
+wall = re.findall(r"optimize ([\d.]+) s, peak (\d+) KB", text)
+print(f"{name}: {wall}, stages { {k: round(v, 1) for k, v in stages.items() if v > 0.3} }")
+print(f"  plans chosen {len(chosen)}: total {sum(c[0] for c in chosen)} ms, heuristics {sum(c[1] for c in chosen)} ms, "
+      f"finalize {sum(c[2] for c in chosen)} ms; loaded {len(loaded)} in {sum(loaded)} ms")
+b = json.load(open(f"{out}/{name}-bench.json"))
+print("  bench: " + "  ".join(f"{k}: {v['median_ms']:.3f} ms (first {v['startup_s']:.2f} s)" for k, v in b["configs"].items())
+      + f"  speedup {b['speedup']:.3f}")
+PY
+    done
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \

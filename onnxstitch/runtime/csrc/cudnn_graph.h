@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -89,6 +90,9 @@ class Graph {
   Graph(const Api& api, Handle handle) : api_(api), handle_(handle) {}
 
   const std::string& error() const { return error_; }
+
+  // Milliseconds Plans spent in cuDNN's heuristics and in finalizing plans (the engines' compiles).
+  double heuristics_ms = 0, finalize_ms = 0;
 
   Descriptor Tensor(const TensorSpec& t) {
     Descriptor d = Make(kTensorDescriptor, "tensor");
@@ -187,7 +191,10 @@ class Graph {
     for (int mode : {kHeurModeA, kHeurModeFallback}) {
       if (only != nullptr && only->mode != mode) continue;
       std::vector<Desc> configs;
+      auto began = std::chrono::steady_clock::now();
       why = Configs(graph, mode, &configs);
+      heuristics_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+      began = std::chrono::steady_clock::now();
       std::vector<int64_t> order;
       for (int64_t i = 0; i < static_cast<int64_t>(configs.size()); ++i) {
         if (only == nullptr || only->index == i) order.push_back(i);
@@ -235,6 +242,7 @@ class Graph {
         }
         next += n;
       }
+      finalize_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
       if (!out->empty()) return "";
     }
     return "cuDNN has no engine for this graph (" + why + ")";

@@ -16,7 +16,10 @@
 // processes on the same kind of GPU, driver and cuDNN: the plan itself where cuDNN serializes it
 // (runtime-compiled engines), else which configuration won, finalized alone.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -498,8 +501,11 @@ class Conv final : public Scheme {
         auto found = lib.plans.find(key);
         if (found != lib.plans.end()) shared = found->second;
       }
+      const auto began = std::chrono::steady_clock::now();
       const std::string saved_at = SavedPath(call.Driver(), api, g);
-      if (shared == nullptr) shared = Saved(api, handle, g, saved_at);
+      if (shared == nullptr && (shared = Saved(api, handle, g, saved_at)) != nullptr) {
+        Log("loaded in " + Ms(began) + " (" + What(g) + ")");
+      }
       if (shared == nullptr) {
         dnn::Graph graph(api, handle);
         Build(graph, g);
@@ -521,6 +527,9 @@ class Conv final : public Scheme {
         // Saved only when it was a choice by time (or the only one): an untimed first pick
         // (under capture) is left for a later process to time.
         if (timed || plans.size() == 1) Save(api, plans[best], saved_at);
+        Log("chosen in " + Ms(began) + ": heuristics " + std::to_string(static_cast<int>(graph.heuristics_ms)) +
+            " ms, finalizing " + std::to_string(plans.size()) + " plans " +
+            std::to_string(static_cast<int>(graph.finalize_ms)) + " ms (" + What(g) + ")");
         shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
         std::lock_guard<std::mutex> lock(lib.plans_mu);
         shared = lib.plans.emplace(key, shared).first->second;  // another node may have made it meanwhile
@@ -586,6 +595,19 @@ class Conv final : public Scheme {
     if (path.empty() || plan.origin.index < 0) return;
     plan_cache::Write(path, std::string(kSavedMagic) + "\n" + std::to_string(plan.origin.mode) + " " +
                                 std::to_string(plan.origin.index) + "\n" + dnn::PlanJson(api, plan));
+  }
+
+  // With ONNXSTITCH_PLAN_LOG=1, where each plan's time went, one line on stderr.
+  static void Log(const std::string& line) {
+    static const bool on = [] {
+      const char* v = std::getenv("ONNXSTITCH_PLAN_LOG");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    if (on) std::fprintf(stderr, "onnxstitch conv plan %s\n", line.c_str());
+  }
+  static std::string Ms(std::chrono::steady_clock::time_point since) {
+    return std::to_string(static_cast<int>(
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count())) + " ms";
   }
 
   // Frees the filters this node made.
