@@ -501,36 +501,40 @@ class Conv final : public Scheme {
         auto found = lib.plans.find(key);
         if (found != lib.plans.end()) shared = found->second;
       }
-      const auto began = std::chrono::steady_clock::now();
-      const std::string saved_at = SavedPath(call.Driver(), api, g);
-      if (shared == nullptr && (shared = Saved(api, handle, g, saved_at)) != nullptr) {
-        Log("loaded in " + Ms(began) + " (" + What(g) + ")");
-      }
       if (shared == nullptr) {
-        dnn::Graph graph(api, handle);
-        Build(graph, g);
-        std::vector<dnn::Plan> plans;
-        const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
-        if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
-        int64_t most = 0;
-        for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
-        if (most > 0) {
-          if (Error e = call.Scratch(static_cast<size_t>(most), workspace)) return e;
+        // Saved by an earlier process (or session: the plans of one made in memory are shared
+        // below), else chosen now and saved.
+        const auto began = std::chrono::steady_clock::now();
+        const std::string saved_at = SavedPath(call.Driver(), api, g);
+        shared = Saved(api, handle, g, saved_at);
+        if (shared != nullptr) {
+          Log("loaded in " + Ms(began) + " (" + What(g) + ")");
+        } else {
+          dnn::Graph graph(api, handle);
+          Build(graph, g);
+          std::vector<dnn::Plan> plans;
+          const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
+          if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
+          int64_t most = 0;
+          for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
+          if (most > 0) {
+            if (Error e = call.Scratch(static_cast<size_t>(most), workspace)) return e;
+          }
+          // The fastest on this call's tensors, as the heuristic's order is often wrong: 3 rounds
+          // of 10 runs. Convolutions here take 3-30 µs; one round of 3 left the choice to noise
+          // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
+          bool timed = false;
+          const size_t best = Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
+            return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
+          }, &timed);
+          // Saved only when it was a choice by time (or the only one): an untimed first pick
+          // (under capture) is left for a later process to time.
+          if (timed || plans.size() == 1) Save(api, plans[best], saved_at);
+          Log("chosen in " + Ms(began) + ": heuristics " + std::to_string(static_cast<int>(graph.heuristics_ms)) +
+              " ms, finalizing " + std::to_string(plans.size()) + " plans " +
+              std::to_string(static_cast<int>(graph.finalize_ms)) + " ms (" + What(g) + ")");
+          shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
         }
-        // The fastest on this call's tensors, as the heuristic's order is often wrong: 3 rounds
-        // of 10 runs. Convolutions here take 3-30 µs; one round of 3 left the choice to noise
-        // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
-        bool timed = false;
-        const size_t best = Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
-          return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
-        }, &timed);
-        // Saved only when it was a choice by time (or the only one): an untimed first pick
-        // (under capture) is left for a later process to time.
-        if (timed || plans.size() == 1) Save(api, plans[best], saved_at);
-        Log("chosen in " + Ms(began) + ": heuristics " + std::to_string(static_cast<int>(graph.heuristics_ms)) +
-            " ms, finalizing " + std::to_string(plans.size()) + " plans " +
-            std::to_string(static_cast<int>(graph.finalize_ms)) + " ms (" + What(g) + ")");
-        shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
         std::lock_guard<std::mutex> lock(lib.plans_mu);
         shared = lib.plans.emplace(key, shared).first->second;  // another node may have made it meanwhile
       }
