@@ -48,13 +48,19 @@ class Core:
     transposed: bool = True
     bias: tuple[int, ...] | None = None  # a term added before the mask (T5's position bias)
     dtype: int = TP.FLOAT  # of every tensor: operands, terms, scale and context
+    dv: int | None = None  # V's and the context's head width, where not d (LeViT's values are wider)
+
+    @property
+    def values(self) -> int:
+        return self.d if self.dv is None else self.dv
 
     @property
     def id(self) -> str:
         m = "x".join(map(str, self.mask)) if self.mask else "none"
         bias = f"-bias{'x'.join(map(str, self.bias))}" if self.bias else ""
         kind = "" if self.dtype == TP.FLOAT else f"-{np_dtype(self.dtype).name}"
-        return (f"{'x'.join(map(str, self.lead))}-q{self.sq}-k{self.sk}-d{self.d}-mask{m}{bias}"
+        return (f"{'x'.join(map(str, self.lead))}-q{self.sq}-k{self.sk}-d{self.d}"
+                f"{f'-dv{self.dv}' if self.dv is not None else ''}-mask{m}{bias}"
                 f"{'-T' if self.transposed else ''}{kind}")
 
 
@@ -64,7 +70,8 @@ def core_model(c: Core, dtype: int | None = None, opset: int = 18, seq: str | No
     dtype = c.dtype if dtype is None else dtype
     vi = helper.make_tensor_value_info
     sq, sk = (seq, seq) if seq else (c.sq, c.sk)
-    ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]), vi("v", dtype, [*c.lead, sk, c.d])]
+    ins = [vi("q", dtype, [*c.lead, sq, c.d]), vi("kt", dtype, [*c.lead, c.d, sk]),
+           vi("v", dtype, [*c.lead, sk, c.values])]
     return _model(c, [], ins, [], dtype, opset, seq)
 
 
@@ -82,10 +89,10 @@ def _model(c: Core, nodes: list[onnx.NodeProto], ins: list, inits: list, dtype: 
         last = "sm"
     nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["ctx"])]
     sq, sk = (seq, seq) if seq else (c.sq, c.sk)
-    out_shape = [*c.lead, sq, c.d]
+    out_shape = [*c.lead, sq, c.values]
     if c.transposed:
         nodes.append(helper.make_node("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3]))
-        out_shape = [c.lead[0], sq, c.lead[1], c.d]
+        out_shape = [c.lead[0], sq, c.lead[1], c.values]
     else:
         nodes[-1].output[0] = "y"
     vi = helper.make_tensor_value_info
@@ -103,7 +110,7 @@ def core_feeds(c: Core, rng: np.random.Generator, masked: float | None = -3.4e38
     clamped to the type's), a tenth masked, never a whole row, or with `masked` None normal
     values (scaled by 2)."""
     feeds = {"q": rng.standard_normal((*c.lead, c.sq, c.d)), "kt": rng.standard_normal((*c.lead, c.d, c.sk)),
-             "v": rng.standard_normal((*c.lead, c.sk, c.d))}
+             "v": rng.standard_normal((*c.lead, c.sk, c.values))}
     if c.bias is not None:
         feeds["bias"] = rng.standard_normal(c.bias)
     if c.mask is not None and masked is None:
@@ -144,6 +151,10 @@ CORES = [
     Core((2, 3), 197, 197, 64, None),
     Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False),
     Core((2, 4), 70, 70, 64, (2, 1, 1, 70), bias=(1, 4, 70, 70)),
+    # LeViT's (batch 8): values wider than the keys, a learned bias per head; its downsampling
+    # attention, 49 queries over 196 keys with values four times as wide
+    Core((8, 4), 196, 196, 16, (4, 196, 196), dv=32),
+    Core((8, 8), 49, 196, 16, None, dv=64),
 ]
 
 

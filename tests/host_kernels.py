@@ -208,6 +208,7 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
     `spec.queries` queries). Host launches and scripts/bench_attention.py share it."""
     spec = src.spec
     head, queries, masks, transposed, projected = spec.head_size, spec.queries, spec.masks, spec.transposed, spec.projected
+    values = spec.value_size or head  # V's and the context's head width
     first = 6 if projected and spec.biases else 3
     assert len(shapes) == len(pointers) == first + masks, "q, kᵀ, v (or xq, xk, xv and biases) and the masks"
     qs, ks, vs = shapes[:3]
@@ -230,10 +231,10 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
     else:
         r = len(qs)
         assert 3 <= r <= 4 and len(ks) == r and len(vs) == r and (r == 4 or not transposed)
-        assert qs[-1] == head and ks[-2] == head and vs[-1] == head and ks[-1] == vs[-2]
+        assert qs[-1] == head and ks[-2] == head and vs[-1] == values and ks[-1] == vs[-2]
         assert qs[:-2] == ks[:-2] == vs[:-2]
         scores = (qs[0] if r == 4 else 1, qs[r - 3], qs[-2], ks[-1])
-    a.rank, a.n = 4, math.prod(scores[:3]) * head
+    a.rank, a.n = 4, math.prod(scores[:3]) * values
     for d, s in enumerate(scores):
         a.dims[d] = s
     for k, p in enumerate(pointers):
@@ -247,7 +248,7 @@ def attention_args(src: KernelSource, shapes: Sequence[tuple[int, ...]], pointer
     if projected:
         want = (scores[0], scores[2], scores[1], head) if transposed else (*scores[:3], head)
     else:
-        want = (scores[0], scores[2], scores[1], head) if transposed else tuple(qs)
+        want = (scores[0], scores[2], scores[1], values) if transposed else (*qs[:-1], values)
     assert tuple(out_shape) == want, f"the context is {want}, not {tuple(out_shape)}"
     a.out[0] = out
     return a, scores[0] * scores[1] * math.ceil(scores[2] / queries)

@@ -508,3 +508,21 @@ def test_exported_sdpa_models_get_one_attention_kernel_per_layer(name: str) -> N
     assert res.report.verification is not None and res.report.verification.tensors_checked
     kernels = {k["group"]: k for k in res.report.kernels}
     assert all(kernels[grp.name]["scheme"] == "attention" for grp in chains)
+
+
+def test_values_of_their_own_width_are_one_kernel_and_say_so() -> None:
+    """LeViT's chains: keys 16 wide, values 32. The match keeps both widths, the spec writes the
+    value size (and only there: chains whose values are as wide as the keys write none), and a
+    width the kernel cannot take is refused with why."""
+    from onnxstitch.schemes.attention import codegen
+
+    c = Core((2, 4), 49, 49, 16, (4, 49, 49), dv=32)
+    g, found = attention_graph(core_model(c))
+    (m,) = found.matches
+    assert (m.head_dim, m.value_dim, m.values) == (16, 32, 32) and "(values 32)" in m.describe()
+    attrs = codegen.generate(g, "stitch_h0", m).spec.attributes()
+    assert attrs["attention_head_size"] == 16 and attrs["attention_value_size"] == 32
+    g, found = attention_graph(core_model(dataclasses.replace(c, dv=None)))
+    assert "attention_value_size" not in codegen.generate(g, "stitch_h0", found.matches[0]).spec.attributes()
+    g, found = attention_graph(core_model(dataclasses.replace(c, dv=20)))
+    assert not found.matches and any("value head size 20: a multiple of 8" in r for r in found.refusals), found.refusals

@@ -23,11 +23,12 @@ extern "C" int attention_dims(const long long* spec, long long spec_size, const 
                               const long long* ranks, long long n_in, long long* dims, long long* strides,
                               long long* widths, char* error, int error_size) {
   // spec: head size, queries, threads, shared bytes, masks, transposed(, heads, 3 offsets, biased)
-  // (, KV group: 7 values)
+  // (, KV group: 7 values)(, KV group, value size: 8 values)
   onnxstitch::AttentionSpec s;
   s.head = spec[0], s.queries = spec[1], s.threads = spec[2], s.shared = spec[3];
   s.masks = static_cast<int>(spec[4]), s.transposed = spec[5] != 0;
-  if (spec_size == 7) s.kv_group = spec[6];
+  if (spec_size == 7 || spec_size == 8) s.kv_group = spec[6];
+  if (spec_size == 8) s.value = spec[7];  // V's own head width
   if (spec_size == 11) {
     s.projected = true, s.heads = spec[6], s.biased = spec[10] != 0;
     for (int i = 0; i < 3; ++i) s.offsets[i] = spec[7 + i];
@@ -192,3 +193,18 @@ def test_grouped_dims_take_kv_with_fewer_heads(dims_lib, b, heads, group, sq, sk
 def test_grouped_dims_refuse_what_does_not_fit(dims_lib, shapes, group, message) -> None:
     ok, _, _, why = call_grouped(dims_lib, 16, shapes, group)
     assert not ok and message in why, why
+
+
+@pytest.mark.parametrize("lead,sq,sk,dv", [((2, 4), 49, 49, 32), ((6,), 16, 49, 64), ((1, 2), 70, 90, 8)])
+def test_values_of_their_own_width(dims_lib, lead, sq, sk, dv) -> None:
+    d = 16
+    shapes = [(*lead, sq, d), (*lead, d, sk), (*lead, sk, dv)]
+    ok, dims, _, _, why = _dims(dims_lib, (d, 64, 128, 0, 0, 0, 1, dv), shapes, 0)
+    assert ok, why
+    assert dims == (((1,) if len(lead) == 1 else ()) + (*lead, sq, sk))
+    # The spec without the value size takes V as wide as q: these do not fit it.
+    ok, _, _, _, why = _dims(dims_lib, (d, 64, 128, 0, 0, 0, 1, 0), shapes, 0)
+    assert not ok and "do not fit" in why
+    # Values of their own width are for plain operands: not with grouped KV heads.
+    ok, _, _, _, why = _dims(dims_lib, (d, 64, 128, 0, 0, 0, 2, dv), shapes, 0)
+    assert not ok and "value size" in why

@@ -96,6 +96,11 @@ CASES = {
     "rank3_no_mask": Case(Core((3,), 70, 64, 32, None, transposed=False)),
     "t5_position_bias_then_padding": Case(Core((2, 2), 70, 70, 32, (2, 1, 1, 70), bias=(1, 2, 70, 70)), padding=True),
     "bias_alone": Case(Core((1, 2), 20, 33, 16, None, bias=(20, 33))),
+    # Values wider than the keys, as LeViT's (keys 16 wide, values 32 or 64; a learned bias per
+    # head added to the scores), and narrower, ragged.
+    "levit_values_twice_keys": Case(Core((2, 4), 49, 49, 16, (4, 49, 49), dv=32)),
+    "levit_values_4x_few_queries": Case(Core((2, 2), 16, 49, 16, (2, 1, 1, 49), dv=64), padding=True),
+    "values_narrower_ragged": Case(Core((1, 2), 70, 90, 32, None, transposed=False, dv=16)),
 }
 
 
@@ -153,6 +158,7 @@ def check_case(name: str, c: Case, options: codegen_attention.AttentionOptions, 
     terms = (core.bias is not None) + (core.mask is not None)
     assert (match.head_dim, len(match.masks), match.transposed) == (core.d, terms, core.transposed)
     assert src.shape_rule == "attention" and src.spec.head_size == core.d and src.spec.dtype == core.dtype
+    assert src.spec.value_size == (0 if core.dv in (None, core.d) else core.dv) and match.values == core.values
     seed = fresh_seed()
     feeds = feeds_for(c, np.random.default_rng(seed))
     ins = [feeds[t] for t in src.inputs]
@@ -182,6 +188,9 @@ HALF_CASES = {name: CASES[name] for name in ("bert_64", "ragged_70_rows_mask", "
     "head_8": Case(Core((2, 2), 33, 65, 8, (2, 2, 33, 65), transposed=False)),
     "head_24_padded_slice": Case(Core((1, 3), 40, 70, 24, (1, 1, 1, 70)), padding=True),
     "head_128": Case(Core((1, 2), 64, 64, 128, None, transposed=False)),
+    "levit_values_twice_keys": CASES["levit_values_twice_keys"],
+    "levit_values_4x_few_queries": CASES["levit_values_4x_few_queries"],
+    "values_narrower_ragged": CASES["values_narrower_ragged"],
 }
 
 

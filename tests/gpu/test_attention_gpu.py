@@ -120,7 +120,7 @@ def _half_on_gpu(model, feeds: dict, want: np.ndarray, dtype: str) -> tuple[dict
 
 # BERT's core, ragged tiles with a per-row mask, few queries against long keys, rank 3 with a
 # broadcast mask, head size 128, head size 8 (a padded 16-wide slice), T5's bias.
-HALF_CORES = [CORES[0], CORES[1], CORES[2], CORES[3], CORES[4], CORES[6], CORES[7]]
+HALF_CORES = [CORES[0], CORES[1], CORES[2], CORES[3], CORES[4], CORES[6], CORES[7], CORES[8], CORES[9]]
 
 
 @pytest.mark.parametrize("dtype", list(HALVES))

@@ -33,8 +33,11 @@ struct AttentionSpec {
   // Decode entries (attention_decode_rows, 0 when absent): launches whose g · Sq query rows per
   // (batch, KV head) are at most this many run the split-KV decode kernel and its merge.
   int64_t decode_rows = 0, decode_shared = 0, decode_keys = 0;
+  // V's and the context's head width (attention_value_size) where it is not `head`; 0 when absent.
+  int64_t value = 0;
 
   size_t first_mask() const { return biased ? 6 : 3; }
+  int64_t values() const { return value > 0 ? value : head; }
 };
 
 // The spec's limits: head size a multiple of 8 up to 128, whole warps, at most kMaxMasks terms;
@@ -44,6 +47,9 @@ inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
             s.threads <= 1024 && s.threads % 32 == 0 && s.shared >= 0 && s.masks >= 0 && s.masks <= kMaxMasks;
   ok = ok && s.kv_group >= 1 && !(s.kv_group > 1 && s.projected);
   ok = ok && s.decode_rows >= 0 && s.decode_shared >= 0 && (s.decode_rows == 0 || (!s.projected && s.decode_keys > 0));
+  // Values of their own width: plain operands only (no projections, grouped heads or decode entries).
+  ok = ok && (s.value == 0 || (s.value >= 8 && s.value <= 128 && s.value % 8 == 0 && !s.projected &&
+                               s.kv_group == 1 && s.decode_rows == 0));
   if (ok && s.projected) {
     ok = s.heads >= 1;
     for (int i = 0; i < 3; ++i) ok = ok && s.offsets[i] >= 0 && s.offsets[i] % 4 == 0;
@@ -51,8 +57,9 @@ inline bool CheckAttention(const AttentionSpec& s, std::string* error) {
   if (!ok) {
     *error = "the attention spec must have a head size (a multiple of 8, 8..128), queries per block >= 1, threads "
              "(whole warps up to 1024), shared bytes >= 0, masks 0.." + std::to_string(kMaxMasks) +
-             ", a KV group >= 1 (1 with projections), decode rows >= 0 (0 with projections; then keys a tile > 0) and, for projections, heads >= 1 and q, k and v column offsets "
-             "(multiples of 4)";
+             ", a KV group >= 1 (1 with projections), decode rows >= 0 (0 with projections; then keys a tile > 0), a value "
+             "size 0 or as a head size (then no projections, KV groups or decode rows) and, for projections, heads >= 1 "
+             "and q, k and v column offsets (multiples of 4)";
   }
   return ok;
 }
@@ -68,6 +75,7 @@ inline bool AttentionOutput(const AttentionSpec& s, const std::vector<ShapeDim>&
   }
   if (q.size() < 3 || q.size() > 4 || (s.transposed && q.size() != 4)) return false;
   *out = q;
+  out->back() = ShapeDim{s.values(), ""};
   if (s.transposed) std::swap((*out)[1], (*out)[2]);
   return true;
 }
@@ -122,7 +130,7 @@ inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH
     const int64_t* k = shapes[1];
     const int64_t* v = shapes[2];
     const bool grouped = s.kv_group > 1;  // K [b, H / g, Sk, D] as rows
-    bool ok = q[r - 1] == s.head && v[r - 1] == s.head &&
+    bool ok = q[r - 1] == s.head && v[r - 1] == s.values() &&
               (grouped ? r == 4 && k[3] == s.head && k[2] == v[2] && k[0] == q[0] && v[0] == q[0] &&
                              k[1] == v[1] && k[1] * s.kv_group == q[1]
                        : k[r - 2] == s.head && k[r - 1] == v[r - 2]);
@@ -133,7 +141,9 @@ inline bool AttentionDims(const AttentionSpec& s, const int64_t (*shapes)[STITCH
                              " q heads per KV head (q [b, H, Sq, D], K and V [b, H / " +
                              std::to_string(s.kv_group) + ", Sk, D])"
                        : "q " + text(0) + ", kᵀ " + text(1) + ", v " + text(2) + " do not fit a kernel for heads of " +
-                             std::to_string(s.head) + " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, D], same leading dims)";
+                             std::to_string(s.head) + (s.value ? " and values of " + std::to_string(s.value) : "") +
+                             " (q [.., Sq, D], kᵀ [.., D, Sk], v [.., Sk, " + (s.value ? "Dv" : "D") +
+                             "], same leading dims)";
       return false;
     }
     // Scores [L..., Sq, Sk] as four dims.

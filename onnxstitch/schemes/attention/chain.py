@@ -104,6 +104,14 @@ class Match:
     # Scores soft-capped before the terms: softcap · tanh(product · scale), Gemma 2's logit cap
     # (the chain's division by the cap folded into `scale`); 0 for none.
     softcap: float = 0.0
+    # V's and the context's head width where it differs from q's and kᵀ's (`head_dim`): LeViT's
+    # values are two or four times as wide as its keys. 0 when they are alike.
+    value_dim: int = 0
+
+    @property
+    def values(self) -> int:
+        """The head width of V and of the context."""
+        return self.value_dim or self.head_dim
 
     def scored(self, product: str) -> str:
         """The kernels' score (C) of `product` before the added terms: scaled, and capped."""
@@ -165,7 +173,8 @@ class Match:
             read += "; decode kernel (split keys) for up to 16 rows per KV head"
         return (f"attention{kind} at '{self.softmax}': '{self.q}' · '{self.kt}' × {self.scale:g}{mask} → Softmax"
                 f"{' (NaN-guarded)' if self.guarded else ''} → · '{self.v}' → '{self.output}'"
-                f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}{read}")
+                f"{' (transposed)' if self.transposed else ''}, heads of {self.head_dim}"
+                f"{f' (values {self.value_dim})' if self.value_dim else ''}{read}")
 
 
 
@@ -199,7 +208,8 @@ def context_elements(g: FusionGraph, m: Match) -> float:
 
 
 def flops(g: FusionGraph, m: Match) -> float:
-    """The two products' arithmetic: 2·Sq·Sk·D each per (batch, head), at the planned sizes."""
-    return 4.0 * context_elements(g, m) * planned_keys(g, m)
+    """The two products' arithmetic: 2·Sq·Sk·D (the scores over q's width, the context over
+    V's) per (batch, head), at the planned sizes."""
+    return 2.0 * context_elements(g, m) * planned_keys(g, m) * (1.0 + m.head_dim / m.values)
 
 

@@ -105,16 +105,18 @@ def v_stride(head_dim: int, half: bool) -> int:
     return head_dim + 4 if head_dim % 8 == 0 else head_dim + 8
 
 
-def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False, half: bool = False) -> int:
+def shared_bytes(head_dim: int, options: AttentionOptions, projected: bool = False, half: bool = False,
+                 values: int | None = None) -> int:
     """Dynamic shared memory of one block: the K tile (as Kᵀ [D][KT + 8], or as rows [KT][D + 4]
-    when read from a projection) and the V tile (rows v_stride apart); the probabilities stay in
-    registers. Half precision: 2-byte elements, K's rows [KT][D + 8]."""
-    kt = options.keys
+    when read from a projection) and the V tile (rows v_stride apart, of `values` elements: V's
+    head width, D where None); the probabilities stay in registers. Half precision: 2-byte
+    elements, K's rows [KT][D + 8]."""
+    kt, dv = options.keys, head_dim if values is None else values
     if half:
         k_tile = kt * (head_dim + 8) if projected else head_dim * (kt + 8)
-        return 2 * (k_tile + kt * v_stride(head_dim, True))
+        return 2 * (k_tile + kt * v_stride(dv, True))
     k_tile = kt * (head_dim + 4) if projected else head_dim * (kt + 8)
-    return 4 * (k_tile + kt * v_stride(head_dim, False))
+    return 4 * (k_tile + kt * v_stride(dv, False))
 
 
 def generate(graph: FusionGraph, name: str, m: attention.Match,
@@ -125,6 +127,9 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
         options = dataclasses.replace(options, keys=128 if fl.half and m.head_dim <= 64 and
                                       128 <= attention.planned_keys(graph, m) <= 256 else 64)
     d, kt = m.head_dim, options.keys
+    # V's and the context's width: where it differs from D, named DV and its 8-column blocks NV
+    # (the other chains' sources stay as they were, with D and NT).
+    dv, nv, dvn = m.values, "NV" if m.value_dim else "NT", "DV" if m.value_dim else "D"
     threads, queries = 32 * WARPS, 16 * WARPS
     projected, biased = bool(m.projections), m.biased
     rows = projected or m.kv_group > 1  # K staged as rows [KT][KS] (read from rows), not as Kᵀ
@@ -133,11 +138,11 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
                            boolean=m.select is not None)
     term = (lambda x: x) if m.upcast else fl.load  # the added terms: float32 where upcast
     operands, stage_k, k_frag, v_bias, q_bias = _operand_code(m, projected, biased, threads, kt, fl)
-    stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, d, threads, "Sk - t0", fl, v_bias)
+    stage_v = _stage_rows("Vs", "VS", "v + (long long)t0 * VW", "VW", kt, dv, threads, "Sk - t0", fl, v_bias)
     if options.ldmatrix is None:
         options = dataclasses.replace(options, ldmatrix=rows or attention.planned_keys(graph, m) % 4 == 0)
-    ldsm = fl.half and d % 16 == 0 and options.ldmatrix
-    tile_bytes = -(-shared_bytes(d, options, rows, fl.half) // 16) * 16
+    ldsm = fl.half and d % 16 == 0 and dv % 16 == 0 and options.ldmatrix
+    tile_bytes = -(-shared_bytes(d, options, rows, fl.half, dv) // 16) * 16
     staged = [i for i, t in enumerate(m.masks) if options.staged_masks and _query_broadcast(graph, t)]
     mask_tiles = "".join(f"  float* Ms{i} = reinterpret_cast<float*>(reinterpret_cast<char*>(stitch_smem) + "
                          f"{tile_bytes + 4 * kt * j});  // [KT]: mask {i}'s keys of the tile, as float\n"
@@ -159,13 +164,13 @@ def generate(graph: FusionGraph, name: str, m: attention.Match,
         # Rows of K (from a projection, or un-expanded K) are staged 4 floats at a time whatever
         # the key count.
         options = dataclasses.replace(options, staged_tf32=rows or attention.planned_keys(graph, m) % 4 == 0)
-    body = _half_body(k_frag, biased, m.upcast, ldsm, rows) if fl.half else _float_body(k_frag, q_bias)
+    body = _half_body(k_frag, biased, m.upcast, ldsm, rows, nv) if fl.half else _float_body(k_frag, q_bias, nv)
     source = f"""
 {ARGS_STRUCT}
 {_defines(fl, options)}
 // {m.q} · {m.kt} → Softmax → · {m.v} → {m.output}
 extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(const StitchArgs a) {{
-  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = {v_stride(d, fl.half)};
+  constexpr int D = {d}, QT = {queries}, KT = {kt}, NT = D / 8, {f"DV = {dv}, NV = DV / 8, " if m.value_dim else ""}{body.constants}KS = {"D + 4" if rows and not fl.half else "D + 8" if rows else "KT + 8"}, VS = {v_stride(dv, fl.half)};
   constexpr int THREADS = {threads};
   constexpr bool TRANSPOSED = {"true" if m.transposed else "false"};
   constexpr float LOG2E = 1.4426950408889634f, SCALE = {_literal(m.scale)};
@@ -182,14 +187,14 @@ extern "C" __global__ void __launch_bounds__({threads}) {name}{ENTRY_SUFFIX}(con
   const int qa = q0 + r0 + g, qb = qa + 8;  // this thread's two query rows
 {body.queries}
 {mask_rows}
-  float o[NT][4];
+  float o[{nv}][4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < {nv}; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // running max and (partial) sum per row
-{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl))}"""
+{_key_loop(stage_k, stage_v, body, scaled, m.guarded, fl, m.causal, _causal_tail(m, fl, nv), nv, dvn)}"""
     spec = AttentionSpec(d, queries, threads, tile_bytes + 4 * kt * len(staged), len(m.mask_inputs),
                          bool(m.transposed), boolean_mask=m.select is not None, guarded=m.guarded, dtype=m.dtype,
-                         kv_group=m.kv_group, causal=m.causal)
+                         kv_group=m.kv_group, causal=m.causal, value_size=m.value_dim)
     if projected:
         spec = dataclasses.replace(spec, heads=m.heads, column_offsets=tuple(p.offset for p in m.projections),
                                    biases=bool(biased))
@@ -260,8 +265,9 @@ def _pair_products(count: str, mma: str, k_frag: str) -> str:
     }}"""
 
 
-def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
-    """float32: TF32 m16n8k8, the probabilities in registers in a permuted key order."""
+def _float_body(k_frag: str, q_bias: Callable[[str], str], nv: str = "NT") -> _Body:
+    """float32: TF32 m16n8k8, the probabilities in registers in a permuted key order; the
+    context in `nv` blocks of 8 columns."""
     queries = f"""  // The warp's queries as A fragments, read once from global memory.
   unsigned qf[NT][4];
 #pragma unroll
@@ -284,14 +290,15 @@ def _float_body(k_frag: str, q_bias: Callable[[str], str]) -> _Body:
 {exponentials}
       const unsigned pf[4] = {{stitch_tf32(e0), stitch_tf32(e2), stitch_tf32(e1), stitch_tf32(e3)}};
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int j = 0; j < {nv}; ++j)
         stitch_mma_tf32(o[j], pf, FRAG(Vs[(n * 8 + 2 * tg) * VS + j * 8 + g]), FRAG(Vs[(n * 8 + 2 * tg + 1) * VS + j * 8 + g]));
     }}"""
 
     return _Body("", queries, scores, probabilities, "float", "float2", "make_float2")
 
 
-def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = False, rows: bool = False) -> _Body:
+def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = False, rows: bool = False,
+               nv: str = "NT") -> _Body:
     """float16/bfloat16: m16n8k16 over 16-wide head slices (NK of them), P in registers; the
     context stored as float32 where `float_out` (upcast chains); with `ldsm` K's and V's B
     fragments by ldmatrix (K staged as `rows` or as Kᵀ)."""
@@ -300,9 +307,9 @@ def _half_body(k_frag: str, biased: bool, float_out: bool = False, ldsm: bool = 
     if ldsm:
         return _Body("NK = D / 16, ", queries + "\n" + flavors.ldsm_offsets(rows),
                      _scores("NK head slices of 16 (B fragments by ldmatrix)", flavors.key_products_ldsm(rows)),
-                     lambda e: flavors.probabilities(e, ldsm=True), *out)
+                     lambda e: flavors.probabilities(e, ldsm=True, blocks=nv), *out)
     scores = _scores("NK head slices of 16 (independent products per step)", _pair_products("NK", "MMA", k_frag))
-    return _Body("NK = (D + 15) / 16, ", queries, scores, flavors.probabilities, *out)
+    return _Body("NK = (D + 15) / 16, ", queries, scores, lambda e: flavors.probabilities(e, blocks=nv), *out)
 
 
 def _query_broadcast(graph: FusionGraph, mask: str) -> bool:
@@ -338,7 +345,7 @@ def _fill(m: attention.Match) -> str:
     return out
 
 
-def _causal_tail(m: attention.Match, fl: Flavor) -> str:
+def _causal_tail(m: attention.Match, fl: Flavor, nv: str = "NT") -> str:
     """Causal chains skip the key tiles wholly after the block's last query (from KEND on). With
     a finite fill, a row whose every score so far is the fill (all its keys masked) has a
     Softmax uniform over every key, the skipped ones too: they are added here with weight 1
@@ -355,7 +362,7 @@ def _causal_tail(m: attention.Match, fl: Flavor) -> str:
     if (fa || fb) {{
       for (int key = KDONE; key < Sk; ++key) {{
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {{
+        for (int n = 0; n < {nv}; ++n) {{
           const int c = n * 8 + 2 * tg;
           const float x0 = {fl.load("v[(long long)key * VW + c]")}{bias("c")}, x1 = {fl.load("v[(long long)key * VW + c + 1]")}{bias("c + 1")};
           if (fa) o[n][0] += x0, o[n][1] += x1;
@@ -382,9 +389,9 @@ def _normalise(guarded: bool) -> str:
 
 
 def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, str], str], guarded: bool,
-              fl: Flavor, causal: bool, tail: str) -> str:
+              fl: Flavor, causal: bool, tail: str, nv: str = "NT", dv: str = "D") -> str:
     """The loop over tiles of keys (stage K and V, scores on tensor cores, the online Softmax,
-    the context's product) and the context's store."""
+    the context's product) and the context's store (`nv` blocks of 8 of its `dv` columns)."""
     exponentials = """      const float e0 = EXP2((s[n][0] - base0) * LOG2E), e1 = EXP2((s[n][1] - base0) * LOG2E);
       const float e2 = EXP2((s[n][2] - base1) * LOG2E), e3 = EXP2((s[n][3] - base1) * LOG2E);
       l0 += e0 + e1, l1 += e2 + e3;"""
@@ -425,7 +432,7 @@ def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, st
     const float c0 = EXP2((m0 - base0) * LOG2E), c1 = EXP2((m1 - base1) * LOG2E);
     m0 = n0, m1 = n1, l0 *= c0, l1 *= c1;
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
+    for (int n = 0; n < {nv}; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
 {body.probabilities(exponentials)}
   }}
 {tail}#pragma unroll
@@ -437,9 +444,9 @@ def _key_loop(stage_k: str, stage_v: str, body: _Body, scaled: Callable[[str, st
   const long long rowa = TRANSPOSED ? (b * Sq + qa) * H + h : bh * Sq + qa;
   const long long rowb = TRANSPOSED ? (b * Sq + qb) * H + h : bh * Sq + qb;
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {{
-    if (qa < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowa * D + n * 8 + 2 * tg) = {body.out_make}(o[n][0] * i0, o[n][1] * i0);
-    if (qb < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowb * D + n * 8 + 2 * tg) = {body.out_make}(o[n][2] * i1, o[n][3] * i1);
+  for (int n = 0; n < {nv}; ++n) {{
+    if (qa < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowa * {dv} + n * 8 + 2 * tg) = {body.out_make}(o[n][0] * i0, o[n][1] * i0);
+    if (qb < Sq) *reinterpret_cast<{body.out_pair}*>(out + rowb * {dv} + n * 8 + 2 * tg) = {body.out_make}(o[n][2] * i1, o[n][3] * i1);
   }}
 }}
 """
@@ -508,8 +515,8 @@ def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: in
     if not projected:
         operands = f"""  const {e}* q = static_cast<const {e}*>(a.in[0]) + bh * Sq * D;
   const {e}* kt = static_cast<const {e}*>(a.in[1]) + bh * D * Sk;
-  const {e}* v = static_cast<const {e}*>(a.in[2]) + bh * Sk * D;
-  constexpr int QW = D, VW = D;"""
+  const {e}* v = static_cast<const {e}*>(a.in[2]) + bh * Sk * {"DV" if m.value_dim else "D"};
+  constexpr int QW = D, VW = {"DV" if m.value_dim else "D"};"""
         whole = _stage_rows("Ks", "KS", "kt + t0", "Sk", m.head_dim, kt, threads, None, fl)
         stage_k = """    if ((Sk & 3) == 0 && t0 + KT <= Sk) {
 """ + whole + f"""

@@ -81,7 +81,7 @@ def better(g: FusionGraph, cost: CostModel, m: attention.Match) -> tuple[bool, f
     kernel reads K and V once per q head, computes 64-query tiles whatever Sq is and has one
     block per (batch, head, tile) to stream them with (FULL_BLOCKS); the decode kernel reads them
     once per KV head with the GPU filled, its products on CUDA cores, plus a merge launch."""
-    if m.projections:
+    if m.projections or m.value_dim:  # (the decode kernel reads heads of one width)
         return False, 0.0, 0.0
     sq = attention.planned_dim(g, m.q, -2)
     context = attention.context_elements(g, m)  # B·H·Sq·D

@@ -150,21 +150,22 @@ def key_fragments(projected: bool) -> str:
             "k * 16 + 8 < D ? stitch_pair(Ks + (k * 16 + 8 + 2 * tg) * KS + n * 8 + g, KS) : 0u")
 
 
-def probabilities(exponentials: str, ldsm: bool = False) -> str:
+def probabilities(exponentials: str, ldsm: bool = False, blocks: str = "NT") -> str:
     """The tile's probabilities packed into A fragments in registers (module docstring) and the
-    second product over them, 16 keys a step; with `ldsm` V's B fragments of two neighbouring
-    head blocks come from one ldmatrix.x4.trans (lane offset `vofs`, key_products_ldsm)."""
+    second product over them, 16 keys a step, into the context's `blocks` blocks of 8 columns;
+    with `ldsm` V's B fragments of two neighbouring head blocks come from one ldmatrix.x4.trans
+    (lane offset `vofs`, key_products_ldsm)."""
     if ldsm:
-        product = """#pragma unroll
-      for (int n = 0; n < NT; n += 2) {
+        product = f"""#pragma unroll
+      for (int n = 0; n < {blocks}; n += 2) {{
         unsigned vb[4];
         stitch_ldsm_x4_trans(vb, Vs + vofs + k * 16 * VS + n * 8);
         MMA(o[n], pf[k], vb[0], vb[1]);
         MMA(o[n + 1], pf[k], vb[2], vb[3]);
-      }"""
+      }}"""
     else:
-        product = """#pragma unroll
-      for (int n = 0; n < NT; ++n)
+        product = f"""#pragma unroll
+      for (int n = 0; n < {blocks}; ++n)
         MMA(o[n], pf[k], stitch_pair(Vs + (k * 16 + 2 * tg) * VS + n * 8 + g, VS),
             stitch_pair(Vs + (k * 16 + 8 + 2 * tg) * VS + n * 8 + g, VS));"""
     return f"""    unsigned pf[KT / 16][4];  // block n's C fragment is half of slice n / 2's A fragment

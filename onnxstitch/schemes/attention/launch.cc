@@ -37,6 +37,9 @@ class Attention final : public Scheme {
     // Grouped KV heads: optional, 1 (K and V have q's heads) for nodes written before it.
     if (Error e = a.Int("attention_kv_group", &s.kv_group, &present)) return e;
     if (!present) s.kv_group = 1;
+    // V's own head width: optional, absent (head size) for nodes whose V is as wide as q.
+    if (Error e = a.Int("attention_value_size", &s.value, &present)) return e;
+    if (!present) s.value = 0;
     if (Error e = a.Int("attention_decode_rows", &s.decode_rows, &present)) return e;
     if (present && s.decode_rows > 0) {
       if (Error e = a.RequiredInt("attention_decode_shared_bytes", rule, &s.decode_shared)) return e;
@@ -112,7 +115,7 @@ class Attention final : public Scheme {
     if (spec_.projected) {
       for (int i = 0; i < 3; ++i) args.strides[i][0] = widths[i];
     }
-    args.n = dims[0] * dims[1] * dims[2] * spec_.head;
+    args.n = dims[0] * dims[1] * dims[2] * spec_.values();
     std::vector<ShapeDim> q, shape;
     for (size_t j = 0; j < b->ranks[0]; ++j) q.push_back(ShapeDim{b->shapes[0][j], ""});
     AttentionOutput(spec_, q, &shape);  // ranks were checked by AttentionDims

@@ -334,13 +334,15 @@ def _chain(g: FusionGraph, soft: int) -> Match | str | None:
                         scores.upcast)
     if why:
         return f"{name}: {why}"
+    d, dv = int(g.shape(q)[-1]), int(g.shape(v)[-1])  # type: ignore[index]
     match = Match(tuple(sorted(nodes)), q, kt, v, scores.masks, scores.scale * q_scale * k_scale, ctx, transposed,
-                  int(g.shape(q)[-1]), select=select, guarded=bool(guard),  # type: ignore[index]
-                  softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype, upcast=scores.upcast,
-                  softcap=scores.softcap)
+                  d, select=select, guarded=bool(guard), softmax=n.name or n.outputs[0], dtype=g.tensors[q].dtype,
+                  upcast=scores.upcast, softcap=scores.softcap, value_dim=dv if dv != d else 0)
     readers = (q_node[0] if q_node else first, k_node[0] if k_node else first, v_reader)
-    # (Projections are taken for chains of one element type.)
-    match = (None if match.upcast else _projections(g, match, readers)) or decoder.with_groups(g, match, readers)
+    # (Projections are taken for chains of one element type; they and grouped KV heads read
+    # heads of one width.)
+    if not match.value_dim:
+        match = (None if match.upcast else _projections(g, match, readers)) or decoder.with_groups(g, match, readers)
     if match.kv_group == 1 and decoder.heads_broadcast(g, match.q, match.kt, match.v):
         return f"{name}: one K and V head broadcast against q's heads, kᵀ not a transpose of K read only here"
     causal = decoder.with_causal(g, match)
@@ -449,11 +451,13 @@ def _shape_reason(g: FusionGraph, q: str, kt: str, v: str, masks: tuple[str, ...
     if not all(_same(a, b) and _same(a, c) for a, b, c in zip(qs[:-2], ks[:-2], vs[:-2])) and \
             not decoder.heads_broadcast(g, q, kt, v):
         return f"batch dims of q {list(qs)}, kᵀ {list(ks)} and v {list(vs)} differ (no broadcasting)"
-    d = qs[-1]
-    if not isinstance(d, int) or not _same(d, ks[-2]) or not _same(d, vs[-1]):
-        return f"head dims {qs[-1]}, {ks[-2]}, {vs[-1]} are not one fixed size"
-    if d % 8 or not MIN_HEAD <= d <= MAX_HEAD:
-        return f"head size {d}: a multiple of 8 from {MIN_HEAD} to {MAX_HEAD} is needed"
+    d, dv = qs[-1], vs[-1]
+    # (V's heads may be wider or narrower than q's and kᵀ's: LeViT's are 2-4 times as wide.)
+    if not isinstance(d, int) or not _same(d, ks[-2]) or not isinstance(dv, int):
+        return f"head dims {qs[-1]}, {ks[-2]}, {vs[-1]} are not fixed sizes, q's and kᵀ's alike"
+    for what, size in (("head size", d), ("value head size", dv)):
+        if size % 8 or not MIN_HEAD <= size <= MAX_HEAD:
+            return f"{what} {size}: a multiple of 8 from {MIN_HEAD} to {MAX_HEAD} is needed"
     if not _same(ks[-1], vs[-2]):
         return f"keys {ks[-1]} and values {vs[-2]} differ in length"
     scores = tuple(qs[:-1]) + (ks[-1],)

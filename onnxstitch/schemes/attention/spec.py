@@ -53,6 +53,9 @@ class AttentionSpec(Spec):
     decode_rows: int = 0
     decode_keys: int = 0
     decode_shared_bytes: int = 0
+    # V's and the context's head width where it differs from head_size (LeViT); 0 when alike,
+    # and then not written (the runtime reads head_size for both when it is absent).
+    value_size: int = 0
 
     @property
     def projected(self) -> bool:
@@ -65,11 +68,12 @@ class AttentionSpec(Spec):
 
     def attributes(self) -> dict[str, int | list[int]]:
         """The node attributes the runtime reads (docs/abi.md): `attention_<field>` per field,
-        booleans as 0/1; the projection's fields only when projected."""
+        booleans as 0/1; the projection's fields only when projected, value_size only where V's
+        heads are not head_size wide."""
         out: dict[str, int | list[int]] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in _PROJECTION and not self.projected:
+            if (f.name in _PROJECTION and not self.projected) or (f.name == "value_size" and not value):
                 continue
             out[ATTRIBUTE_PREFIX + f.name] = list(value) if isinstance(value, tuple) else int(value)
         return out
