@@ -79,6 +79,27 @@ class Spec:
 # ---------------------------------------------------------------- describing a file
 
 
+def check_runs(path: Path, entry: Mapping[str, Any]) -> None:
+    """Raises RuntimeError when ONNX Runtime (CPU) cannot run the export at its own sizes, on
+    onnxstitch's random inputs: the exporter's fault, and no model a user would ship (the
+    TorchScript exporter wrote Cohere's and Helium's grouped-KV reshapes for heads of another
+    count: "cannot reshape {8,128,128} to {8,128,3,64}"). Shipped models are kept as they come."""
+    import onnx
+    import onnxruntime as ort
+
+    from onnxstitch import sizes
+    from onnxstitch.errors import first_line
+    from onnxstitch.inputs import random_feeds
+
+    model = onnx.load(str(path), load_external_data=False)
+    resolved = sizes.resolve(model, entry["shapes"])
+    feeds = random_feeds(model, 0, resolved.dims, resolved.inputs)
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception as e:
+        raise RuntimeError(f"the export does not run in ONNX Runtime at its sizes: {first_line(e)}") from None
+
+
 def describe(path: Path, spec: Spec) -> dict[str, Any]:
     """The manifest entry of `path`: read back from the file, so it says what the exporter
     wrote (dim names, opset), whoever wrote it."""
@@ -394,6 +415,10 @@ UNSEEN: dict[str, tuple[str, dict[str, Any], str]] = {
 # built will be tried the same way"): small widths, both exporters, optimized and verified by
 # `scripts/corpus_report.py --corpus build/probe` (CPU, or --gpu on the GPU machine). A release
 # tries a new set; what they found is in the commit that adds them.
+# The probe's small decoder (the third round's LLM-style architectures).
+_DECODER = dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512)
+
 PROBE: dict[str, tuple[str, dict[str, Any], str]] = {
     "opt": ("OPTConfig", dict(vocab_size=_VOCAB, hidden_size=256, num_hidden_layers=2, ffn_dim=512,
                               num_attention_heads=4, word_embed_proj_dim=256, max_position_embeddings=512), "text"),
@@ -451,6 +476,28 @@ PROBE: dict[str, tuple[str, dict[str, Any], str]] = {
     "swiftformer": ("SwiftFormerConfig", dict(), "image"),
     "pvt": ("PvtConfig", dict(), "image"),
     "mobilenet-v2": ("MobileNetV2Config", dict(), "image"),
+    # A third round (the sixth session): DeepSeek-V3's multi-head latent attention (q and k 48
+    # wide, v 32; its layers dense: torch 2.13 exports no MoE, as Mixtral's), and ten more.
+    "deepseek-v3": ("DeepseekV3Config", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512,
+                                             moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64,
+                                             qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                                             n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                             first_k_dense_replace=2, n_group=1, topk_group=1,
+                                             max_position_embeddings=512), "text"),
+    "granite": ("GraniteConfig", dict(_DECODER), "text"),
+    "cohere": ("CohereConfig", dict(_DECODER), "text"),
+    "starcoder2": ("Starcoder2Config", dict(_DECODER), "text"),
+    "helium": ("HeliumConfig", dict(_DECODER, head_dim=64), "text"),
+    "glm4": ("Glm4Config", dict(_DECODER, head_dim=64, pad_token_id=0), "text"),
+    "smollm3": ("SmolLM3Config", dict(_DECODER, pad_token_id=0), "text"),
+    "mpt": ("MptConfig", dict(vocab_size=_VOCAB, d_model=256, n_heads=4, n_layers=2, expansion_ratio=2,
+                              max_seq_len=512), "text"),
+    "modernbert": ("ModernBertConfig", dict(vocab_size=_VOCAB, hidden_size=256, intermediate_size=512,
+                                            num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
+                                            pad_token_id=0), "text"),
+    "lfm2": ("Lfm2Config", dict(_DECODER, layer_types=["conv", "full_attention"]), "text"),
+    "focalnet": ("FocalNetConfig", dict(embed_dim=48, depths=[1, 1, 2, 1]), "image"),
 }
 
 
@@ -857,6 +904,8 @@ def main(argv: list[str] | None = None) -> int:
                         built_now.append(spec.name)
                     entry = describe(path, spec) | {"origin": origin,
                                                     "build_seconds": round(time.perf_counter() - t0, 2)}
+                    if spec.name in built_now and spec.exporter.startswith("torch.onnx"):
+                        check_runs(path, entry)
                 except Exception as e:  # one model's failure must not stop the others
                     path.unlink(missing_ok=True)
                     why = _why(e)

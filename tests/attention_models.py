@@ -519,11 +519,17 @@ class Decoder:
     causal: bool = True
     padding: str = ""  # "": none; "input": a [b, 1, 1, sk] boolean input; "computed": Not of one
     dtype: int = TP.FLOAT
+    dv: int | None = None  # V's head width where not d (DeepSeek's latent attention: q, k 48, v 32)
+
+    @property
+    def values(self) -> int:
+        return self.d if self.dv is None else self.dv
 
     @property
     def id(self) -> str:
         kind = "" if self.dtype == TP.FLOAT else f"-{np_dtype(self.dtype).name}"
         return (f"{self.form}-h{self.heads}g{self.group}-q{self.sq}-k{self.sk}-d{self.d}"
+                f"{f'-dv{self.dv}' if self.dv is not None else ''}"
                 f"{'-causal' if self.causal else ''}{'-pad-' + self.padding if self.padding else ''}{kind}")
 
 
@@ -533,7 +539,8 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
     kv = c.heads // c.group
     i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     inits = [i64("ax2", [2]), i64("ax1", [1]), i64("two", 2), i64("zero", 0), i64("one", 1),
-             i64("exp", [c.b, kv, c.group, c.sk, c.d]), i64("rep", [c.b, c.heads, c.sk, c.d]),
+             i64("expk", [c.b, kv, c.group, c.sk, c.d]), i64("repk", [c.b, c.heads, c.sk, c.d]),
+             i64("expv", [c.b, kv, c.group, c.sk, c.values]), i64("repv", [c.b, c.heads, c.sk, c.values]),
              i64("m3", [c.b * c.heads, c.sk, c.d]), i64("t4", [c.b, c.heads, c.d, c.sk]),
              numpy_helper.from_array(cast(np.array(1 / np.sqrt(c.d)), t), "scale"),
              numpy_helper.from_array(cast(np.array(0.0), t), "zerof"),
@@ -544,15 +551,16 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
         nodes.append(mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))
     else:
         for x in ("k", "v"):
-            nodes += [mk("Unsqueeze", [x, "ax2"], [f"{x}u"]), mk("Expand", [f"{x}u", "exp"], [f"{x}e"]),
-                      mk("Reshape", [f"{x}e", "rep"], [f"{x}r"])]
+            nodes += [mk("Unsqueeze", [x, "ax2"], [f"{x}u"]), mk("Expand", [f"{x}u", f"exp{x}"], [f"{x}e"]),
+                      mk("Reshape", [f"{x}e", f"rep{x}"], [f"{x}r"])]
     if c.form == "ts":
         nodes.append(mk("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]))
     elif c.form == "dynamo":
         nodes += [mk("Reshape", ["kr", "m3"], ["k3"]), mk("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
                   mk("Reshape", ["k3t", "t4"], ["kt"])]
     nodes += [mk("MatMul", ["q", "kt"], ["s"]), mk("Mul", ["s", "scale"], ["ss"])]
-    ins = [vi("q", t, [c.b, c.heads, c.sq, c.d]), vi("k", t, [c.b, kv, c.sk, c.d]), vi("v", t, [c.b, kv, c.sk, c.d])]
+    ins = [vi("q", t, [c.b, c.heads, c.sq, c.d]), vi("k", t, [c.b, kv, c.sk, c.d]),
+           vi("v", t, [c.b, kv, c.sk, c.values])]
     last = "ss"
     if c.causal or c.padding:
         cond = []
@@ -575,7 +583,7 @@ def decoder_model(c: Decoder) -> onnx.ModelProto:
         last = "sm"
     nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "v" if c.form == "mqa" else "vr"], ["ctx"]),
               mk("Transpose", ["ctx"], ["y"], perm=[0, 2, 1, 3])]
-    graph = helper.make_graph(nodes, "decoder", ins, [vi("y", t, [c.b, c.sq, c.heads, c.d])], inits)
+    graph = helper.make_graph(nodes, "decoder", ins, [vi("y", t, [c.b, c.sq, c.heads, c.values])], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8  # onnx's default (IR 14 with onnx 1.23) is newer than ORT 1.31 reads
     return m
@@ -587,7 +595,7 @@ def decoder_feeds(c: Decoder, rng: np.random.Generator) -> dict[str, np.ndarray]
     kv = c.heads // c.group
     feeds = {"q": cast(rng.standard_normal((c.b, c.heads, c.sq, c.d)), c.dtype),
              "k": cast(rng.standard_normal((c.b, kv, c.sk, c.d)), c.dtype),
-             "v": cast(rng.standard_normal((c.b, kv, c.sk, c.d)), c.dtype)}
+             "v": cast(rng.standard_normal((c.b, kv, c.sk, c.values)), c.dtype)}
     if c.padding:
         keep = np.ones((c.b, 1, 1, c.sk), bool)
         keep[0, ..., :min(c.sk - 1, 3 + c.sk // 3)] = False  # batch 0 left-padded
