@@ -505,3 +505,19 @@ def test_a_saved_plan_is_written_whole_in_new_folders_and_read_back(plan_cache_l
     (tmp_path / "file").write_text("")
     plan_cache_lib.write_file(str(tmp_path / "file" / "x.plan").encode(), data, len(data))
     assert (tmp_path / "file").read_text() == ""
+
+
+def test_saved_plans_are_keyed_by_the_sources_the_library_was_built_from(tmp_path: Path) -> None:
+    """The library compiles in a digest of its sources (ONNXSTITCH_SOURCES), which the conv
+    scheme puts in every saved plan's key: a library built from other sources builds its cuDNN
+    graphs otherwise and must not load plans made for the old ones."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in rtbuild._sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    assert rtbuild.sources_digest() == h.hexdigest()[:16]
+    cmd = rtbuild.build_command(tmp_path, tmp_path / "lib.so", "g++")
+    assert f'-DONNXSTITCH_SOURCES="{h.hexdigest()[:16]}"' in cmd
+    conv = (rtbuild.SCHEMES / "conv" / "launch.cc").read_text()
+    assert '"conv plan v1|library " + std::string(ONNXSTITCH_SOURCES)' in conv

@@ -221,6 +221,16 @@ def _sources() -> list[Path]:
     return sorted(common) + sorted(schemes)
 
 
+def sources_digest() -> str:
+    """SHA-256 (16 hex digits) of the library's sources, compiled in as ONNXSTITCH_SOURCES: what
+    the library saves on disk (cuDNN plans, plan_cache.h) is keyed by it, so a library built from
+    other sources never loads a plan made for graphs it no longer builds alike."""
+    h = hashlib.sha256()
+    for path in _sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def build_command(
     include_dir: Path, output: Path, compiler: str | None = None, extra_flags: tuple[str, ...] = ()
 ) -> list[str]:
@@ -231,6 +241,7 @@ def build_command(
         cxx,
         *CXXFLAGS,
         *extra_flags,
+        f'-DONNXSTITCH_SOURCES="{sources_digest()}"',
         f"-I{include_dir}",
         f"-I{CSRC}",
         *(f"-I{d}" for d in sorted({p.parent for p in _sources() if p.parent != CSRC})),
@@ -247,6 +258,7 @@ def _build_key(include_dir: Path, compiler: str, extra_flags: tuple[str, ...] = 
     for path in _sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update("\0".join(CXXFLAGS + LDFLAGS + tuple(extra_flags)).encode())
+    h.update(b"sources digest compiled in")  # (build_command's ONNXSTITCH_SOURCES: libraries built before it differ)
     version = _run([compiler, "--version"]).stdout.splitlines()[:1]
     h.update((compiler + "\0" + "".join(version)).encode())
     h.update((include_dir / C_API_HEADER).read_bytes())

@@ -2,8 +2,8 @@
 // is chosen at its first use by compiling and timing several engines (about a second each); a
 // stitched ResNet-50 spent 34 s in its first inference doing so, and optimize paid it again in
 // every stage that ran the model. The choice (and, for runtime-compiled engines, the compiled
-// plan itself) is written here under a digest of everything it depends on, so a later session or
-// process only loads it.
+// plan itself) is written here under a digest of everything it depends on (the library's own
+// sources among them: ONNXSTITCH_SOURCES), so a later session or process only loads it.
 //
 // Folder: $ONNXSTITCH_CACHE/plans, else $HOME/.cache/onnxstitch/plans (the optimizer's kernel
 // cache beside it); ONNXSTITCH_PLAN_CACHE=0 turns it off. Every failure here only means the plan

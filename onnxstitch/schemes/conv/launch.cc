@@ -44,6 +44,9 @@ constexpr int kRounds = 3, kReps = 10;  // timing each candidate engine at the f
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
 constexpr const char* kSavedMagic = "onnxstitch conv plan";  // the first line of a saved plan (plan_cache.h)
+#ifndef ONNXSTITCH_SOURCES  // (build.py compiles in the digest of the library's sources)
+#define ONNXSTITCH_SOURCES "unversioned"
+#endif
 // conv_activation codes (schemes/conv/spec.py ACTIVATIONS).
 enum Activation {
   kNone = 0, kRelu, kClip, kLeakyRelu, kSilu, kSigmoid, kTanh, kGelu, kGeluTanh, kHardSwish, kHardSigmoid, kActivations
@@ -562,7 +565,8 @@ class Conv final : public Scheme {
     }
     Geometry any = g;
     any.ctx = 0;
-    return plan_cache::PathOf("conv plan v1|sm " + std::to_string(major * 10 + minor) + "|" + std::to_string(sms) +
+    return plan_cache::PathOf("conv plan v1|library " + std::string(ONNXSTITCH_SOURCES) + "|sm " +
+                              std::to_string(major * 10 + minor) + "|" + std::to_string(sms) +
                               " SMs|driver " + std::to_string(driver) + "|cudnn " + std::to_string(api.GetVersion()) +
                               "|" + PlanKey(any));
   }
