@@ -688,6 +688,11 @@ GATE_MARGIN = 0.01
 # Seconds of runs per model the gate's timing may take: a model whose Loop decodes hundreds of
 # steps per run is timed over fewer runs (bench.MIN_TIMED at the least).
 GATE_TIME_BUDGET_S = 2.0
+# A model that gains less than this through CUDA graphs is timed plain too (as sessions without
+# CUDA graphs run it, most users' way): slower there by more than PLAIN_SLACK, it is not faster.
+# Models that gain more than this through graphs are not timed twice (BERT-base: 1.5x).
+PLAIN_CHECK_BELOW = 1.15
+PLAIN_SLACK = 0.02
 
 
 @dataclass(frozen=True)
@@ -699,6 +704,9 @@ class ModelTiming:
     stitched_ms: float
     stock_graphs: bool
     stitched_graphs: bool
+    # Both timed plain as well, where the gain through CUDA graphs is small (PLAIN_CHECK_BELOW).
+    plain_stock_ms: float | None = None
+    plain_stitched_ms: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -706,7 +714,24 @@ class ModelTiming:
 
     @property
     def faster(self) -> bool:
-        return self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN)
+        if not self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN):
+            return False
+        return self.plain_stitched_ms is None or self.plain_stitched_ms <= self.plain_stock_ms * (1 + PLAIN_SLACK)
+
+    @property
+    def wants_plain(self) -> bool:
+        """Whether to time the models plain as well: both ran through CUDA graphs and the
+        stitched one gains little there."""
+        return self.stock_graphs and self.stitched_graphs and self.plain_stock_ms is None and \
+            self.faster and self.speedup < PLAIN_CHECK_BELOW
+
+    def verdict(self) -> str:
+        """What the timing found, for the report: the slower mode's figures."""
+        if self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN) and self.plain_stitched_ms is not None:
+            return (f"the stitched model ran {self.plain_stitched_ms:.3f} ms against stock ORT's "
+                    f"{self.plain_stock_ms:.3f} ms without CUDA graphs ({self.stitched_ms:.3f} against "
+                    f"{self.stock_ms:.3f} ms with them)")
+        return f"the stitched model ran {self.stitched_ms:.3f} ms against stock ORT's {self.stock_ms:.3f} ms ({self.mode})"
 
     @property
     def mode(self) -> str:
@@ -722,14 +747,15 @@ class ModelTiming:
 
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
                    libraries: Sequence[str] = (), values: Mapping[str, float] | None = None,
-                   iters: int = 40) -> ModelTiming:
+                   iters: int = 40, cuda_graph: bool = True) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
-    interleaved rounds, no profile), through CUDA graphs where ORT captures each, cuDNN's
+    interleaved rounds, no profile), through CUDA graphs where ORT captures each (`cuda_graph`;
+    else both plain), cuDNN's
     heuristic convolution algorithms in both (the convolutions are ORT's in both: an exhaustive
     search would cost seconds per session and change neither side's share)."""
     from .bench import STITCHED, BenchConfig, run
 
-    config = BenchConfig(warmup=5, iters=iters, cuda_graph=True, profile_runs=0,
+    config = BenchConfig(warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
                          custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
                          values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
     res = run(original, stitched, config=config, shapes=shapes)

@@ -581,8 +581,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
             # the rest), and the model is verified and timed again.
             ranked = sorted(written.built, key=lambda b: gains.get(b[0].name, b[0].predicted_us))
             back = ranked[:max(1, len(ranked) // 2)] if len(ranked) > 1 and not given_back_all(given_back) else ranked
-            why = (f"the stitched model ran {timing.stitched_ms:.3f} ms against stock ORT's {timing.stock_ms:.3f} ms "
-                   f"({timing.mode}); the groups that gain least go back")
+            why = f"{timing.verdict()}; the groups that gain least go back"
             given_back += [{"group": grp.name, "reason": why, "round": "gate"} for grp, _ in back]
             keep = [b for b in written.built if b not in back]
             written = _verified(given, keep, attempt, opts, linked) if keep else \
@@ -638,7 +637,12 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
                 big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
                 given.weights.save(model, path, big)
                 paths.append(path)
-            return measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries, opts.values)
+            timing = measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries, opts.values)
+            if timing.wants_plain:  # a small gain through CUDA graphs: is it slower without them?
+                plain = measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries,
+                                                   opts.values, cuda_graph=False)
+                timing = dataclasses.replace(timing, plain_stock_ms=plain.stock_ms, plain_stitched_ms=plain.stitched_ms)
+            return timing
 
     try:
         return stage("gate", timed), ""

@@ -257,3 +257,38 @@ def test_a_fused_node_reading_one_tensor_twice_is_timed_with_one_input() -> None
     assert pieces[0].reads == ("qkv", "mask")
     m = standalone.model_of(pieces, stitched, {t: (TensorProto.FLOAT, [2, 4]) for t in ("qkv", "mask", "y")})
     assert [i.name for i in m.graph.input] == ["~c0~qkv", "~c0~mask", "~c1~qkv", "~c1~mask"]
+
+
+def test_a_small_gain_through_cuda_graphs_is_checked_plain(fake_gpu: FakeTimer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model 1.05× faster through CUDA graphs is timed plain too; 10 % slower there, it is not
+    faster: groups go back, and the reason gives both modes' figures. A model with a large gain
+    through graphs is timed once."""
+    calls: list[bool] = []
+
+    def compare(*a, cuda_graph: bool = True, **k) -> measure.ModelTiming:
+        calls.append(cuda_graph)
+        return measure.ModelTiming(1.0, 0.95, True, True) if cuda_graph else measure.ModelTiming(2.0, 2.2, False, False)
+
+    monkeypatch.setattr(measure, "compare_models", compare)
+    rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}).report
+    rounds = [d for d in rep.given_back if d.get("round") == "gate"]
+    assert calls[:2] == [True, False] and rounds, rep.given_back
+    assert "2.200 ms against stock ORT's 2.000 ms without CUDA graphs (0.950 against 1.000 ms with them)" \
+        in rounds[0]["reason"]
+    assert rep.timing is not None and rep.timing.plain_stitched_ms == 2.2
+
+    calls.clear()
+    monkeypatch.setattr(measure, "compare_models",
+                        lambda *a, cuda_graph=True, **k: calls.append(cuda_graph) or measure.ModelTiming(1.0, 0.5, True, True))
+    rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}).report
+    assert calls == [True] and not [d for d in rep.given_back if d.get("round") == "gate"]
+    assert rep.timing is not None and rep.timing.plain_stitched_ms is None
+
+
+def test_model_timing_judges_plain_within_its_slack() -> None:
+    t = measure.ModelTiming(1.0, 0.95, True, True)
+    assert t.faster and t.wants_plain
+    assert measure.ModelTiming(1.0, 0.95, True, True, 2.0, 2.0 * (1 + measure.PLAIN_SLACK) - 1e-9).faster
+    assert not measure.ModelTiming(1.0, 0.95, True, True, 2.0, 2.0 * (1 + measure.PLAIN_SLACK) + 1e-6).faster
+    assert not measure.ModelTiming(1.0, 0.5, True, True).wants_plain  # a large gain through graphs
+    assert not measure.ModelTiming(1.0, 0.95, False, False).wants_plain  # timed plain already
