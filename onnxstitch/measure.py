@@ -713,8 +713,13 @@ class ModelTiming:
         return self.stock_ms / self.stitched_ms if self.stitched_ms else 0.0
 
     @property
+    def _faster_as_timed(self) -> bool:
+        """Faster in the first comparison (through CUDA graphs where ORT captured each)."""
+        return self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN)
+
+    @property
     def faster(self) -> bool:
-        if not self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN):
+        if not self._faster_as_timed:
             return False
         return self.plain_stitched_ms is None or self.plain_stitched_ms <= self.plain_stock_ms * (1 + PLAIN_SLACK)
 
@@ -727,7 +732,7 @@ class ModelTiming:
 
     def verdict(self) -> str:
         """What the timing found, for the report: the slower mode's figures."""
-        if self.stitched_ms < self.stock_ms * (1 - GATE_MARGIN) and self.plain_stitched_ms is not None:
+        if self._faster_as_timed and self.plain_stitched_ms is not None:
             return (f"the stitched model ran {self.plain_stitched_ms:.3f} ms against stock ORT's "
                     f"{self.plain_stock_ms:.3f} ms without CUDA graphs ({self.stitched_ms:.3f} against "
                     f"{self.stock_ms:.3f} ms with them)")

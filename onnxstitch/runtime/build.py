@@ -221,14 +221,23 @@ def _sources() -> list[Path]:
     return sorted(common) + sorted(schemes)
 
 
+def _hash_sources(h: "hashlib._Hash") -> None:
+    for path in _sources():
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+
+
 def sources_digest() -> str:
     """SHA-256 (16 hex digits) of the library's sources, compiled in as ONNXSTITCH_SOURCES: what
     the library saves on disk (cuDNN plans, plan_cache.h) is keyed by it, so a library built from
     other sources never loads a plan made for graphs it no longer builds alike."""
     h = hashlib.sha256()
-    for path in _sources():
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    _hash_sources(h)
     return h.hexdigest()[:16]
+
+
+def _defines() -> tuple[str, ...]:
+    """The macros every build compiles in (part of the cache key, as the flags are)."""
+    return (f'-DONNXSTITCH_SOURCES="{sources_digest()}"',)
 
 
 def build_command(
@@ -241,7 +250,7 @@ def build_command(
         cxx,
         *CXXFLAGS,
         *extra_flags,
-        f'-DONNXSTITCH_SOURCES="{sources_digest()}"',
+        *_defines(),
         f"-I{include_dir}",
         f"-I{CSRC}",
         *(f"-I{d}" for d in sorted({p.parent for p in _sources() if p.parent != CSRC})),
@@ -255,10 +264,8 @@ def build_command(
 
 def _build_key(include_dir: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256()
-    for path in _sources():
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update("\0".join(CXXFLAGS + LDFLAGS + tuple(extra_flags)).encode())
-    h.update(b"sources digest compiled in")  # (build_command's ONNXSTITCH_SOURCES: libraries built before it differ)
+    _hash_sources(h)
+    h.update("\0".join(CXXFLAGS + LDFLAGS + _defines() + tuple(extra_flags)).encode())
     version = _run([compiler, "--version"]).stdout.splitlines()[:1]
     h.update((compiler + "\0" + "".join(version)).encode())
     h.update((include_dir / C_API_HEADER).read_bytes())

@@ -513,10 +513,11 @@ def _operand_code(m: attention.Match, projected: bool, biased: bool, threads: in
     if m.kv_group > 1:
         return _grouped_operands(m, threads, kt, fl)
     if not projected:
+        dv = "DV" if m.value_dim else "D"  # V's head width (generate's constants)
         operands = f"""  const {e}* q = static_cast<const {e}*>(a.in[0]) + bh * Sq * D;
   const {e}* kt = static_cast<const {e}*>(a.in[1]) + bh * D * Sk;
-  const {e}* v = static_cast<const {e}*>(a.in[2]) + bh * Sk * {"DV" if m.value_dim else "D"};
-  constexpr int QW = D, VW = {"DV" if m.value_dim else "D"};"""
+  const {e}* v = static_cast<const {e}*>(a.in[2]) + bh * Sk * {dv};
+  constexpr int QW = D, VW = {dv};"""
         whole = _stage_rows("Ks", "KS", "kt + t0", "Sk", m.head_dim, kt, threads, None, fl)
         stage_k = """    if ((Sk & 3) == 0 && t0 + KT <= Sk) {
 """ + whole + f"""
