@@ -74,16 +74,29 @@ def _draw(dtype: int, shape: tuple[int, ...], rng: np.random.Generator):
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str, int] | None = None,
                  overrides: Mapping[str, tuple[int, ...]] | None = None,
-                 values: Mapping[str, float] | None = None, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+                 values: Mapping[str, float] | None = None, only: Collection[str] | None = None,
+                 drawn: int | None = None) -> dict[str, np.ndarray]:
     """Seeded random feeds for every runtime input of `model` (those named in `only`, where
     given; Gather indices drawn from {0, 1}); an input named in `values` is that value
     everywhere (`--value sr=16000`: a sample rate, a flag a model branches on), in the input's
-    dtype."""
+    dtype. `drawn`: at most that many values drawn per dtype, repeated, the inputs views of one
+    buffer (for timing, where values do not matter and drawing a network's activations in full
+    took seconds)."""
     rng = np.random.default_rng(seed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
     indices = index_inputs(model)
-    out = {name: random_array(types[name], shape, rng, name in indices)
-           for name, shape in input_shapes(model, dim_values, overrides).items() if only is None or name in only}
+    shapes = {name: shape for name, shape in input_shapes(model, dim_values, overrides).items()
+              if only is None or name in only}
+    if drawn is None:
+        out = {name: random_array(types[name], shape, rng, name in indices) for name, shape in shapes.items()}
+    else:  # for timing: one buffer per dtype, `drawn` values repeated, each input a view of it
+        sizes = {name: int(np.prod(shape)) if shape else 1 for name, shape in shapes.items()}
+        bases = {}
+        for dtype in {types[n] for n in shapes if n not in indices}:
+            most = max(sizes[n] for n in shapes if types[n] == dtype and n not in indices)
+            bases[dtype] = np.resize(np.asarray(_draw(dtype, (min(most, drawn),), rng)), most)
+        out = {name: random_array(types[name], shape, rng, True) if name in indices
+               else bases[types[name]][:sizes[name]].reshape(shape) for name, shape in shapes.items()}
     for name, value in (values or {}).items():
         if name in out:
             out[name] = np.full(out[name].shape, value, dtype=out[name].dtype)

@@ -52,6 +52,10 @@ RESOLUTION_US = 1.0
 # Copies of a group timed side by side: enough that the copies take about this long together.
 TARGET_US = 60.0
 MAX_COPIES = 16
+MAX_PLANNED_COPIES = 4
+# Random values drawn per input of a timed model, repeated to fill it (times do not depend on
+# them; drawing ResNet-50's activations in full took 9 s).
+DRAWN = 1 << 16
 _INTEGERS = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
                        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64})
 
@@ -222,6 +226,8 @@ def key(model: onnx.ModelProto, timer_device: str, runtime: str, stitched: bool)
 
 def _concrete(graph: FusionGraph, tensor: str) -> tuple[int, tuple[int, ...]] | None:
     info = graph.tensors.get(tensor)
+    if info is None:  # a tensor a scheme names in a layout of its own (conv's NHWC ones)
+        info = next((i for r in registry.relayouts() if (i := r.info(graph, tensor)) is not None), None)
     if info is None or info.shape is None or any(d is None for d in info.shape):
         return None
     dims = tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in info.shape)
@@ -329,6 +335,36 @@ def count_values(original: onnx.ModelProto, graph: FusionGraph, counts: Sequence
     except Exception:  # noqa: BLE001 - the group keeps its prediction
         return None
     return dict(zip(counts, got))
+
+
+def _with_values(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its weight stubs (weights.py: payloads held apart while optimize works) made
+    zeros of their type and shape: a session needs values, and a kernel's time does not depend
+    on them."""
+    if not any(is_stub(t) for t in model.graph.initializer):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, t in enumerate(out.graph.initializer):
+        if is_stub(t):
+            zeros = np.zeros(tuple(t.dims), helper.tensor_dtype_to_np_dtype(t.data_type))
+            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(zeros, t.name))
+    return out
+
+
+def not_paying(costs: Iterable[GroupCost], linked: Iterable[str] = ()) -> set[str]:
+    """The groups to give back to ONNX Runtime by their measured figures. Linked groups (conv
+    groups sharing NHWC tensors: fused all together or not at all) are judged together, as what
+    one of them costs depends on its neighbours' layouts: kept when their gains (measured where
+    they were) add up to more than MARGIN of the nodes' time, else all given back."""
+    costs = list(costs)
+    linked = set(linked)
+    slow = {c.group for c in costs if not c.pays}
+    if slow & linked:
+        chain = [c for c in costs if c.group in linked]
+        base = sum(c.stock_us if c.measured else c.predicted_stock_us for c in chain)  # type: ignore[misc]
+        slow = slow - linked if sum(c.gain_us for c in chain) > MARGIN * base else slow | linked
+    return slow
 
 
 def _baked(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -449,9 +485,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
     for grp in groups:
         base = GroupCost(grp.name, grp.predicted_us, predicted_stock.get(grp.name, 0.0))
         bases[grp.name] = base
-        if registry.plans_per_shape(grp.scheme):  # cuDNN chooses its engines at a session's first run
-            bases[grp.name] = _why(base, f"{grp.scheme} groups are not timed alone (engine choice at first run)")
-        elif device is None:
+        if device is None:
             bases[grp.name] = _why(base, "no GPU here and no measured costs for this device (--costs)")
         elif (risk := _risk(graph, grp, base)) is None:  # decided before its standalone models are built
             ratio = base.predicted_stock_us / max(base.predicted_us, 1e-6)
@@ -459,6 +493,10 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
                                          f"a clear gain (the written model is timed whole)")
         else:
             copies = copies_for(grp.predicted_us)
+            if registry.plans_per_shape(grp.scheme):
+                # Each stock copy searches its convolution algorithms at its first run (ORT's
+                # default, per node): fewer copies of these kernels of several microseconds.
+                copies = min(copies, MAX_PLANNED_COPIES)
             got = _standalones(original, stitched, graph, grp, copies, device, runtime or "")
             if isinstance(got, str):
                 bases[grp.name] = _why(base, got)
@@ -479,7 +517,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
         # to each by position.
         stock_names = [vi.name for vi in stock.model.graph.input]
         if stock.key not in drawn:
-            first = random_feeds(stock.model, seed=0)
+            first = random_feeds(stock.model, seed=0, drawn=DRAWN)
             drawn[stock.key] = [first[n] for n in stock_names]
         shared = dict(zip(stock_names, drawn[stock.key]))
         for form, flag in ((stock, False), (ours, True)):
@@ -488,10 +526,25 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
             names = list(dict.fromkeys(vi.name for vi in form.model.graph.input))
             feeds = {n: shared[n] for n in names if n in shared}
             if len(feeds) < len(names):
-                feeds |= random_feeds(form.model, seed=0, only=[n for n in names if n not in feeds])
-            jobs[form.key] = Job(form.model, feeds, form.outputs, flag, copies)
+                feeds |= random_feeds(form.model, seed=0, only=[n for n in names if n not in feeds], drawn=DRAWN)
+            jobs[form.key] = Job(_with_values(form.model), feeds, form.outputs, flag, copies)
     failed: dict[str, str] = {}
     if jobs and timer is not None:
+        # Library plans chosen per shape (cuDNN compiles each candidate engine, a second or more,
+        # one at a time in a process) are compiled first in worker processes side by side; the
+        # timing sessions then load them.
+        schemes = {grp.name: grp.scheme for grp in groups}
+        planned_per_shape = list({forms[n][1].key: jobs[forms[n][1].key].model for n in forms
+                                  if registry.plans_per_shape(schemes[n]) and forms[n][1].key in jobs}.values())
+        prepare = getattr(timer, "prepare", None)
+        if prepare is not None and len(planned_per_shape) > 1:
+            if say:
+                say(f"compiling library plans ({len(planned_per_shape)} forms)")
+            began = time.monotonic()
+            # (Not from the measuring budget: verification would compile them anyway, one at a time.)
+            ran = prepare(planned_per_shape, timeout_s=PREPARE_BUDGET_S)
+            log.info("library plans of %d of %d forms compiled in workers in %.1f s", ran, len(planned_per_shape),
+                     time.monotonic() - began)
         deadline = time.monotonic() + budget_s
         keys = list(jobs)
         for start in range(0, len(keys), BATCH):
@@ -622,6 +675,12 @@ class OrtCudaTimer:
                                                   {"y": (TensorProto.FLOAT, (1,))}, False, graphs)
         return self._overhead[graphs]
 
+    def prepare(self, models: Sequence[onnx.ModelProto], timeout_s: float = 60.0) -> int:
+        """Compiles the library plans (cuDNN engines) of stitched `models` in worker processes side
+        by side, into the plan cache the timing sessions load from; how many ran. Where one fails
+        or time runs out, its plans are chosen at its first timed run instead."""
+        return prepare_plans(models, timeout_s=timeout_s)
+
     def time_us(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
                 outputs: Mapping[str, tuple[int, tuple[int, ...]]], stitched: bool, copies: int) -> float:
         (got,) = self.time_many([Job(model, feeds, outputs, stitched, copies)])
@@ -639,9 +698,12 @@ class OrtCudaTimer:
             except Exception as e:  # noqa: BLE001 - reported per job
                 return e
 
+        began = time.monotonic()
         bound = [make(job) for job in jobs]
+        log.info("%d sessions to time made in %.2f s", len(jobs), time.monotonic() - began)
         out: list[float | Exception] = []
         for job, b in zip(jobs, bound):
+            began = time.monotonic()
             try:
                 if isinstance(b, Exception):
                     raise b
@@ -654,7 +716,88 @@ class OrtCudaTimer:
                 out.append(max(total - self.overhead_us(graphs), 0.0) / job.copies)
             except Exception as e:  # noqa: BLE001 - reported per job
                 out.append(e)
+            log.info("%s timed in %.2f s", job.model.graph.name, time.monotonic() - began)
         return out
+
+
+def plan_workers() -> int:
+    """Worker processes for compiling library plans: half the cores (each runs cuDNN's compiler
+    on one), at most PLAN_WORKERS."""
+    return max(1, min(PLAN_WORKERS, (os.cpu_count() or 2) // 2))
+
+
+# Each worker holds a CUDA context (about half a GB of GPU memory) for its few seconds.
+PLAN_WORKERS = 8
+# How long the workers may take in all (ResNet-50's 26 shapes: about 40 s in one process).
+PREPARE_BUDGET_S = 120.0
+
+
+def prepare_plans(models: Sequence[onnx.ModelProto], workers: int | None = None, timeout_s: float = 60.0,
+                  providers: Sequence[str] = ("CUDAExecutionProvider", "CPUExecutionProvider")) -> int:
+    """Runs each stitched model once in worker processes with ONNXSTITCH_PLAN_PREPARE=1, so that
+    the library compiles the candidate plans of its shapes and saves them untimed (the workers
+    share the GPU); how many ran. Failures are logged and left to the timed run."""
+    import multiprocessing
+    import tempfile
+
+    if not models:
+        return 0
+    n = min(len(models), workers or plan_workers())
+    ran = 0
+    with tempfile.TemporaryDirectory(prefix="onnxstitch-plans-") as tmp:
+        paths = []
+        for i, m in enumerate(models):
+            path = Path(tmp) / f"{i}.onnx"
+            path.write_bytes(m.SerializeToString())
+            paths.append(str(path))
+        # spawn: this process may hold a CUDA context already, which a fork cannot share.
+        pool = multiprocessing.get_context("spawn").Pool(n, initializer=_preparing)
+        try:
+            pending = [pool.apply_async(_prepare_one, (p, list(providers))) for p in paths]
+            deadline = time.monotonic() + timeout_s
+            for i, r in enumerate(pending):
+                try:
+                    why = r.get(timeout=max(deadline - time.monotonic(), 0.01))
+                except multiprocessing.TimeoutError:
+                    log.info("compiling library plans: %d models left after %g s", len(pending) - i, timeout_s)
+                    break
+                except Exception as e:  # noqa: BLE001 - a worker that died: left to the timed run
+                    why = first_line(e)
+                if why:
+                    log.info("a plan worker failed: %s", why)
+                else:
+                    ran += 1
+        finally:
+            pool.terminate()  # (a worker still compiling is stopped: its plans are chosen later)
+            pool.join()
+    return ran
+
+
+def _preparing() -> None:
+    os.environ["ONNXSTITCH_PLAN_PREPARE"] = "1"
+
+
+def _prepare_one(path: str, providers: list[str]) -> str:
+    """A worker's model run once on the GPU (its plans compiled and saved): "" or why not."""
+    try:
+        import onnxruntime as ort
+
+        from .runtime import session
+
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = so.inter_op_num_threads = 1
+        model = onnx.load(path)
+        # (Without CUDA the fused nodes run their fallback functions: nothing to prepare, as in
+        # the host tests of these workers.)
+        make = session if "CUDAExecutionProvider" in providers else ort.InferenceSession
+        sess = make(model.SerializeToString(), providers=providers, sess_options=so)
+        sess.run(None, random_feeds(model, seed=0))
+        return ""
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which chooses the plans itself
+        return first_line(e)
 
 
 def gpu_timer() -> OrtCudaTimer | None:

@@ -199,7 +199,8 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
         kernels = stage("compile", lambda sources=sources: nvrtc_compile.compile_all(sources, opts.archs))
         built = list(zip(plan.groups, kernels))
         costs = _measured(given, planned, built, opts, stage, meas)
-        slow = [c for c in costs if c.measured and not c.pays]
+        giving_back = measure_mod.not_paying(costs, _linked(built))
+        slow = [c for c in costs if c.measured and c.group in giving_back]
         learned = _measured_prices(g, plan, slow, opts.cost)
         if not slow or round_ == REPLAN_ROUNDS or learned.keys() <= measured.keys():
             break
@@ -565,9 +566,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
 
     timer, cache = meas.timer, meas.cache
     given_back: list[dict[str, str]] = []
-    slow = {c.group for c in costs if not c.pays}
-    if slow & linked:
-        slow |= linked
+    slow = measure_mod.not_paying(costs, linked)
     given_back += [{"group": c.group, "reason": f"measured {c.ours_us:.1f} µs against stock ORT's "
                     f"{c.stock_us:.1f} µs for its nodes"} for c in costs if c.group in slow and c.measured]
     built = [(grp, k) for grp, k in built if grp.name not in slow]

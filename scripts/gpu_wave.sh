@@ -172,7 +172,7 @@ PY
       [ -f "/tmp/zoo/$name.onnx" ] || python3 scripts/carry_weights.py fill "build/cnnc/$name.onnx" /tmp/zoo >/dev/null
       (export CUDA_VISIBLE_DEVICES=$((i % gpus)) ONNXSTITCH_PLAN_LOG=1
        /usr/bin/time -f "$name: optimize %e s, peak %M KB" python3 -m onnxstitch.cli optimize "/tmp/zoo/$name.onnx" \
-         --shape batch=8 --epilogues -q -o "/tmp/$name-epi.onnx" --report "$OUT/$name-report.json" > "$OUT/$name-optimize.log" 2>&1
+         --shape batch=8 --epilogues -v -o "/tmp/$name-epi.onnx" --report "$OUT/$name-report.json" > "$OUT/$name-optimize.log" 2>&1
        python3 -m onnxstitch.cli bench "/tmp/zoo/$name.onnx" --stitched "/tmp/$name-epi.onnx" --shape batch=8 \
          --cuda-graph --iters 100 --json > "$OUT/$name-bench.json" 2> "$OUT/$name-bench.log") &
       i=$((i + 1))
@@ -186,10 +186,17 @@ text = open(f"{out}/{name}-optimize.log").read()
 stages = json.load(open(f"{out}/{name}-report.json")).get("stage_seconds", {})
 chosen = [tuple(map(int, m)) for m in re.findall(r"chosen in (\d+) ms: heuristics (\d+) ms, finalizing \d+ plans (\d+) ms", text)]
 loaded = [int(m) for m in re.findall(r"loaded in (\d+) ms", text)]
+prepared = [int(m) for m in re.findall(r"prepared in (\d+) ms", text)]  # in optimize's worker processes
+picked = [int(m) for m in re.findall(r"chosen from prepared candidates in (\d+) ms", text)]
+measured = json.load(open(f"{out}/{name}-report.json")).get("measured", {})
+groups = measured.get("groups", []) if isinstance(measured, dict) else []
 wall = re.findall(r"optimize ([\d.]+) s, peak (\d+) KB", text)
 print(f"{name}: {wall}, stages { {k: round(v, 1) for k, v in stages.items() if v > 0.3} }")
 print(f"  plans chosen {len(chosen)}: total {sum(c[0] for c in chosen)} ms, heuristics {sum(c[1] for c in chosen)} ms, "
-      f"finalize {sum(c[2] for c in chosen)} ms; loaded {len(loaded)} in {sum(loaded)} ms")
+      f"finalize {sum(c[2] for c in chosen)} ms; loaded {len(loaded)} in {sum(loaded)} ms; prepared in workers "
+      f"{len(prepared)} ({sum(prepared)} ms in all), chosen from them {len(picked)} ({sum(picked)} ms)")
+print(f"  groups measured {sum(g.get('ours_us') is not None for g in groups)} of {len(groups)}, not paying "
+      f"{[g['group'] for g in groups if not g.get('pays', True)]}")
 b = json.load(open(f"{out}/{name}-bench.json"))
 print("  bench: " + "  ".join(f"{k}: {v['median_ms']:.3f} ms (first {v['startup_s']:.2f} s)" for k, v in b["configs"].items())
       + f"  speedup {b['speedup']:.3f}")

@@ -292,3 +292,85 @@ def test_model_timing_judges_plain_within_its_slack() -> None:
     assert not measure.ModelTiming(1.0, 0.95, True, True, 2.0, 2.0 * (1 + measure.PLAIN_SLACK) + 1e-6).faster
     assert not measure.ModelTiming(1.0, 0.5, True, True).wants_plain  # a large gain through graphs
     assert not measure.ModelTiming(1.0, 0.95, False, False).wants_plain  # timed plain already
+
+
+class PlanningTimer(FakeTimer):
+    """FakeTimer with the real timer's `prepare`: records the models whose plans it compiles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: list[onnx.ModelProto] = []
+
+    def prepare(self, models, timeout_s: float = 60.0) -> int:
+        self.prepared.extend(models)
+        return len(models)
+
+
+def test_conv_groups_have_their_plans_compiled_first_then_are_timed(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """Conv epilogue groups (cuDNN plans chosen per shape) are measured like any group: their
+    stitched forms go to the timer's `prepare` first (plans compiled in parallel workers), once
+    per distinct shape, and are then timed; tensors kept NHWC between conv groups are sized."""
+    from tests.conv_models import Layer, Net, model as conv_model
+
+    timer = PlanningTimer()
+    monkeypatch.setenv("ONNXSTITCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measure, "gpu_timer", lambda: timer)
+    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: measure.ModelTiming(1.0, 0.8, True, True))
+    net = Net(8, (Layer(16, activation="relu"), Layer(16, residual=True, activation="relu"), Layer(32, stride=2, activation="relu")))
+    res = onnxstitch.optimize(conv_model(net), shapes={"n": [2], "h": [16], "w": [16]}, epilogues=True)
+    conv = [c for c in res.report.costs if c.group in {g.name for g in res.report.plan.groups if g.scheme == "conv"}]
+    assert len(conv) >= 2 and all(c.source == "measured" for c in conv), [c.why for c in conv]
+    kinds = {n.domain for m in timer.prepared for n in m.graph.node}
+    assert len(timer.prepared) >= 2 and kinds == {"com.onnxstitch"}
+    assert len({m.SerializeToString() for m in timer.prepared}) == len(timer.prepared)
+
+
+def test_plans_are_prepared_in_worker_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare_plans runs each model once in spawned workers with ONNXSTITCH_PLAN_PREPARE set
+    (here on the CPU: the mechanics, not cuDNN) and counts those that ran; a model that cannot
+    run is reported, not raised."""
+    good = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[2, 3] y) { y = Relu(x) }""")
+    bad = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[2, 3] y) { y = NoSuchOp(x) }""")
+    assert measure.prepare_plans([good, good, bad], workers=2, timeout_s=120, providers=["CPUExecutionProvider"]) == 2
+
+
+def test_linked_groups_are_judged_together() -> None:
+    """Conv groups linked by NHWC tensors go back all or none: kept when their gains add up (one
+    of them slower on its own, as the first of a chain that changes the layout), all given back
+    when the chain as a whole does not pay; groups outside the chain are judged alone."""
+    def cost(name: str, ours: float, stock: float) -> measure.GroupCost:
+        return measure.GroupCost(name, 1.0, 1.0, ours, stock, "measured")
+
+    chain = [cost("a", 16.0, 11.0), cost("b", 14.0, 32.0), cost("c", 16.0, 15.8)]
+    alone = cost("d", 9.0, 8.0)
+    assert measure.not_paying([*chain, alone], linked={"a", "b", "c"}) == {"d"}
+    losing = [cost("a", 16.0, 11.0), cost("b", 31.0, 32.0), cost("c", 16.0, 15.8)]
+    assert measure.not_paying([*losing, alone], linked={"a", "b", "c"}) == {"a", "b", "c", "d"}
+    assert measure.not_paying(chain) == {"a", "c"}
+
+
+def test_standalone_forms_get_values_for_weight_stubs() -> None:
+    """Weights held apart while optimize works (weights.py stubs) become zeros of their type and
+    shape in the models timed, which ONNX Runtime then runs; the model without stubs is kept."""
+    import onnxruntime as ort
+    from onnx import numpy_helper as nh
+
+    from onnxstitch.weights import Weights, is_stub
+
+    big = np.random.default_rng(0).standard_normal((300, 300)).astype(np.float32)
+    m = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 300] x) => (float[2, 300] y) { y = MatMul(x, w) }""")
+    m.graph.initializer.append(nh.from_array(big, "w"))
+    Weights.detach(m)
+    assert is_stub(m.graph.initializer[0])
+    ran = measure._with_values(m)
+    assert not any(is_stub(t) for t in ran.graph.initializer) and is_stub(m.graph.initializer[0])
+    (y,) = ort.InferenceSession(ran.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones((2, 300), np.float32)})
+    assert y.shape == (2, 300) and not y.any()
+    plain = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[2, 3] y) { y = Relu(x) }""")
+    assert measure._with_values(plain) is plain

@@ -35,8 +35,9 @@ def relayouts() -> list[Relayout]:
 def plans_per_shape(name: str) -> bool:
     """Whether the scheme's library chooses its engines per input shape at a session's first
     run (cuDNN compiles and times several: seconds a network) rather than ahead of time: such
-    groups are not timed alone, and verification runs them at the planning sizes, whose choices
-    the gate and the user's sessions then load (runtime/csrc/plan_cache.h)."""
+    groups' plans are compiled in worker processes before they are timed alone (measure.py), and
+    verification runs them at the planning sizes, whose choices the gate and the user's sessions
+    then load (runtime/csrc/plan_cache.h)."""
     return bool(getattr(get(name), "plans_per_shape", False))
 
 

@@ -173,11 +173,12 @@ class Graph {
 
   // The graph's plans in the heuristic's order (mode A, else the fallback engines), each
   // finalized and needing at most max_workspace bytes; at most `want` of them, or with `only`
-  // that configuration alone. An error when there is none. Configurations are finalized
+  // those configurations alone. An error when there is none. Configurations are finalized
   // `want` at a time in threads, as cuDNN allows for plans of one graph: a runtime-fusion engine
   // compiles its kernel there (a second or more). On an H200 this did not shorten ResNet-50's
   // choices measurably (26 plans, 42 s of finalizing inside verification).
-  std::string Plans(int64_t max_workspace, size_t want, std::vector<Plan>* out, const Origin* only = nullptr) {
+  std::string Plans(int64_t max_workspace, size_t want, std::vector<Plan>* out,
+                    const std::vector<Origin>* only = nullptr) {
     if (!error_.empty()) return error_;
     if (ops_.empty()) return "an empty cuDNN graph";
     Descriptor graph = Make(kOperationGraphDescriptor, "operation graph");
@@ -190,7 +191,14 @@ class Graph {
     if (!error_.empty()) return error_;
     std::string why;
     for (int mode : {kHeurModeA, kHeurModeFallback}) {
-      if (only != nullptr && only->mode != mode) continue;
+      auto listed = [&](int64_t i) {
+        return only == nullptr || std::any_of(only->begin(), only->end(), [&](const Origin& o) {
+          return o.mode == mode && o.index == i;
+        });
+      };
+      if (only != nullptr && !std::any_of(only->begin(), only->end(), [&](const Origin& o) { return o.mode == mode; })) {
+        continue;
+      }
       std::vector<Desc> configs;
       auto began = std::chrono::steady_clock::now();
       why = Configs(graph, mode, &configs);
@@ -198,7 +206,7 @@ class Graph {
       began = std::chrono::steady_clock::now();
       std::vector<int64_t> order;
       for (int64_t i = 0; i < static_cast<int64_t>(configs.size()); ++i) {
-        if (only == nullptr || only->index == i) order.push_back(i);
+        if (listed(i)) order.push_back(i);
       }
       for (size_t next = 0; out->size() < want && next < order.size();) {
         const size_t n = std::min(want - out->size(), order.size() - next);

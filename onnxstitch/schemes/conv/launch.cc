@@ -14,7 +14,10 @@
 // fastest of the heuristic's first four where the stream is not being captured (timed on it
 // once), else the first. The choice is saved on disk (plan_cache.h) and loaded by later
 // processes on the same kind of GPU, driver and cuDNN: the plan itself where cuDNN serializes it
-// (runtime-compiled engines), else which configuration won, finalized alone.
+// (runtime-compiled engines), else which configuration won, finalized alone. cuDNN compiles
+// one engine at a time in a process, so optimize prepares a network's shapes in worker
+// processes side by side (ONNXSTITCH_PLAN_PREPARE=1: finalize the candidates and save them, no
+// timing); the process that then runs the shape loads them in milliseconds and times them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -44,6 +47,7 @@ constexpr int kRounds = 3, kReps = 10;  // timing each candidate engine at the f
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
 constexpr const char* kSavedMagic = "onnxstitch conv plan";  // the first line of a saved plan (plan_cache.h)
+constexpr const char* kCandidatesMagic = "onnxstitch conv candidates";  // ... and of prepared candidates
 #ifndef ONNXSTITCH_SOURCES  // (build.py compiles in the digest of the library's sources)
 #define ONNXSTITCH_SOURCES "unversioned"
 #endif
@@ -516,8 +520,14 @@ class Conv final : public Scheme {
           dnn::Graph graph(api, handle);
           Build(graph, g);
           std::vector<dnn::Plan> plans;
-          const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
-          if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
+          const std::string prepared_at = saved_at.empty() ? "" : saved_at + ".candidates";
+          const bool prepared = !Preparing() && Candidates(api, handle, g, prepared_at, &plans);
+          if (!prepared) {
+            plans.clear();
+            const std::string err = graph.Plans(kMaxWorkspace, kCandidates, &plans);
+            if (!err.empty()) return Fail(ORT_NOT_IMPLEMENTED, err + " (" + What(g) + ")");
+            if (Preparing()) SaveCandidates(api, plans, prepared_at);
+          }
           int64_t most = 0;
           for (const dnn::Plan& p : plans) most = std::max(most, p.workspace);
           if (most > 0) {
@@ -526,14 +536,19 @@ class Conv final : public Scheme {
           // The fastest on this call's tensors, as the heuristic's order is often wrong: 3 rounds
           // of 10 runs. Convolutions here take 3-30 µs; one round of 3 left the choice to noise
           // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
+          // (A preparing worker shares the GPU with others: its timings would be noise.)
           bool timed = false;
-          const size_t best = Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
+          const size_t best = Preparing() ? 0 : Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
             return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
           }, &timed);
           // Saved only when it was a choice by time (or the only one): an untimed first pick
           // (under capture) is left for a later process to time.
-          if (timed || plans.size() == 1) Save(api, plans[best], saved_at);
-          Log("chosen in " + Ms(began) + ": heuristics " + std::to_string(static_cast<int>(graph.heuristics_ms)) +
+          if (timed || plans.size() == 1) {
+            Save(api, plans[best], saved_at);
+            if (prepared) std::remove(prepared_at.c_str());
+          }
+          Log((Preparing() ? "prepared in " : prepared ? "chosen from prepared candidates in " : "chosen in ") +
+              Ms(began) + ": heuristics " + std::to_string(static_cast<int>(graph.heuristics_ms)) +
               " ms, finalizing " + std::to_string(plans.size()) + " plans " +
               std::to_string(static_cast<int>(graph.finalize_ms)) + " ms (" + What(g) + ")");
           shared = std::make_shared<const dnn::Plan>(std::move(plans[best]));
@@ -595,8 +610,69 @@ class Conv final : public Scheme {
     dnn::Graph graph(api, handle);
     Build(graph, g);
     std::vector<dnn::Plan> plans;
-    if (!graph.Plans(kMaxWorkspace, 1, &plans, &origin).empty() || plans.empty()) return nullptr;
+    const std::vector<dnn::Origin> only{origin};
+    if (!graph.Plans(kMaxWorkspace, 1, &plans, &only).empty() || plans.empty()) return nullptr;
     return std::make_shared<const dnn::Plan>(std::move(plans[0]));
+  }
+
+  // Whether this process only prepares plans (ONNXSTITCH_PLAN_PREPARE=1, optimize's workers).
+  static bool Preparing() {
+    static const bool on = [] {
+      const char* v = std::getenv("ONNXSTITCH_PLAN_PREPARE");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    return on;
+  }
+
+  // Prepared candidates ("onnxstitch conv candidates", their count, then each one's mode, index
+  // and byte count on a line and cuDNN's serialized plan, empty for an engine that is not
+  // compiled at run time), made on this handle: false (and nothing kept) where there are none
+  // or one does not load, so that the caller finalizes them itself.
+  bool Candidates(const dnn::Api& api, dnn::Handle handle, const Geometry& g, const std::string& path,
+                  std::vector<dnn::Plan>* out) const {
+    std::string text;
+    if (!plan_cache::Read(path, &text)) return false;
+    std::istringstream in(text);
+    std::string magic;
+    size_t count = 0;
+    if (!std::getline(in, magic) || magic != kCandidatesMagic || !(in >> count) || in.get() != '\n' || count == 0) {
+      return false;
+    }
+    std::vector<dnn::Plan> loaded;
+    std::vector<dnn::Origin> precompiled;  // finalized from their configuration: no compile
+    for (size_t i = 0; i < count; ++i) {
+      dnn::Origin origin;
+      size_t bytes = 0;
+      if (!(in >> origin.mode >> origin.index >> bytes) || in.get() != '\n' || bytes > text.size()) return false;
+      std::string json(bytes, '\0');
+      if (bytes > 0 && !in.read(&json[0], static_cast<std::streamsize>(bytes))) return false;
+      if (bytes == 0) {
+        precompiled.push_back(origin);
+        continue;
+      }
+      dnn::Plan plan;
+      if (!dnn::PlanFromJson(api, handle, json, &plan).empty() || plan.workspace > kMaxWorkspace) return false;
+      plan.origin = origin;
+      loaded.push_back(std::move(plan));
+    }
+    if (!precompiled.empty()) {
+      dnn::Graph graph(api, handle);
+      Build(graph, g);
+      if (!graph.Plans(kMaxWorkspace, loaded.size() + precompiled.size(), &loaded, &precompiled).empty()) return false;
+    }
+    *out = std::move(loaded);
+    return true;
+  }
+
+  static void SaveCandidates(const dnn::Api& api, const std::vector<dnn::Plan>& plans, const std::string& path) {
+    if (path.empty()) return;
+    std::string text = std::string(kCandidatesMagic) + "\n" + std::to_string(plans.size()) + "\n";
+    for (const dnn::Plan& p : plans) {
+      const std::string json = dnn::PlanJson(api, p);
+      text += std::to_string(p.origin.mode) + " " + std::to_string(p.origin.index) + " " + std::to_string(json.size()) +
+              "\n" + json;
+    }
+    plan_cache::Write(path, text);
   }
 
   static void Save(const dnn::Api& api, const dnn::Plan& plan, const std::string& path) {
