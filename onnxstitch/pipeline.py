@@ -263,8 +263,9 @@ class Options:
     # kernel on tensor cores (with `reductions`; schemes/attention).
     attention: bool = True
     # MatMul/Gemm and Conv with their bias, activation and residual as one cuBLASLt call or cuDNN
-    # graph (schemes/gemm, schemes/conv).
-    epilogues: bool = False
+    # graph (schemes/gemm, schemes/conv), where the plan (and, on a GPU, the measured costs) say
+    # they pay.
+    epilogues: bool = True
     # Custom-op libraries the model's own ops need (onnxruntime-extensions, the user's own),
     # registered in every session verification opens.
     custom_op_libraries: tuple[str, ...] = ()

@@ -205,14 +205,18 @@ def compare_elementwise(name: str, got: np.ndarray, ref: np.ndarray, atol: float
     return OutputCheck(name, ok, abs_err, rel_err, "" if ok else f"exceeds atol {atol:g} + rtol {rtol:g}")
 
 
-def _expose(model: onnx.ModelProto, graph: FusionGraph, names: Sequence[str]) -> onnx.ModelProto:
+def _expose(model: onnx.ModelProto, graph: FusionGraph, names: Sequence[str],
+            more: Mapping[str, int] | None = None) -> onnx.ModelProto:
+    """`model` with the tensors `names` (and `more`: name → dtype, for names the graph does not
+    describe) as graph outputs too."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     have = {o.name for o in out.graph.output}
-    for t in names:
+    for t, dtype in [(t, graph.tensors[t].dtype) for t in names] + list((more or {}).items()):
         if t not in have:
             # Typed, not shaped: an inferred shape ORT disagrees with must not stop the run.
-            out.graph.output.append(helper.make_tensor_value_info(t, graph.tensors[t].dtype, None))
+            out.graph.output.append(helper.make_tensor_value_info(t, dtype, None))
+            have.add(t)
     return out
 
 
@@ -295,23 +299,28 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     sizes = [small] + ([planned] if planned != small else [])
     exposed = [t for grp in groups for t in grp.outputs]
     stitched_names = {t for n in stitched.graph.node for t in n.output} | {i.name for i in stitched.graph.input}
-    # A conv group's output kept NHWC for the next conv group (schemes/conv) is not in the stitched
-    # model under its name: what reads it is compared instead.
-    groups = [dataclasses.replace(grp, outputs=tuple(t for t in grp.outputs if t in stitched_names))
+    # A conv group's output kept NHWC for the next conv group (schemes/conv) is in the stitched
+    # model under a name of that layout: exposed so, and compared in the graph's layout.
+    held = {t: (s, r) for s in stitched_names for r in registry.relayouts() if (t := r.holds(s)) is not None}
+    held = {t: v for t, v in held.items() if t not in stitched_names}
+    groups = [dataclasses.replace(grp, outputs=tuple(t for t in grp.outputs if t in stitched_names or t in held))
               for grp in groups]
-    exposed = [t for t in exposed if t in stitched_names]
+    exposed = [t for t in exposed if t in stitched_names or t in held]
     graph_inputs = {i.name for i in original.graph.input}
     reads = [t for t in dict.fromkeys(t for grp in groups for t in standalone.group_reads(original, graph, grp))
              if t not in exposed and t not in graph_inputs and t in graph.tensors]
     ref_model = _expose(original, graph, exposed + reads)
-    new_model = _expose(stitched, graph, exposed + [t for t in reads if t in stitched_names])
+    new_model = _expose(stitched, graph, [t for t in exposed if t not in held] + [t for t in reads if t in stitched_names],
+                        {s: graph.tensors[t].dtype for t, (s, _) in held.items() if t in exposed})
     failures = []
     # The original, the stitched model with its groups' tensors exposed and as written, and the
     # model as given run on the same inputs, independent of one another: at once where they can.
     jobs = [(ref_model, False), (new_model, True), (stitched, True)] + ([(source, False)] if source is not None else [])
     for dims in sizes:
         feeds = random_feeds(original, seed, dims, values=values)
-        ran = runner.run_together(jobs, feeds)
+        ran = list(runner.run_together(jobs, feeds))
+        if isinstance(ran[1], dict):  # (outputs held in a scheme's layout, in the graph's)
+            ran[1] = {**ran[1], **{t: r.restored(s, ran[1][s]) for t, (s, r) in held.items() if s in ran[1]}}
         if not isinstance(ran[0], Exception):
             expected, runs = ran[0], _Runs(*ran[1:3], ran[3] if source is not None else None)
             break

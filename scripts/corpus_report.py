@@ -185,7 +185,7 @@ def _in_child(kind: str, job: Mapping[str, Any], timeout: float, device: int | N
 
 
 # optimize's options as the command line says them, for the repro line.
-FLAGS = {("epilogues", True): "--epilogues", ("gate", False): "--no-gate"}
+FLAGS = {("epilogues", False): "--no-epilogues", ("gate", False): "--no-gate"}
 
 
 def measure(entry: Mapping[str, Any], corpus: Path, timeout: float, gpu: bool, iters: int,
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", action="store_true", help="also time stock ORT CUDA EP against the stitched model")
     ap.add_argument("--iters", type=int, default=60, help="timed runs per configuration with --gpu")
     ap.add_argument("--out", type=Path, help="output folder (default bench/results/<gpu or cpu>/corpus)")
-    ap.add_argument("--epilogues", action="store_true", help="optimize with GEMM and conv epilogues (optimize --epilogues)")
+    ap.add_argument("--epilogues", action=argparse.BooleanOptionalAction, default=True,
+                    help="optimize with GEMM and conv epilogues (optimize's default; --no-epilogues without)")
     ap.add_argument("--no-gate", dest="gate", action="store_false",
                     help="optimize without measured costs and the gate (optimize --no-gate): the plan as planned")
     ap.add_argument("--jobs", type=int, default=1, help="models optimized at once (timing stays one at a time)")

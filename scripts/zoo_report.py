@@ -42,7 +42,7 @@ def _entry(label: str, res: bench.BenchResult | None, err: str = "") -> dict:
 
 
 def measure(item: dict, iters: int, tmp: Path, reductions: bool = True, merge: bool = True,
-            attention: bool = True, epilogues: bool = False, modes: tuple[str, ...] = ("plain", "graphs"),
+            attention: bool = True, epilogues: bool = True, modes: tuple[str, ...] = ("plain", "graphs"),
             peers: bool = True) -> dict:
     """Optimize one zoo model and time it in each of `modes` (plain, graphs: with CUDA graphs),
     ORT's transformers optimizer too where it applies and `peers`; errors are recorded, not raised."""
@@ -96,8 +96,8 @@ def markdown(rows: list[dict], gpu: str, driver: str, ort_version: str) -> str:
              f"driver {driver}, onnxruntime {ort_version}, onnxstitch {onnxstitch.__version__}, "
              f"{time.strftime('%Y-%m-%d')}. Median latency in ms; speedup = stock / onnxstitch; "
              "launches = CUDA EP node executions per run."
-             + (" Optimized with `--epilogues` (GEMMs and convolutions through cuBLASLt/cuDNN)."
-                if any(r.get("epilogues") for r in rows) else ""), "",
+             + (" Optimized with `--no-epilogues` (no GEMMs or convolutions through cuBLASLt/cuDNN)."
+                if not all(r.get("epilogues", True) for r in rows) else ""), "",
              "| model | dtype | mode | stock ms | onnxstitch ms | speedup | ORT optimizer ms | launches stock → stitched | note |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     speedups: dict[str, list[float]] = {"plain": [], "cuda graphs": []}
@@ -164,8 +164,8 @@ def main() -> int:
                     help="keep sibling MatMuls apart (optimize --no-merge-matmuls)")
     ap.add_argument("--no-attention", dest="attention", action="store_false",
                     help="leave attention chains to the other stages (optimize --no-attention)")
-    ap.add_argument("--epilogues", action="store_true",
-                    help="run GEMMs and convolutions with their epilogues through cuBLASLt/cuDNN (optimize --epilogues)")
+    ap.add_argument("--epilogues", action=argparse.BooleanOptionalAction, default=True,
+                    help="run GEMMs and convolutions with their epilogues through cuBLASLt/cuDNN (optimize's default)")
     ap.add_argument("--modes", default="plain,graphs", help="comma-separated: plain, graphs (with CUDA graphs)")
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="skip ORT's transformers optimizer")
     args = ap.parse_args()

@@ -164,7 +164,7 @@ def test_misaligned_columns_are_not_read_by_the_kernel() -> None:
 def test_bert_reads_its_merged_qkv_product_in_the_attention_kernels() -> None:
     model = onnx.load(str(Path(__file__).resolve().parents[1] / "models/small/bert-base-float32.onnx"))
     res = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False)
-    chains = [grp for grp in res.report.plan.groups if grp.tf32]
+    chains = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
     kernels = {k["group"]: k for k in res.report.kernels}
     assert chains and all(kernels[grp.name]["biases"] for grp in chains)
     hidden = kernels[chains[0].name]["heads"] * kernels[chains[0].name]["head_size"]
@@ -172,22 +172,22 @@ def test_bert_reads_its_merged_qkv_product_in_the_attention_kernels() -> None:
     # The merged product feeds the chains directly: no kernel writes q, kᵀ and v apart.
     merged = {t for grp in chains for t in grp.inputs if t.endswith("~merged")}
     assert len(merged) == len(chains)
-    assert not any(merged & set(grp.inputs) for grp in res.report.plan.groups if not grp.tf32)
+    assert not any(merged & set(grp.inputs) for grp in res.report.plan.groups if grp.scheme != "attention")
 
 
 def test_bert_plans_one_attention_kernel_per_layer() -> None:
     model = onnx.load(str(Path(__file__).resolve().parents[1] / "models/small/bert-base-float32.onnx"))
     res = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False)
-    chains = [grp for grp in res.report.plan.groups if grp.tf32]
+    chains = [grp for grp in res.report.plan.groups if grp.scheme == "attention"]
     assert len(chains) == len(res.report.attention) == 2 and not res.report.attention_refusals
     kernels = {k["group"]: k for k in res.report.kernels}
     assert all(kernels[grp.name]["scheme"] == "attention" and kernels[grp.name]["transposed_output"] for grp in chains)
     # The plan chose them over the groups it could make of their Softmax, scale and mask: their
     # nodes are in no other group.
-    others = {i for grp in res.report.plan.groups if not grp.tf32 for i in grp.nodes}
+    others = {i for grp in res.report.plan.groups if grp.scheme != "attention" for i in grp.nodes}
     assert not others & {i for grp in chains for i in grp.nodes}
     off = onnxstitch.optimize(model, shapes={"batch": [2], "sequence": [16]}, verify=False, attention=False)
-    assert not any(grp.tf32 for grp in off.report.plan.groups)
+    assert not any(grp.scheme == "attention" for grp in off.report.plan.groups)
     assert off.report.plan.kernels_after > res.report.plan.kernels_after
 
 

@@ -198,9 +198,11 @@ def test_bert_base_float32() -> None:
 BIG = Chain(lead=("batch", 128), k=64, n=256, activation="gelu_tanh_pow")
 
 
-def test_epilogues_are_off_by_default() -> None:
+def test_epilogues_are_on_by_default_and_can_be_turned_off() -> None:
     res = onnxstitch.optimize(chain_model(BIG), verify=False)
-    assert not any(g.scheme == "gemm" for g in res.report.plan.groups) and not res.report.epilogues
+    assert any(g.scheme == "gemm" for g in res.report.plan.groups) and res.report.epilogues
+    off = onnxstitch.optimize(chain_model(BIG), verify=False, epilogues=False)
+    assert not any(g.scheme == "gemm" for g in off.report.plan.groups) and not off.report.epilogues
 
 
 def test_the_plan_weighs_an_epilogue_against_the_stitched_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

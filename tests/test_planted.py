@@ -67,13 +67,14 @@ def plant(monkeypatch: pytest.MonkeyPatch, group: str, factor: float = 1 + PLANT
     monkeypatch.setattr(rewrite, "_function", planted)
 
 
-def _check(monkeypatch: pytest.MonkeyPatch, model, shapes: dict, pick) -> None:
-    clean = onnxstitch.optimize(model, shapes=shapes, seed=fresh_seed())
+def _check(monkeypatch: pytest.MonkeyPatch, model, shapes: dict, pick, factor: float = 1 + PLANTED,
+           **options) -> None:
+    clean = onnxstitch.optimize(model, shapes=shapes, seed=fresh_seed(), **options)
     groups = clean.report.plan.groups
     assert not clean.report.dropped and clean.report.verification.tensors_checked > 0
     target = pick(groups)
-    plant(monkeypatch, target.name)
-    res = onnxstitch.optimize(model, shapes=shapes, seed=fresh_seed())
+    plant(monkeypatch, target.name, factor)
+    res = onnxstitch.optimize(model, shapes=shapes, seed=fresh_seed(), **options)
     assert [d["group"] for d in res.report.dropped] == [target.name], res.report.dropped
     assert "on its own inputs" in res.report.dropped[0]["reason"]
     kept = [n.overload for n in res.model.graph.node if n.op_type == "FusedKernel"]
@@ -81,16 +82,40 @@ def _check(monkeypatch: pytest.MonkeyPatch, model, shapes: dict, pick) -> None:
 
 
 def test_a_planted_error_is_found_in_a_100_convolution_cnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without conv epilogues the groups are float32 elementwise work (BatchNorm, residual,
+    ReLU), held to float32's rounding: 1e-3 is found."""
     model = deep_cnn()
     assert sum(n.op_type == "Conv" for n in model.graph.node) == 100
-    _check(monkeypatch, model, {"N": [2]}, lambda groups: groups[len(groups) // 2])
+    _check(monkeypatch, model, {"N": [2]}, lambda groups: groups[len(groups) // 2], epilogues=False)
+
+
+def test_a_planted_error_is_found_in_a_conv_group_between_nhwc_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With conv epilogues (the default) every block is a conv group whose output stays NHWC for
+    the next: verification compares it in NCHW, and an error beyond TF32's rounding (conv groups
+    round like stock ORT's TF32 convolutions: verify.TF32_TOLERANCE, so 1e-3 is within it) in the
+    middle of the chain is found and that group left to ONNX Runtime — with its chain (linked
+    groups go together)."""
+    from onnxstitch import verify
+
+    model = deep_cnn(blocks=10)
+    factor = 1 + 3 * verify.TF32_TOLERANCE
+    clean = onnxstitch.optimize(model, shapes={"N": [2]}, seed=fresh_seed())
+    convs = [g for g in clean.report.plan.groups if g.scheme == "conv"]
+    assert len(convs) == 20 and not clean.report.dropped
+    assert clean.report.verification.tensors_checked >= len(convs)  # each group's output, NHWC ones too
+    target = convs[len(convs) // 2]
+    plant(monkeypatch, target.name, factor)
+    res = onnxstitch.optimize(model, shapes={"N": [2]}, seed=fresh_seed())
+    dropped = [d["group"] for d in res.report.dropped]
+    assert target.name in dropped and "on its own inputs" in res.report.dropped[0]["reason"], res.report.dropped
+    assert target.name not in {n.overload for n in res.model.graph.node if n.op_type == "FusedKernel"}
 
 
 def test_a_planted_error_is_found_in_bert(monkeypatch: pytest.MonkeyPatch) -> None:
     model = onnx.load(SMALL_BERT)
     # A row kernel after the first attention kernel (a LayerNorm), where TF32 rounding reaches.
     def after_attention(groups):
-        first = next(i for i, g in enumerate(groups) if g.tf32)
+        first = next(i for i, g in enumerate(groups) if g.scheme == "attention")
         return next(g for g in groups[first + 1:] if not g.tf32 and g.scheme == "rows")
 
     _check(monkeypatch, model, {"batch": [2], "sequence": [16]}, after_attention)

@@ -99,8 +99,13 @@ class Relayout:
     - `bridge(nodes, available)`: nodes and constants making each tensor the rewritten `nodes`
       read in the other layout than made (`available`: the graph's inputs and initializers);
     - `info(graph, t)`: type and shape of a tensor the scheme names in its layout (a fused output
-      the graph does not describe), None for any other name."""
+      the graph does not describe), None for any other name;
+    - `holds(t)`: the graph's tensor that such a name holds in the scheme's layout, None for any
+      other name, and `restored(t, value)`: its value in the graph's layout (verification compares
+      a group's output held so with the original's)."""
 
     node: Callable[[FusionGraph, int, onnx.NodeProto], NodeRewrite]
     bridge: Callable[[list[onnx.NodeProto], set[str]], "tuple[list[onnx.NodeProto], list[onnx.TensorProto]]"]
     info: Callable[[FusionGraph, str], Any]
+    holds: Callable[[str], "str | None"]
+    restored: Callable[[str, Any], Any]

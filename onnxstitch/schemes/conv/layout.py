@@ -221,5 +221,15 @@ def bridge(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[onnx.
     return extra, [onnx.numpy_helper.from_array(np.array(v, np.int64), k) for k, v in shapes.items() if k in used]
 
 
+def held(t: str) -> str | None:
+    """The NCHW tensor an NHWC name (`nhwc_name`) holds, None for any other name."""
+    return t[:-len(NHWC_SUFFIX)] if t.endswith(NHWC_SUFFIX) else None
+
+
+def restored(t: str, value: np.ndarray) -> np.ndarray:
+    """An NHWC tensor's value as its NCHW tensor."""
+    return np.ascontiguousarray(np.transpose(value, (0, 3, 1, 2)))
+
+
 # How the rewrite runs the nodes `layouts` left to ONNX Runtime over NHWC tensors.
-RELAYOUT = Relayout(node=nhwc_node, bridge=bridge, info=nhwc_info)
+RELAYOUT = Relayout(node=nhwc_node, bridge=bridge, info=nhwc_info, holds=held, restored=restored)
