@@ -210,8 +210,11 @@ def _all_true(g: _Graph, t: str, depth: int = 0) -> bool:
 
 # Ops folded where every input is a constant (or folded) and the result is small: the
 # arithmetic TorchScript writes on fixed dims (1/√√D from a head size, a Reshape's heads).
+# (ConstantOfShape and Transpose: TorchScript's exports of TensorFlow-style "same" padding build
+# each Pad's pads from constants through them, which the conv scheme folds into the Conv.)
 FOLDABLE = frozenset({"Cast", "Sqrt", "Reciprocal", "Div", "Mul", "Add", "Sub", "Pow", "Neg", "Abs", "Floor", "Ceil",
-                      "Unsqueeze", "Squeeze", "Concat", "Gather", "Slice", "Reshape", "Identity", "Max", "Min"})
+                      "Unsqueeze", "Squeeze", "Concat", "Gather", "Slice", "Reshape", "Identity", "Max", "Min",
+                      "ConstantOfShape", "Transpose"})
 FOLD_MAX_ELEMENTS = 64
 
 

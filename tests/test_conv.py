@@ -313,3 +313,63 @@ def test_written_out_activations_run_as_conv_epilogues_and_verify_on_the_cpu() -
     acts = [g.payload.activation for g in res.report.plan.groups if g.scheme == "conv"]
     assert acts == ["hardswish", "hardswish", "gelu"] and not res.report.dropped
     assert res.report.verification is not None and res.report.verification.tensors_checked > 0
+
+
+def _same_padded(pad_value: float = 0.0, batch_pad: int = 0) -> onnx.ModelProto:
+    """x → Pad → Conv 3×3 stride 2 → Relu → Pad → Conv 3×3 → Relu, TensorFlow-style "same"
+    padding as transformers' MobileNetV2 writes it: the second Pad's pads come from constants
+    through ConstantOfShape → Concat → Reshape → Slice → Transpose → Reshape (the TorchScript
+    export's form), the first's from an initializer."""
+    rng = np.random.default_rng(5)
+    w1 = helper.make_tensor("w1", TP.FLOAT, [8, 4, 3, 3], rng.standard_normal(288).astype(np.float32).tolist())
+    w2 = helper.make_tensor("w2", TP.FLOAT, [8, 8, 3, 3], rng.standard_normal(576).astype(np.float32).tolist())
+    consts = {"p1": np.array([batch_pad, 0, 0, 0, 0, 0, 1, 1], np.int64), "pv": np.array(pad_value, np.float32),
+              "head": np.array([1, 1, 1, 1], np.int64), "rest": np.array([4], np.int64),
+              "shape2": np.array([-1, 2], np.int64), "start": np.array([-1], np.int64), "end": np.array([-9], np.int64),
+              "axis": np.array([0], np.int64), "step": np.array([-1], np.int64), "flat": np.array([-1], np.int64)}
+    nodes = [helper.make_node("Pad", ["x", "p1", "pv"], ["xp"], mode="constant"),
+             helper.make_node("Conv", ["xp", "w1"], ["c1"], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("ConstantOfShape", ["rest"], ["zeros"], value=helper.make_tensor("z", TP.INT64, [1], [0])),
+             helper.make_node("Concat", ["head", "zeros"], ["cat"], axis=0),
+             helper.make_node("Reshape", ["cat", "shape2"], ["pairs"]),
+             helper.make_node("Slice", ["pairs", "start", "end", "axis", "step"], ["rev"]),
+             helper.make_node("Transpose", ["rev"], ["cols"], perm=[1, 0]),
+             helper.make_node("Reshape", ["cols", "flat"], ["p2"]),
+             helper.make_node("Pad", ["r1", "p2", "pv"], ["rp"], mode="constant"),
+             helper.make_node("Conv", ["rp", "w2"], ["c2"]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    g = helper.make_graph(nodes, "same", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 4, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, "ho", "wo"])],
+                          [w1, w2] + [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_same_padding_pad_joins_the_conv() -> None:
+    """A zero Pad of the pixels in front of a Conv, read by nothing else, is more of the Conv's
+    pads: both Pads (one reading pads folded from a chain of constants) join their conv groups,
+    none is left to ONNX Runtime, and the stitched model through its fallbacks matches onnx's
+    reference evaluator on fresh inputs (odd sizes: the stride-2 Conv's one-sided pad matters)."""
+    m = _same_padded()
+    res = onnxstitch.optimize(m, epilogues=True, shapes={"n": [2], "h": [17], "w": [15]}, cost=FREE_LAYOUTS)
+    convs = [grp for grp in res.report.plan.groups if grp.scheme == "conv"]
+    assert len(convs) == 2 and not res.report.conv_refusals
+    assert not any(n.op_type == "Pad" for n in res.model.graph.node)
+    pads = [tuple(a.ints) for n in res.model.graph.node for a in n.attribute if a.name == "conv_pads"]
+    assert sorted(pads) == [(0, 0, 1, 1), (1, 1, 1, 1)]
+    x = np.random.default_rng(fresh_seed()).standard_normal((1, 4, 17, 15)).astype(np.float32)
+    want = onnx.reference.ReferenceEvaluator(m).run(None, {"x": x.astype(np.float32)})[0]
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("pad_value, batch_pad", [(1.0, 0), (0.0, 1)])
+def test_a_pad_of_other_values_or_images_stays_apart(pad_value: float, batch_pad: int) -> None:
+    chains = found_model(_same_padded(pad_value, batch_pad))
+    first = next(c for c in chains.matches if c.w == "w1")
+    assert first.x == "xp" and first.pads == (0, 0, 0, 0)
+
+
+def found_model(m: onnx.ModelProto) -> match.Found:
+    inferred, tensors = shapes.infer(m)
+    return match.find(graph_mod.build(inferred, tensors))

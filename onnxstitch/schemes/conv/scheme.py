@@ -33,9 +33,11 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
     nodes = [graph.nodes[i] for i in m.nodes]
     if m.folded:
         # The Conv with its BatchNormalization folded in, writing what the BatchNormalization wrote.
-        conv, bn = nodes[0], next(n for n in nodes if n.op_type == "BatchNormalization")
-        nodes = [dataclasses.replace(conv, inputs=(m.x, m.folded[0].name, m.folded[1].name), outputs=bn.outputs)] + \
-            [n for n in nodes[1:] if n is not bn]
+        # (A Pad joined in front, match._pad, stays before it.)
+        conv = next(n for n in nodes if n.op_type == "Conv")
+        bn = next(n for n in nodes if n.op_type == "BatchNormalization")
+        nodes = [dataclasses.replace(conv, inputs=(conv.inputs[0], m.folded[0].name, m.folded[1].name),
+                                     outputs=bn.outputs) if n is conv else n for n in nodes if n is not bn]
     for t in sorted({t for n in nodes for t in n.inputs if t and t not in given and t in graph.constants}):
         body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
     body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
