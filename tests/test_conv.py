@@ -76,8 +76,13 @@ def test_batch_norm_is_folded() -> None:
 def test_refusals_say_why() -> None:
     m = model(Net(8, (Layer(8, activation="relu"),)))
     conv = m.graph.node[0]
+    # (SAME_UPPER with stride 2 over free pixels: its pads depend on the input's size.)
     conv.attribute.append(helper.make_attribute("auto_pad", "SAME_UPPER"))
     del conv.attribute[[a.name for a in conv.attribute].index("pads")]
+    names = [a.name for a in conv.attribute]
+    if "strides" in names:
+        del conv.attribute[names.index("strides")]
+    conv.attribute.append(helper.make_attribute("strides", [2, 2]))
     inferred, tensors = shapes.infer(m)
     f = match.find(graph_mod.build(inferred, tensors))
     assert not f.matches and "auto_pad SAME_UPPER" in f.refusals[0]
@@ -373,3 +378,46 @@ def test_a_pad_of_other_values_or_images_stays_apart(pad_value: float, batch_pad
 def found_model(m: onnx.ModelProto) -> match.Found:
     inferred, tensors = shapes.infer(m)
     return match.find(graph_mod.build(inferred, tensors))
+
+
+def _same_conv(auto_pad: str, kernel: int, stride: int, pixels: tuple = ("h", "w")) -> onnx.ModelProto:
+    """x [n, 4, h, w] → Conv(auto_pad, kernel, stride) → Relu → Conv 3×3 (explicit pads) → Relu."""
+    rng = np.random.default_rng(9)
+    w1 = onnx.numpy_helper.from_array(rng.standard_normal((8, 4, kernel, kernel)).astype(np.float32), "w1")
+    w2 = onnx.numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], auto_pad=auto_pad, strides=[stride, stride]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    g = helper.make_graph(nodes, "same", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 4, *pixels])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, "ho", "wo"])], [w1, w2])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("auto_pad, kernel, stride, pixels, want", [
+    ("SAME_UPPER", 4, 1, ("h", "w"), (1, 1, 2, 2)),
+    ("SAME_LOWER", 4, 1, ("h", "w"), (2, 2, 1, 1)),
+    ("SAME_UPPER", 3, 1, ("h", "w"), (1, 1, 1, 1)),
+    ("SAME_UPPER", 3, 2, (15, 16), (1, 0, 1, 1)),
+])
+def test_same_auto_pad_is_explicit_pads(auto_pad: str, kernel: int, stride: int, pixels: tuple, want: tuple) -> None:
+    """A SAME_UPPER/SAME_LOWER Conv (TorchScript writes PyTorch's padding="same" so: EfficientNet)
+    is a conv group with the pads ONNX defines (the odd one at the end for UPPER, the beginning for
+    LOWER), where they do not depend on the input's size (stride 1) or the pixels are fixed; the
+    stitched model through its fallbacks matches onnx's reference evaluator."""
+    m = _same_conv(auto_pad, kernel, stride, pixels)
+    dims = {"n": [2]} | ({"h": [13], "w": [10]} if pixels == ("h", "w") else {})
+    res = onnxstitch.optimize(m, epilogues=True, shapes=dims, cost=FREE_LAYOUTS)
+    pads = [tuple(a.ints) for n in res.model.graph.node for a in n.attribute if a.name == "conv_pads"]
+    assert len(pads) == 2 and want in pads and not res.report.conv_refusals
+    hw = (13, 10) if pixels == ("h", "w") else pixels
+    x = np.random.default_rng(fresh_seed()).standard_normal((1, 4, *hw)).astype(np.float32)
+    want_y = onnx.reference.ReferenceEvaluator(m).run(None, {"x": x})[0]
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - want_y).max() <= 1e-4 * max(1.0, np.abs(want_y).max())
+
+
+def test_same_auto_pad_over_free_pixels_with_strides_is_refused() -> None:
+    chains = found_model(_same_conv("SAME_UPPER", 3, 2))
+    assert not any(c.w == "w1" for c in chains.matches)
+    assert any("auto_pad SAME_UPPER with strides [2, 2] over pixels not fixed" in r for r in chains.refusals)

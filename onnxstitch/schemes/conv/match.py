@@ -12,9 +12,10 @@ output change layout at the node (cuBLASLt transforms in scratch memory), except
 nodes, where the tensor stays NHWC (`layouts`: the plan's conv groups decide it together).
 
 Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight, explicit pads
-(auto_pad NOTSET or VALID), its own bias [K] or none, a BatchNormalization with constant
-parameters after it or none (folded into new weights and bias, as ONNX Runtime folds it), then
-optionally
+(auto_pad NOTSET or VALID, or SAME_UPPER/SAME_LOWER where the pads do not depend on the input's
+size: stride 1, as TorchScript exports PyTorch's padding="same", or fixed pixels), its own bias
+[K] or none, a BatchNormalization with constant parameters after it or none (folded into new
+weights and bias, as ONNX Runtime folds it), then optionally
 
 - a residual: an Add of a runtime tensor of the convolution's shape, before the activation (as
   ResNet's blocks and MobileNet's inverted residuals write it) or after it (YOLO's bottlenecks);
@@ -167,6 +168,25 @@ def _pad(g: FusionGraph, i: int, x: str) -> tuple[int, tuple[int, int, int, int]
     return at, (pads[2], pads[3], pads[6], pads[7])
 
 
+def _same_pads(auto_pad: str, pixels, kernel, strides, dilations) -> tuple[int, int, int, int] | None:
+    """Explicit pads (h, w begins; h, w ends) of a SAME_UPPER/SAME_LOWER convolution where they
+    do not depend on the input's size (stride 1: (k − 1)·d in all, as PyTorch's padding="same"
+    exports it), or where its pixels are fixed; None otherwise. SAME_UPPER puts the odd one at
+    the end, SAME_LOWER at the beginning (ONNX's Conv)."""
+    totals = []
+    for size, k, s, d in zip(pixels, kernel, strides, dilations):
+        if s == 1:
+            totals.append((k - 1) * d)
+        elif isinstance(size, int):
+            totals.append(max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0))
+        else:
+            return None
+    small = [t // 2 for t in totals]
+    big = [t - t // 2 for t in totals]
+    begins, ends = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    return (begins[0], begins[1], ends[0], ends[1])
+
+
 def _conv(g: FusionGraph, i: int) -> dict | str:
     """The Conv's geometry, or why it is no conv epilogue's."""
     n = g.nodes[i]
@@ -186,14 +206,22 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
         return f"the channels of '{x}' are not fixed"
     auto_pad = n.attrs.get("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in ("NOTSET", "VALID"):
-        return f"auto_pad {auto_pad} (explicit pads only)"
-    pads = tuple(int(v) for v in n.attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
     strides = tuple(int(v) for v in n.attrs.get("strides", (1, 1)))
     dilations = tuple(int(v) for v in n.attrs.get("dilations", (1, 1)))
     group = int(n.attrs.get("group", 1))
-    if len(pads) != 4 or len(strides) != 2 or len(dilations) != 2:
-        return "pads, strides or dilations not of a 2-D convolution"
+    if len(strides) != 2 or len(dilations) != 2:
+        return "strides or dilations not of a 2-D convolution"
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(auto_pad, sx[2:], sw[2:], strides, dilations)
+        if pads is None:
+            return (f"auto_pad {auto_pad} with strides {list(strides)} over pixels not fixed in the model "
+                    f"(its pads depend on the input's size)")
+    elif auto_pad in ("NOTSET", "VALID"):
+        pads = tuple(int(v) for v in n.attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
+    else:
+        return f"auto_pad {auto_pad}"
+    if len(pads) != 4:
+        return "pads not of a 2-D convolution"
     if padded is not None:
         pads = tuple(a + b for a, b in zip(pads, padded[1]))
     if sx[1] != sw[1] * group:
