@@ -380,17 +380,24 @@ def found_model(m: onnx.ModelProto) -> match.Found:
     return match.find(graph_mod.build(inferred, tensors))
 
 
-def _same_conv(auto_pad: str, kernel: int, stride: int, pixels: tuple = ("h", "w")) -> onnx.ModelProto:
-    """x [n, 4, h, w] → Conv(auto_pad, kernel, stride) → Relu → Conv 3×3 (explicit pads) → Relu."""
+def _same_conv(auto_pad: str, kernel: int, stride: int, pixels: tuple = ("h", "w"),
+               pad: tuple[int, ...] = ()) -> onnx.ModelProto:
+    """x [n, 4, h, w] → [Pad(pad) →] Conv(auto_pad, kernel, stride) → Relu → Conv 3×3 (explicit
+    pads) → Relu."""
     rng = np.random.default_rng(9)
     w1 = onnx.numpy_helper.from_array(rng.standard_normal((8, 4, kernel, kernel)).astype(np.float32), "w1")
     w2 = onnx.numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w2")
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], auto_pad=auto_pad, strides=[stride, stride]),
+    first = "x"
+    if pad:
+        first = "xp"
+    nodes = ([helper.make_node("Pad", ["x", "pads"], ["xp"])] if pad else []) + [
+             helper.make_node("Conv", [first, "w1"], ["c1"], auto_pad=auto_pad, strides=[stride, stride]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c2"], ["y"])]
     g = helper.make_graph(nodes, "same", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 4, *pixels])],
-                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, "ho", "wo"])], [w1, w2])
+                          [helper.make_tensor_value_info("y", TP.FLOAT, ["n", 8, "ho", "wo"])],
+                          [w1, w2] + ([onnx.numpy_helper.from_array(np.array(pad, np.int64), "pads")] if pad else []))
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
@@ -399,13 +406,16 @@ def _same_conv(auto_pad: str, kernel: int, stride: int, pixels: tuple = ("h", "w
     ("SAME_LOWER", 4, 1, ("h", "w"), (2, 2, 1, 1)),
     ("SAME_UPPER", 3, 1, ("h", "w"), (1, 1, 1, 1)),
     ("SAME_UPPER", 3, 2, (15, 16), (1, 0, 1, 1)),
+    # a Pad in front (h +2, w +1: 17 × 17) joins it, the SAME pads computed over the padded size
+    ("SAME_UPPER", 3, 2, (15, 16, (0, 0, 1, 0, 0, 0, 1, 1)), (2, 1, 2, 2)),
 ])
 def test_same_auto_pad_is_explicit_pads(auto_pad: str, kernel: int, stride: int, pixels: tuple, want: tuple) -> None:
     """A SAME_UPPER/SAME_LOWER Conv (TorchScript writes PyTorch's padding="same" so: EfficientNet)
     is a conv group with the pads ONNX defines (the odd one at the end for UPPER, the beginning for
     LOWER), where they do not depend on the input's size (stride 1) or the pixels are fixed; the
     stitched model through its fallbacks matches onnx's reference evaluator."""
-    m = _same_conv(auto_pad, kernel, stride, pixels)
+    pixels, pad = (pixels[:2], pixels[2]) if len(pixels) > 2 else (pixels, ())
+    m = _same_conv(auto_pad, kernel, stride, pixels, pad)
     dims = {"n": [2]} | ({"h": [13], "w": [10]} if pixels == ("h", "w") else {})
     res = onnxstitch.optimize(m, epilogues=True, shapes=dims, cost=FREE_LAYOUTS)
     pads = [tuple(a.ints) for n in res.model.graph.node for a in n.attribute if a.name == "conv_pads"]

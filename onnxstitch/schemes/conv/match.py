@@ -212,7 +212,8 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     if len(strides) != 2 or len(dilations) != 2:
         return "strides or dilations not of a 2-D convolution"
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = _same_pads(auto_pad, sx[2:], sw[2:], strides, dilations)
+        # (Over the Conv's own input: a Pad joined in front makes it larger than X.)
+        pads = _same_pads(auto_pad, (g.shape(n.inputs[0]) or sx)[2:], sw[2:], strides, dilations)
         if pads is None:
             return (f"auto_pad {auto_pad} with strides {list(strides)} over pixels not fixed in the model "
                     f"(its pads depend on the input's size)")
