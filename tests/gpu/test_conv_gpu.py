@@ -83,6 +83,29 @@ def test_conv_epilogue_matches_float64(net: Net) -> None:
     assert relative_error(got, want) <= TOLERANCE[net.dtype]
 
 
+@pytest.mark.parametrize("form", ["pad", "same_upper_even", "same_lower_even", "same_strided_fixed"])
+def test_padded_and_same_convolutions_match_the_reference(form: str) -> None:
+    """A zero Pad joined into the Conv's pads (TorchScript's TensorFlow-style padding, pads from
+    folded constants) and SAME_UPPER/LOWER auto_pad made explicit (one-sided pads for even
+    kernels, strided over fixed pixels): cuDNN's graphs with those pads, against onnx's reference
+    evaluator at sizes other than the planning ones (fixed ones where the model fixes them)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from ..test_conv import _same_conv, _same_padded
+
+    m = {"pad": lambda: _same_padded(), "same_upper_even": lambda: _same_conv("SAME_UPPER", 4, 1),
+         "same_lower_even": lambda: _same_conv("SAME_LOWER", 4, 1),
+         "same_strided_fixed": lambda: _same_conv("SAME_UPPER", 3, 2, (15, 16))}[form]()
+    res = stitch(m, epilogues=True, shapes={"n": [2], "h": [17], "w": [15]}, cost=CostModel(layout_changes=False))
+    assert sum(g.scheme == "conv" for g in res.report.plan.groups) == 2 and not res.report.dropped
+    assert res.report.verification is not None and res.report.verification.device == "gpu"
+    hw = (15, 16) if form == "same_strided_fixed" else (21, 18)
+    x = np.random.default_rng(fresh_seed()).standard_normal((3, 4, *hw)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0].astype(np.float64)
+    (got,) = run_gpu(res.model, {"x": x}, [want.astype(np.float32)])
+    assert relative_error(got, want) <= TOLERANCE[TP.FLOAT]
+
+
 @pytest.mark.parametrize("net", [NETS[9], Net(8, (Layer(16, activation="silu"), Layer(16, residual=True)),
                                                  TP.FLOAT16, 21)], ids=lambda n: n.id)
 def test_conv_epilogue_under_cuda_graphs(net: Net) -> None:
