@@ -227,7 +227,7 @@ def key(model: onnx.ModelProto, timer_device: str, runtime: str, stitched: bool)
 def _concrete(graph: FusionGraph, tensor: str) -> tuple[int, tuple[int, ...]] | None:
     info = graph.tensors.get(tensor)
     if info is None:  # a tensor a scheme names in a layout of its own (conv's NHWC ones)
-        info = next((i for r in registry.relayouts() if (i := r.info(graph, tensor)) is not None), None)
+        info = registry.relaid_info(graph, tensor)
     if info is None or info.shape is None or any(d is None for d in info.shape):
         return None
     dims = tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in info.shape)

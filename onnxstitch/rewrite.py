@@ -194,11 +194,10 @@ def _drop_orphans(original: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> lis
 
 
 def _relaid_info(graph: FusionGraph, t: str) -> TensorInfo:
-    for relayout in registry.relayouts():
-        info = relayout.info(graph, t)
-        if info is not None:
-            return info
-    raise KeyError(f"no tensor {t!r} in the graph and no scheme names it")
+    info = registry.relaid_info(graph, t)
+    if info is None:
+        raise KeyError(f"no tensor {t!r} in the graph and no scheme names it")
+    return info
 
 
 def _declare_fused_outputs(g: onnx.GraphProto, graph: FusionGraph, groups: Sequence[FusedGroup]) -> None:

@@ -301,8 +301,8 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
     stitched_names = {t for n in stitched.graph.node for t in n.output} | {i.name for i in stitched.graph.input}
     # A conv group's output kept NHWC for the next conv group (schemes/conv) is in the stitched
     # model under a name of that layout: exposed so, and compared in the graph's layout.
-    held = {t: (s, r) for s in stitched_names for r in registry.relayouts() if (t := r.holds(s)) is not None}
-    held = {t: v for t, v in held.items() if t not in stitched_names}
+    held = {t: (s, r) for s in stitched_names for r in registry.relayouts()
+            if (t := r.holds(s)) is not None and t not in stitched_names}
     groups = [dataclasses.replace(grp, outputs=tuple(t for t in grp.outputs if t in stitched_names or t in held))
               for grp in groups]
     exposed = [t for t in exposed if t in stitched_names or t in held]

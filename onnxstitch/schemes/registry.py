@@ -32,6 +32,12 @@ def relayouts() -> list[Relayout]:
     return [s.relayout for s in SCHEMES.values() if s.relayout is not None]
 
 
+def relaid_info(graph: FusionGraph, tensor: str):
+    """Type and shape (shapes.TensorInfo) of a tensor a scheme names in a layout of its own
+    (Relayout.info: conv's NHWC tensors), None for any other name."""
+    return next((i for r in relayouts() if (i := r.info(graph, tensor)) is not None), None)
+
+
 def plans_per_shape(name: str) -> bool:
     """Whether the scheme's library chooses its engines per input shape at a session's first
     run (cuDNN compiles and times several: seconds a network) rather than ahead of time: such

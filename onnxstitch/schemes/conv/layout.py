@@ -26,10 +26,15 @@ def nhwc_name(t: str) -> str:
     return t + NHWC_SUFFIX
 
 
+def held(t: str) -> str | None:
+    """The NCHW tensor an NHWC name (`nhwc_name`) holds, None for any other name."""
+    return t[:-len(NHWC_SUFFIX)] if t.endswith(NHWC_SUFFIX) else None
+
+
 def nhwc_info(g: FusionGraph, t: str) -> TensorInfo | None:
     """The type and shape of `t`, an NHWC tensor named by `nhwc_name`: its NCHW tensor's, dims
     permuted (None for any other name)."""
-    base = g.tensors.get(t[:-len(NHWC_SUFFIX)]) if t.endswith(NHWC_SUFFIX) else None
+    base = g.tensors.get(nchw) if (nchw := held(t)) is not None else None
     if base is None:
         return None
     shape = None if base.shape is None else tuple(base.shape[k] for k in (0, 2, 3, 1))
@@ -212,18 +217,13 @@ def bridge(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[onnx.
     read = dict.fromkeys(t for n in nodes for t in n.input if t and t not in made)
     extra: list[onnx.NodeProto] = []
     for t in read:
-        if t.endswith(NHWC_SUFFIX) and t[:-len(NHWC_SUFFIX)] in made:
-            extra.append(helper.make_node("Reshape", [t[:-len(NHWC_SUFFIX)], TO_NHWC], [t], name=f"stitch_bridge_{t}"))
+        if (nchw := held(t)) is not None and nchw in made:
+            extra.append(helper.make_node("Reshape", [nchw, TO_NHWC], [t], name=f"stitch_bridge_{t}"))
         elif nhwc_name(t) in made:
             extra.append(helper.make_node("Reshape", [nhwc_name(t), TO_NCHW], [t], name=f"stitch_bridge_{t}"))
     shapes = {TO_NHWC: [0, 1, 1, -1], TO_NCHW: [0, -1, 1, 1]}
     used = {n.input[1] for n in extra}
     return extra, [onnx.numpy_helper.from_array(np.array(v, np.int64), k) for k, v in shapes.items() if k in used]
-
-
-def held(t: str) -> str | None:
-    """The NCHW tensor an NHWC name (`nhwc_name`) holds, None for any other name."""
-    return t[:-len(NHWC_SUFFIX)] if t.endswith(NHWC_SUFFIX) else None
 
 
 def restored(t: str, value: np.ndarray) -> np.ndarray:

@@ -149,8 +149,8 @@ def _pad(g: FusionGraph, i: int, x: str) -> tuple[int, tuple[int, int, int, int]
     p = g.nodes[at]
     if p.op_type != "Pad" or p.domain not in ("", "ai.onnx"):
         return None
-    mode = p.attrs.get("mode", "constant")
-    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant" or (len(p.inputs) > 3 and p.inputs[3]):
+    # (Node attributes come decoded: graph.node_attrs.)
+    if p.attrs.get("mode", "constant") != "constant" or (len(p.inputs) > 3 and p.inputs[3]):
         return None
     if len(p.inputs) > 1:  # opset 11 on: pads and the value as inputs
         if p.inputs[1] not in g.constants:
@@ -205,7 +205,6 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     if not isinstance(sx[1], int):
         return f"the channels of '{x}' are not fixed"
     auto_pad = n.attrs.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     strides = tuple(int(v) for v in n.attrs.get("strides", (1, 1)))
     dilations = tuple(int(v) for v in n.attrs.get("dilations", (1, 1)))
     group = int(n.attrs.get("group", 1))
@@ -269,9 +268,7 @@ def _activation(g: FusionGraph, t: str) -> tuple[str, tuple[float, float], tuple
     if n.op_type == "LeakyRelu":
         return "leaky_relu", (float(n.attrs.get("alpha", 0.01)), 0.0), (n.index,), n.outputs[0]
     if n.op_type == "Gelu":
-        form = n.attrs.get("approximate", "none")
-        form = form.decode() if isinstance(form, bytes) else form
-        return ("gelu_tanh" if form == "tanh" else "gelu"), (0.0, 0.0), (n.index,), n.outputs[0]
+        return ("gelu_tanh" if n.attrs.get("approximate", "none") == "tanh" else "gelu"), (0.0, 0.0), (n.index,), n.outputs[0]
     if n.op_type == "Clip":
         lo = _scalar(g, n.inputs[1]) if len(n.inputs) > 1 and n.inputs[1] else float(n.attrs.get("min", -3.4e38))
         hi = _scalar(g, n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else float(n.attrs.get("max", 3.4e38))
