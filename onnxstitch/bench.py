@@ -402,7 +402,10 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
                 raise _stock_fault(model_path, e) from e
             raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
     say(f"timing {', '.join(bounds)}")
+    began = time.perf_counter()
     times = _time(bounds, config)
+    log.info("bench: sessions built and first run in %s s; timed in %.2f s",
+             {k: round(v, 2) for k, v in startup.items()}, time.perf_counter() - began)
     configs: dict[str, Timing] = {}
     profiles: dict[str, Profile] = {}
     for label, make in makers.items():

@@ -79,19 +79,30 @@ class GroupCost:
         return self.ours_us is not None and self.stock_us is not None
 
     @property
+    def resolved(self) -> bool:
+        """Whether the measured figures say something: taken, and not both below the timer's
+        resolution (a run's overhead, subtracted, can leave 0.0 for both on a busy GPU)."""
+        return self.measured and max(self.ours_us, self.stock_us) >= RESOLUTION_US  # type: ignore[type-var]
+
+    @property
     def pays(self) -> bool:
-        """Whether the group is worth fusing by its measured figures (True where none were taken,
-        or both are below the timer's resolution: the plan's prediction stands)."""
-        if not self.measured or max(self.ours_us, self.stock_us) < RESOLUTION_US:  # type: ignore[type-var]
+        """Whether the group is worth fusing by its measured figures (True where they are not
+        resolved: the plan's prediction stands)."""
+        if not self.resolved:
             return True
         return self.ours_us < self.stock_us * (1 - MARGIN)  # type: ignore[operator]
 
     @property
     def gain_us(self) -> float:
-        """Microseconds the group saves per run, measured where it was, else predicted."""
-        if self.measured:
+        """Microseconds the group saves per run, measured where resolved, else predicted."""
+        if self.resolved:
             return self.stock_us - self.ours_us  # type: ignore[operator]
         return self.predicted_stock_us - self.predicted_us
+
+    @property
+    def stock_time_us(self) -> float:
+        """The replaced nodes' time per run, measured where resolved, else predicted."""
+        return self.stock_us if self.resolved else self.predicted_stock_us  # type: ignore[return-value]
 
     def to_json(self) -> dict:
         return {**asdict(self), "pays": self.pays}
@@ -362,9 +373,28 @@ def not_paying(costs: Iterable[GroupCost], linked: Iterable[str] = ()) -> set[st
     slow = {c.group for c in costs if not c.pays}
     if slow & linked:
         chain = [c for c in costs if c.group in linked]
-        base = sum(c.stock_us if c.measured else c.predicted_stock_us for c in chain)  # type: ignore[misc]
+        base = sum(c.stock_time_us for c in chain)
         slow = slow - linked if sum(c.gain_us for c in chain) > MARGIN * base else slow | linked
     return slow
+
+
+def why_not_paying(costs: Iterable[GroupCost], linked: Iterable[str] = ()) -> dict[str, str]:
+    """Each group of `not_paying` and why, in words for the report."""
+    costs = list(costs)
+    linked = set(linked)
+    slow = not_paying(costs, linked)
+    chain = [c for c in costs if c.group in linked]
+    gain, base = sum(c.gain_us for c in chain), sum(c.stock_time_us for c in chain)
+    out = {}
+    for c in costs:
+        if c.group not in slow:
+            continue
+        if c.group in linked:
+            out[c.group] = (f"one of {len(chain)} linked conv groups (NHWC between them), which together gain "
+                            f"{gain:.1f} µs of {base:.1f} µs: under {MARGIN:.0%}")
+        else:
+            out[c.group] = f"measured {c.ours_us:.1f} µs against stock ORT's {c.stock_us:.1f} µs for its nodes"
+    return out
 
 
 def _baked(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:

@@ -4,8 +4,10 @@ apart (weights.py) and the user's custom-op libraries registered. Verification, 
 shape probing all open their sessions here."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -16,6 +18,8 @@ import onnx
 from . import ortio
 from .load import is_large, save
 from .weights import Weights
+
+log = logging.getLogger(__name__)
 
 # Domains ONNX Runtime implements itself (ours included, through the onnxstitch library).
 ORT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.onnxstitch"})
@@ -28,13 +32,16 @@ def library_domains(model: onnx.ModelProto) -> set[str]:
 
 
 def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
-                    weights: Weights | None = None, libraries: Sequence[str] = (), tf32: bool = False):
+                    weights: Weights | None = None, libraries: Sequence[str] = (), tf32: bool = False,
+                    fold: bool = True):
     """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
     (the stitched one with the onnxstitch library). `weights` supply the payloads of `model`'s
     stubs (weights.py), `model` being what `source` holds (passed through
     `Weights.session_model`, as Runner.open does); `libraries`: custom-op libraries the model's
     own ops need (ortio.custom_op_libraries). `tf32`: let the CUDA EP's GEMMs and convolutions
-    round their inputs to TF32, as stock ORT does by default (off for comparisons)."""
+    round their inputs to TF32, as stock ORT does by default (off for comparisons). `fold`:
+    ORT's constant folding on (off for a model whose joined weights are Concat nodes: folded,
+    each session held a second copy of them, Qwen2-0.5B's 0.4 GB; run, one at a time)."""
     import onnxruntime as ort
 
     options = ortio.with_custom_ops(ort.SessionOptions(), libraries)
@@ -43,8 +50,9 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
     options.log_severity_level = 4  # a failing run is reported by its exception, in one line
     # Each session runs once: prepacked copies of the weights would only double its memory.
     options.add_session_config_entry("session.disable_prepacking", "1")
+    kw = {} if fold else {"disabled_optimizers": ["ConstantFolding"]}
     if not gpu:
-        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"], **kw)
     # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
     # cuDNN's heuristic convolution algorithms: an exhaustive search costs seconds per session of a
     # CNN (EfficientNet at B7 widths: verification took 30 s on an H200), and nothing here is timed.
@@ -53,8 +61,8 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
     if stitched:
         from .runtime import session
 
-        return session(source, providers=cuda, sess_options=options)
-    return ort.InferenceSession(source, options, providers=cuda)
+        return session(source, providers=cuda, sess_options=options, **kw)
+    return ort.InferenceSession(source, options, providers=cuda, **kw)
 
 
 @dataclass(frozen=True)
@@ -85,13 +93,20 @@ class Runner:
                 save(model, source)
             else:
                 source = model.SerializeToString()
-            return runtime_session(source, self.gpu, stitched, model, self.weights, self.libraries, self.tf32)
+            return runtime_session(source, self.gpu, stitched, model, self.weights, self.libraries, self.tf32,
+                                   fold=not Weights.has_joins(model))
 
     def run(self, model: onnx.ModelProto, stitched: bool, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every output of `model` on ORT, by name."""
+        began = time.monotonic()
         sess = self.open(model, stitched)
+        made = time.monotonic()
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, ortio.run(sess, names, feeds)))
+        out = dict(zip(names, ortio.run(sess, names, feeds)))
+        log.info("%s session of a %s model (%d nodes, %d outputs%s) made in %.2f s, ran in %.2f s", self.where,
+                 "stitched" if stitched else "stock", len(model.graph.node), len(names), ", TF32" if self.tf32 else "",
+                 made - began, time.monotonic() - made)
+        return out
 
     def run_together(self, jobs: Sequence[tuple[onnx.ModelProto, bool]],
                      feeds: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray] | Exception]:

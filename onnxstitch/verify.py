@@ -133,6 +133,8 @@ def _special_mismatch(a: np.ndarray, b: np.ndarray) -> str | None:
     if not _is_float(b):
         bad = int(np.count_nonzero(a != b))
         return f"{bad} of {a.size} elements differ" if bad else None
+    if b.dtype.name != "bfloat16" and np.isfinite(a).all() and np.isfinite(b).all():
+        return None  # (the common case, without float64 copies: BERT's 86 tensors took 0.8 s)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     nan_a, nan_b = np.isnan(a64), np.isnan(b64)
     if not np.array_equal(nan_a, nan_b):
@@ -157,11 +159,14 @@ def compare(actual: np.ndarray, expected: np.ndarray, half_inputs: bool = False,
         return False, float("inf"), why
     if not _is_float(b):
         return True, 0.0, ""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     finite = np.isfinite(b64)
-    diff = float(np.linalg.norm(a64[finite] - b64[finite]))
-    ref = float(np.linalg.norm(b64[finite]))
-    floor = SCALE_ULPS * float(np.finfo(np.float32).eps) * input_scale * np.sqrt(max(int(finite.sum()), 1))
+    count = int(finite.sum())
+    if count < b64.size:  # (masks copy: only where something is not finite)
+        a64, b64 = a64[finite], b64[finite]
+    d = a64 - b64
+    diff, ref = float(np.sqrt(d @ d)), float(np.sqrt(b64 @ b64))
+    floor = SCALE_ULPS * float(np.finfo(np.float32).eps) * input_scale * np.sqrt(max(count, 1))
     diff = max(diff - floor, 0.0)
     rel = diff / ref if ref > 0 else diff
     # A float32 output computed from half-precision inputs is only as certain as they are:

@@ -43,6 +43,8 @@ _CHUNK = 64 << 20
 # ONNX Runtime session config: the folder external data locations are relative to, for a model
 # given as bytes.
 _FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+# The name ending of the Concat nodes that make joined weights in a session's model.
+JOIN_SUFFIX = "~concat"
 
 
 def _numel(t: TensorProto) -> int:
@@ -310,7 +312,7 @@ class Weights:
                 p.name = f"{t.name}~part{i}"
                 keep.append(p)
                 names.append(p.name)
-            joins.append(helper.make_node("Concat", names, [t.name], name=f"{t.name}~concat", axis=join.axis))
+            joins.append(helper.make_node("Concat", names, [t.name], name=f"{t.name}{JOIN_SUFFIX}", axis=join.axis))
         for t in keep:
             if files and is_stub(t) and (extent := self._extents.get(_location(t))):
                 _set_external(t, extent.location, extent.offset, extent.length)
@@ -321,6 +323,11 @@ class Weights:
             del out.graph.node[:]
             out.graph.node.extend(nodes)
         return out
+
+    @staticmethod
+    def has_joins(model: onnx.ModelProto) -> bool:
+        """Whether `model` (from `session_model`) makes joined weights with Concat nodes."""
+        return any(n.op_type == "Concat" and n.name.endswith(JOIN_SUFFIX) for n in model.graph.node)
 
     def session_options(self, model: onnx.ModelProto, options: Any = None) -> Any:
         """ONNX Runtime SessionOptions (`options`, or new ones) that supply the stubs of `model`

@@ -12,6 +12,8 @@
 #            TEST_WORKERS xdist workers (8), spread over ONNXSTITCH_TEST_GPUS GPUs (tests/conftest.py)
 #   opt      BERT-base optimize cold and warm (time, peak RSS, stages), then a cold run under
 #            cProfile (the top of it in $OUT/opt-profile.txt); carry build/bertc
+#   timeline where a cold optimize's time goes, per model (TIMELINE="bertc/bert-base-float32:batch=8,...";
+#            TIMELINE_PROFILE=1 adds node_profile.py of stock and stitched)
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
 #            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
 #   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
@@ -81,6 +83,26 @@ case "$part" in
       /tmp/zoo/bert-base-float32.onnx --shape batch=8,sequence=128 -q -o /tmp/zoo/bert.prof.onnx 2>&1 | tee -a "$log"
     python3 -c "import pstats; p = pstats.Stats('$OUT/opt.prof'); p.sort_stats('cumulative').print_stats(60)
 p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
+    ;;
+  timeline)
+    # where a cold optimize's time goes: INFO log stamped in ms since start, peak RSS, then the
+    # nodes of stock and stitched by time (node_profile.py). TIMELINE="dir/name:shape ..."
+    # (dir a carried folder of stripped models under build/)
+    for job in ${TIMELINE:?TIMELINE=\"dir/name:shape ...\"}; do
+      rel=${job%%:*} shape=${job#*:} name=$(basename "${job%%:*}")
+      mkdir -p /tmp/tl && python3 scripts/carry_weights.py fill "build/$rel.onnx" /tmp/tl/ >/dev/null
+      export ONNXSTITCH_CACHE=/tmp/onnxstitch-tl-$name && rm -rf "$ONNXSTITCH_CACHE"
+      echo "== $name $shape (cold)"
+      /usr/bin/time -f "wall %e s, peak %M KB" python3 -c "import logging, sys
+logging.basicConfig(level=logging.INFO, format='%(relativeCreated)7.0f ms %(levelname)s %(name)s: %(message)s')
+from onnxstitch.cli.main import main
+sys.argv = ['onnxstitch'] + sys.argv[1:]
+main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitched.onnx" \
+        --report "$OUT/timeline-$name.json" > "$OUT/timeline-$name.log" 2>&1
+      grep -E "stage |wall |made in|timed in|compiled|measur|gate|verif|given" "$OUT/timeline-$name.log" | tail -60
+      [ -n "${TIMELINE_PROFILE:-}" ] && python3 scripts/node_profile.py "/tmp/tl/$name.onnx" "/tmp/tl/$name.stitched.onnx" \
+        --dims "$shape" --top 25 > "$OUT/profile-$name.txt" 2>&1
+    done 2>&1 | tee "$log"
     ;;
   cf)
     cf() {  # cf NAME SHAPE "FLAGS" [optimize-only flags]: optimize with GPU verification, time it plain

@@ -51,7 +51,8 @@ def main() -> None:
         print(f"== {label}: {prof.node_us_per_run:.0f} µs of node time per run, {len(prof.nodes)} nodes")
         print("   by op: " + ", ".join(f"{r.name} {r.us_per_run:.0f}" for r in prof.by_op(8)))
         for e in sorted(prof.nodes, key=lambda e: -e.total_us)[:args.top]:
-            print(f"   {e.total_us / prof.runs:9.1f} µs  {e.op_type:<16} {e.name[:70]}")
+            where = e.provider.replace("ExecutionProvider", "")
+            print(f"   {e.total_us / prof.runs:9.1f} µs  {where:<5} {e.op_type:<16} {e.name[:70]}")
 
 
 if __name__ == "__main__":

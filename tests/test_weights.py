@@ -65,7 +65,13 @@ def test_sessions_read_the_files_and_join_the_weights(tmp_path: Path, monkeypatc
     # The same session options, weights inside the model.
     want = sessions.runtime_session(store.attach(merged).SerializeToString(), False, False).run(None, feeds)
     monkeypatch.setattr(sessions, "is_large", lambda _m: large)
+    # The joins run as Concat nodes, not folded into a second copy held by each session.
+    assert weights_mod.Weights.has_joins(session_model)
+    folds: list[bool] = []
+    monkeypatch.setattr(sessions, "runtime_session",
+                        lambda *a, _real=sessions.runtime_session, **k: folds.append(k["fold"]) or _real(*a, **k))
     got = sessions.Runner(False, store).run(merged, False, feeds)
+    assert folds == [False]
     for o, w in zip(merged.graph.output, want):
         np.testing.assert_array_equal(got[o.name], w)
 

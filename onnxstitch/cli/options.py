@@ -67,7 +67,9 @@ def verbosity(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, verbose: bool, quiet: bool, **kwargs: Any) -> Any:
         logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING if not quiet else logging.ERROR,
-                            format="%(levelname)s %(name)s: %(message)s")
+                            # -v: milliseconds since start, to see where optimize's time goes
+                            format="%(relativeCreated)7.0f ms %(levelname)s %(name)s: %(message)s" if verbose
+                            else "%(levelname)s %(name)s: %(message)s")
         if quiet:  # ONNX Runtime's own warnings (Memcpy nodes added, nodes on the CPU) go to stderr too
             import onnxruntime
 
