@@ -4,7 +4,7 @@ verify → gate. `optimize` is the library entry point; the CLI wraps it."""
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 import logging
 import os
 import tempfile
@@ -183,13 +183,9 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
         return optimize(body, dataclasses.replace(opts, shapes=shapes, values=values, gate=False, costs_file=None),
                         progress=progress)
 
-    # The GPU timer starts (CUDA and ORT's libraries loaded: about 1.8 s on an H200 host) while
-    # the model loads and its shapes are inferred.
-    with ThreadPoolExecutor(1, thread_name_prefix="onnxstitch-timer") as pool:
-        starting = pool.submit(_Measuring.of, opts)
-        given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
-                         body_optimizer if opts.control_flow else None)
-        meas = starting.result()
+    given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
+                     body_optimizer if opts.control_flow else None)
+    meas = _Measuring.of(opts)
     measured: dict[frozenset[str], float] = {}
     replanned: list[str] = []
     graphs: dict[frozenset[str], _Graphed] = {}  # what replanning at measured prices reuses
@@ -516,15 +512,27 @@ class _Measuring:
     """Where one optimize's costs are measured: this machine's GPU (None without one) and the
     figures already known (the on-disk cache, with a --costs file merged in)."""
 
-    timer: Any
+    starting: Future | None  # the timer (None without a GPU), made in a thread
     cache: measure_mod.CostCache
 
     @staticmethod
     def of(opts: Options) -> "_Measuring":
+        """The cache now; the timer started in a thread (CUDA and ORT's libraries loaded: about
+        1.8 s on an H200 host) while the plan is made and compiled, which need neither. (Started
+        while the model loaded, it slowed shape inference by as much: Python imports on both.)"""
         cache = measure_mod.default_cache() if opts.gate else measure_mod.CostCache()
         if opts.costs_file and Path(opts.costs_file).is_file():
             cache.merge(Path(opts.costs_file))
-        return _Measuring(measure_mod.gpu_timer() if opts.gate else None, cache)
+        if not opts.gate:
+            return _Measuring(None, cache)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="onnxstitch-timer")
+        starting = pool.submit(measure_mod.gpu_timer)
+        pool.shutdown(wait=False)  # (the task runs on; its future holds the timer)
+        return _Measuring(starting, cache)
+
+    @property
+    def timer(self) -> Any:
+        return self.starting.result() if self.starting is not None else None
 
     @property
     def active(self) -> bool:
