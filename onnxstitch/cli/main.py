@@ -66,7 +66,9 @@ def _summary(report, out: Path) -> Table:
     t.add_row("predicted time", f"{p.predicted_us_before:,.1f} µs", f"{p.predicted_us_after:,.1f} µs")
     left = f" ({len(report.dropped)} left to ONNX Runtime by verification)" if report.dropped else ""
     if report.given_back:
-        left += f" ({len(report.given_back)} given back to ONNX Runtime: measured slower)"
+        negligible = any(d.get("round") == "negligible" for d in report.given_back)
+        left += f" ({len(report.given_back)} given back to ONNX Runtime: " \
+                f"{'too little to gain' if negligible else 'measured slower'})"
     packed = [g for g in p.groups if g.parts]
     if packed:
         left += f" ({len(packed)} packed from {sum(len(g.parts) for g in packed)} independent groups)"
