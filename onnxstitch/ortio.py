@@ -56,7 +56,7 @@ def to_numpy(value: Any) -> np.ndarray:
     if nbytes and value.device_name().lower() == "cpu":
         ctypes.memmove(host.ctypes.data, value.data_ptr(), nbytes)
     elif nbytes:
-        from cupy.cuda import runtime
+        from cupy_backends.cuda.api import runtime
 
         runtime.memcpy(host.ctypes.data, value.data_ptr(), nbytes, runtime.memcpyDeviceToHost)
     return host.view(np.uint16).view(ml_dtypes.bfloat16).reshape(shape)

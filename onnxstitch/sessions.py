@@ -138,9 +138,9 @@ class Runner:
         if not self.gpu:
             return False
         try:
-            import cupy
+            from cupy_backends.cuda.api import runtime
 
-            free, _ = cupy.cuda.runtime.memGetInfo()
+            free, _ = runtime.memGetInfo()
             host = _host_available()
         except Exception:  # noqa: BLE001 - no reading: one after another
             return False
