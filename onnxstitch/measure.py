@@ -16,6 +16,7 @@ then judges groups by figures measured on the target GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,7 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -626,6 +627,27 @@ def _cached_runtime(cache: CostCache) -> str | None:
     return runtimes.pop() if len(runtimes) == 1 else None
 
 
+@contextlib.contextmanager
+def timing_lock() -> Iterator[None]:
+    """Holds the file named by ortio.TIMING_LOCK_ENV, where set, for the duration (a no-op
+    without it)."""
+    path = os.environ.get(ortio.TIMING_LOCK_ENV, "")
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        began = time.monotonic()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if time.monotonic() - began > 0.1:
+            log.info("waited %.1f s for the GPU's timing lock", time.monotonic() - began)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class OrtCudaTimer:
     """Times standalone models on ONNX Runtime's CUDA EP in CUDA graphs (plain runs where ORT
     cannot capture one, for both forms alike), inputs and outputs bound on the device."""
@@ -731,6 +753,10 @@ class OrtCudaTimer:
         began = time.monotonic()
         bound = [make(job) for job in jobs]
         log.info("%d sessions to time made in %.2f s", len(jobs), time.monotonic() - began)
+        with timing_lock():
+            return self._timed_each(jobs, bound)
+
+    def _timed_each(self, jobs: Sequence[Job], bound: list) -> list[float | Exception]:
         out: list[float | Exception] = []
         for job, b in zip(jobs, bound):
             began = time.monotonic()
@@ -936,6 +962,7 @@ def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, sha
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
                          custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
                          values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
-    res = run(original, stitched, config=config, shapes=shapes)
+    with timing_lock():
+        res = run(original, stitched, config=config, shapes=shapes)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -80,6 +80,10 @@ def run(session: Any, names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> 
 # CPU threads each ORT session of onnxstitch's may use, where set: `onnxstitch zoo` sets it in
 # each worker so that several workers on one host do not each start a pool of every core, spinning.
 THREADS_ENV = "ONNXSTITCH_THREADS"
+# Where several optimizes share one GPU (a corpus or zoo run with more jobs than GPUs): a file
+# each holds while it times kernels or the whole model (measure.timing_lock), so that their
+# timings do not run over one another (MobileNetV2's groups timed 0.0 µs beside another job).
+TIMING_LOCK_ENV = "ONNXSTITCH_TIMING_LOCK"
 
 
 def with_custom_ops(options: Any, libraries: Sequence[str]) -> Any:

@@ -240,6 +240,8 @@ class LocalExecutor:
 
         def one(task: dict, slot: int) -> dict:
             env = {"CUDA_VISIBLE_DEVICES": self.ids[slot] if self.gpus else "", **threads}
+            if self.gpus:  # (workers sharing a GPU time one at a time: measure.timing_lock)
+                env[ortio.TIMING_LOCK_ENV] = str(Path(tempfile.gettempdir()) / f"onnxstitch-timing-gpu{self.ids[slot]}.lock")
             row = run_in_child(task, env, command=self.command)
             row["worker"] = f"{socket.gethostname()}" + (f" GPU {self.ids[slot]}" if self.gpus else f" slot {slot}")
             return row

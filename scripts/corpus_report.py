@@ -163,6 +163,15 @@ def _job(entry: Mapping[str, Any], corpus: Path, gpu: bool, iters: int, keep: Pa
             "keep": str(keep / f"{entry['name']}.stitched.onnx") if keep else ""}
 
 
+def _timing_env(device: int) -> dict[str, str]:
+    """The environment of a child on GPU `device`: that GPU alone, and the file jobs sharing it
+    hold while they time (measure.timing_lock)."""
+    from onnxstitch import ortio
+
+    lock = Path(tempfile.gettempdir()) / f"onnxstitch-timing-gpu{device}.lock"
+    return dict(os.environ, CUDA_VISIBLE_DEVICES=str(device), **{ortio.TIMING_LOCK_ENV: str(lock)})
+
+
 def _in_child(kind: str, job: Mapping[str, Any], timeout: float, device: int | None = None) -> dict[str, Any]:
     """Run `child` (kind "optimize") or `time_child` ("time") in a fresh process (on GPU `device`
     alone when given); a timeout or a crash of the child is an internal error."""
@@ -171,7 +180,7 @@ def _in_child(kind: str, job: Mapping[str, Any], timeout: float, device: int | N
         job_file.write_text(json.dumps(job))
         t0 = time.perf_counter()
         try:
-            env = None if device is None else dict(os.environ, CUDA_VISIBLE_DEVICES=str(device))
+            env = None if device is None else _timing_env(device)
             done = subprocess.run([sys.executable, __file__, "--child", kind, str(job_file), str(out_file)],
                                   capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:

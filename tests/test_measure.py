@@ -422,3 +422,35 @@ g (float[2, 300] x) => (float[2, 300] y) { y = MatMul(x, w) }""")
     plain = parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
 g (float[2, 3] x) => (float[2, 3] y) { y = Relu(x) }""")
     assert measure._with_values(plain) is plain
+
+
+def test_jobs_sharing_a_gpu_time_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ONNXSTITCH_TIMING_LOCK set (a corpus or zoo run with several jobs per GPU), timing
+    sections exclude one another; without it they do not wait."""
+    import threading
+    import time
+
+    from onnxstitch import ortio
+
+    def spans() -> list[tuple[float, float]]:
+        out: list[tuple[float, float]] = []
+
+        def held() -> None:
+            with measure.timing_lock():
+                began = time.monotonic()
+                time.sleep(0.2)
+                out.append((began, time.monotonic()))
+
+        threads = [threading.Thread(target=held) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(out)
+
+    monkeypatch.setenv(ortio.TIMING_LOCK_ENV, str(tmp_path / "gpu0.lock"))
+    (_, first_end), (second_start, _) = spans()
+    assert second_start >= first_end
+    monkeypatch.delenv(ortio.TIMING_LOCK_ENV)
+    (_, first_end), (second_start, _) = spans()
+    assert second_start < first_end
