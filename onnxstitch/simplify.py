@@ -68,6 +68,11 @@ rewrites keep the values and drop the work:
   float32 form has nothing to cast (BLOOM's attention probabilities, cast back to the hidden
   dtype after a float32 Softmax): the Cast is its input, so the attention matcher sees the
   probabilities reach the second MatMul directly.
+- **A Slice that keeps every element.** TorchScript writes `x[:, :, 0:]` and `x[0:]` as Slices
+  from 0 to INT64_MAX with step 1: the Slice is its input. ONNX Runtime's shape inference names
+  each such output's dim anew (silero-vad's STFT takes the real and imaginary halves through two
+  of them, and `re² + im²` then adds a [b, 129, unk__4] to a [b, 129, unk__5], which no group
+  could prove alike); its input keeps the dim it has.
 
 Nodes left without readers are removed. Anything else is left as it was.
 """
@@ -269,6 +274,44 @@ def _fixed_dims(g: _Graph, n: onnx.NodeProto) -> np.ndarray | None:
     if not all(isinstance(d, int) for d in chosen):
         return None
     return np.array(chosen, np.int64).reshape(np.shape(picked))
+
+
+# An end at or past this is the end of any axis (exporters write INT64_MAX, or INT32_MAX's
+# neighbours for "to the end"; no dim reaches 2**62 elements).
+_TO_THE_END = 2**62
+
+
+def _keeps_everything(g: _Graph, n: onnx.NodeProto) -> bool:
+    """Whether Slice `n` selects every element of its input: each sliced axis from its start
+    (0, or a negative start at or before it) to its end, with step 1."""
+    shape = g.shape(n.input[0]) if n.input else None
+    if shape is None:
+        return False
+    if g.index.opset >= 10:
+        starts, ends, axes, steps = (g.ints(n.input[k]) if len(n.input) > k and n.input[k] else None
+                                     for k in range(1, 5))
+        given = [len(n.input) > k and bool(n.input[k]) for k in range(3, 5)]
+        if starts is None or ends is None or (given[0] and axes is None) or (given[1] and steps is None):
+            return False
+    else:
+        a = node_attrs(n)
+        starts, ends, axes, steps = a.get("starts"), a.get("ends"), a.get("axes"), None
+        if starts is None or ends is None:
+            return False
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    if not (len(starts) == len(ends) == len(axes) == len(steps)):
+        return False
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if not -len(shape) <= axis < len(shape):
+            return False
+        dim = shape[axis]
+        fixed = isinstance(dim, int)
+        from_start = start == 0 or (fixed and start <= -dim)
+        to_end = end >= _TO_THE_END or (fixed and end >= dim)
+        if step != 1 or not from_start or not to_end:
+            return False
+    return True
 
 
 def _non_negative(g: _Graph, t: str) -> bool:
@@ -686,6 +729,14 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
                 if n.input[0] in known:  # (what reads it may fold on)
                     known[n.output[0]] = known[n.input[0]]
                 continue
+        if n.op_type == "Slice" and n.output[0] not in g.outputs and n.output[0] not in nested and \
+                _keeps_everything(g, n):
+            rename[n.output[0]] = n.input[0]
+            replace[i] = []
+            done.append(f"{n.name or n.output[0]} (a Slice that keeps every element) is '{n.input[0]}'")
+            if n.input[0] in known:
+                known[n.output[0]] = known[n.input[0]]
+            continue
         if len(n.output) == 1 and n.output[0] not in g.outputs and n.output[0] not in nested:
             value = _fixed_dims(g, n) if n.op_type in ("Gather", "Slice") else None
             if value is not None:

@@ -327,6 +327,64 @@ def test_a_cast_to_the_type_its_input_has_is_its_input() -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_slice_that_keeps_every_element_is_its_input() -> None:
+    # silero-vad's STFT as TorchScript writes it: the real and imaginary halves of a conv output
+    # through Slices to INT64_MAX ([0:] on the time axis), then sqrt(re² + im²). Those Slices go,
+    # so both halves keep the conv's time dim and the magnitude fuses; a Slice that drops an
+    # element (start 1), one with step 2, one giving a graph output and one with its start
+    # before a fixed axis (-300 of 258) are checked alike: only the whole ones go.
+    mk, vi, f = helper.make_node, helper.make_tensor_value_info, TP.FLOAT
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    end = 2**63 - 1
+    inits = [i64("zero", [0]), i64("half", [129]), i64("big", [end]), i64("ax1", [1]), i64("ax2", [2]),
+             i64("one", [1]), i64("two", [2]), i64("far", [-300]), i64("two_ends", [0, 0]), i64("bigs", [end, end]),
+             i64("ax02", [0, 2]), numpy_helper.from_array(np.array(2.0, np.float32), "p")]
+    nodes = [mk("Slice", ["x", "zero", "half", "ax1"], ["re0"]), mk("Slice", ["x", "half", "big", "ax1"], ["im0"]),
+             mk("Slice", ["re0", "zero", "big", "ax2"], ["re"]), mk("Slice", ["im0", "two_ends", "bigs", "ax02"], ["im"]),
+             mk("Pow", ["re", "p"], ["re2"]), mk("Pow", ["im", "p"], ["im2"]), mk("Add", ["re2", "im2"], ["s"]),
+             mk("Sqrt", ["s"], ["mag"]),
+             mk("Slice", ["x", "one", "big", "ax2"], ["drop1"]), mk("Slice", ["x", "zero", "big", "ax2", "two"], ["step2"]),
+             mk("Slice", ["x", "far", "big", "ax1"], ["all_fixed"]), mk("Relu", ["all_fixed"], ["r"]),
+             mk("Slice", ["x", "zero", "big", "ax1"], ["exposed"])]
+    outs = [vi("mag", f, None), vi("drop1", f, None), vi("step2", f, None), vi("r", f, None), vi("exposed", f, None)]
+    model = helper.make_model(helper.make_graph(nodes, "stft", [vi("x", f, ["b", 258, "t"])], outs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    _, infos = shapes.infer(model)
+    out = simplify.simplify(model, infos)
+    slices = {n.output[0] for n in out.model.graph.node if n.op_type == "Slice"}
+    assert slices == {"re0", "im0", "drop1", "step2", "exposed"}, out.rewrites
+    reads = {t for n in out.model.graph.node for t in n.input}
+    assert {"re0", "im0"} <= reads and not {"re", "im", "all_fixed"} & reads
+    re, im = (out.tensors[t].shape for t in ("re0", "im0"))
+    assert re == im and re[2] == "t"  # both halves keep the input's time dim
+    feeds = {"x": np.random.default_rng(fresh_seed()).standard_normal((3, 258, 5)).astype(np.float32)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)  # noqa: E731
+    for a, b in zip(run(out.model), run(model)):
+        np.testing.assert_array_equal(a, b)
+    x = feeds["x"]
+    np.testing.assert_allclose(run(out.model)[0], np.sqrt(x[:, :129] ** 2 + x[:, 129:] ** 2), rtol=1e-6)
+
+
+def test_the_stft_magnitude_fuses_once_its_whole_slices_go() -> None:
+    # The planning side of the rule above: the magnitude sqrt(re² + im²) of two halves of one
+    # tensor, each through a whole Slice, is one kernel (it was refused: "output shapes
+    # [b, 129, unk__4], [b, 129, unk__5] do not broadcast").
+    mk, vi, f = helper.make_node, helper.make_tensor_value_info, TP.FLOAT
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [i64("zero", [0]), i64("half", [129]), i64("big", [2**63 - 1]), i64("ax1", [1]), i64("ax2", [2]),
+             numpy_helper.from_array(np.array(2.0, np.float32), "p")]
+    nodes = [mk("Conv", ["x", "w"], ["c"], pads=[0, 0]), mk("Slice", ["c", "zero", "half", "ax1"], ["re0"]),
+             mk("Slice", ["c", "half", "big", "ax1"], ["im0"]), mk("Slice", ["re0", "zero", "big", "ax2"], ["re"]),
+             mk("Slice", ["im0", "zero", "big", "ax2"], ["im"]), mk("Pow", ["re", "p"], ["re2"]),
+             mk("Pow", ["im", "p"], ["im2"]), mk("Add", ["re2", "im2"], ["s"]), mk("Sqrt", ["s"], ["mag"])]
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((258, 1, 16)).astype(np.float32), "w")
+    model = helper.make_model(helper.make_graph(nodes, "stft", [vi("x", f, ["b", 1, "n"])], [vi("mag", f, ["b", 129, "t"])],
+                                                inits + [w]), opset_imports=[helper.make_opsetid("", 17)])
+    result = onnxstitch.optimize(model, shapes={"b": [2], "n": [512]}, epilogues=False)
+    fused = [n for n in result.model.graph.node if n.op_type == "FusedKernel"]
+    assert len(fused) == 1, result.report.plan.rejections
+
+
 def test_fixed_dims_of_a_shape_are_constants_and_an_unscaled_sdpa_gets_its_scale() -> None:
     # TorchScript's SDPA without a scale (Falcon) computes 1/√√D from Shape(q)[-1:] (through a
     # Cast to float32 of a float32) and scales q and kᵀ by it: the Slice of a fixed dim folds,
