@@ -136,6 +136,10 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
     archs, ptx_arch = _targets(archs)
     unique = list({code_of(s.source): s for s in reversed(sources) if s.source}.values())
     tasks = [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
+    # Longest sources first: the stage lasts as long as its last compile, and a long one (an
+    # attention kernel, 1.3-1.5 s on an H200 host against ~0.2 s for most) submitted last
+    # would start when the cores are already free of the rest.
+    tasks.sort(key=lambda job: -len(job[0].source))
     images: dict = {}
     if tasks:
         with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
