@@ -138,13 +138,29 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
                fused_kernels=len(rep.kernels), verification=ver.to_json() if ver else None,
                dropped=list(rep.dropped), given_back=list(rep.given_back),
                gate=rep.timing.to_json() if rep.timing else rep.gate_note or None,
-               measured=measure_summary(rep.costs),
+               measured=measure_summary(rep.costs), measured_groups=_measured_groups(rep),
                # Written with generated kernels that no check compared against the original.
                unverified=bool(rep.kernels) and (ver is None or bool(ver.skipped) or ver.tensors_checked == 0))
     row["peak_rss_mb"] = _peak_rss_mb()
     if job.get("keep"):  # timed later, one model at a time (main's timing phase)
         res.save(job["keep"])
     return row
+
+
+def _measured_groups(rep: Any) -> list[dict[str, Any]]:
+    """Each group the GPU timed, with what the cost model predicted of it and its scheme and
+    bytes: the rows a calibration of the cost model fits (docs/next-steps.md, ninth session:
+    the reports kept only per-model medians, and only the CNN reports kept their groups)."""
+    planned = {g.name: g for g in rep.plan.groups}
+    rows = []
+    for c in rep.costs:
+        g = planned.get(c.group)
+        if not c.measured or g is None:
+            continue
+        rows.append({"group": c.group, "scheme": g.scheme, "bytes": g.predicted_bytes, "nodes": len(g.nodes),
+                     "predicted_us": round(c.predicted_us, 3), "predicted_stock_us": round(c.predicted_stock_us, 3),
+                     "ours_us": round(c.ours_us, 3), "stock_us": round(c.stock_us, 3), "source": c.source})
+    return rows
 
 
 def time_child(job: Mapping[str, Any]) -> dict[str, Any]:
