@@ -498,6 +498,24 @@ PROBE: dict[str, tuple[str, dict[str, Any], str]] = {
                                             pad_token_id=0), "text"),
     "lfm2": ("Lfm2Config", dict(_DECODER, layer_types=["conv", "full_attention"]), "text"),
     "focalnet": ("FocalNetConfig", dict(embed_dim=48, depths=[1, 1, 2, 1]), "image"),
+    # A fourth round (the ninth session, CPU): WavLM's gated relative position bias, XGLM's
+    # sinusoidal positions, Marian's encoder-decoder, I-BERT's integer-only GELU, Softmax and
+    # LayerNorm, MobileViT V2's separable linear attention, BiT's weight-standardized
+    # convolutions, XLNet's two-stream relative attention. (I-BERT's and XLNet's dynamo exports
+    # and MobileViT V2's TorchScript one fail in torch 2.13.)
+    "wavlm": ("WavLMConfig", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                                  conv_dim=(128,) * 7), "audio"),
+    "xglm": ("XGLMConfig", dict(vocab_size=_VOCAB, d_model=256, ffn_dim=512, num_layers=2, attention_heads=4,
+                                max_position_embeddings=512), "text"),
+    "marian": ("MarianConfig", dict(vocab_size=_VOCAB, d_model=256, encoder_layers=2, decoder_layers=2,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=512,
+                                    decoder_ffn_dim=512, max_position_embeddings=512, pad_token_id=0,
+                                    decoder_start_token_id=0), "seq2seq"),
+    "ibert": ("IBertConfig", dict(_TEXT, num_hidden_layers=2, intermediate_size=512, quant_mode=True,
+                                  max_position_embeddings=514), "text"),
+    "mobilevitv2": ("MobileViTV2Config", dict(image_size=256), "image256"),
+    "bit": ("BitConfig", dict(depths=[1, 1, 1, 1]), "image"),
+    "xlnet": ("XLNetConfig", dict(vocab_size=_VOCAB, d_model=256, n_layer=2, n_head=4, d_inner=512), "text"),
 }
 
 
