@@ -179,3 +179,27 @@ def test_a_verdict_naming_no_fused_group_still_ends(monkeypatch) -> None:
     g (float[batch, 64] x) => (float[batch, 64] y) { a = Exp(x)  b = Relu(a)  y = Tanh(b) }""")
     res = onnxstitch.optimize(model, shapes={"batch": [8]})
     assert "FusedKernel" not in [n.op_type for n in res.model.graph.node] and res.report.dropped
+
+
+def test_before_is_sized_as_the_plan_where_simplify_folds_a_shape() -> None:
+    # PP-OCRv5's recognizer (paddle2onnx, opset 7) reshapes by an Identity of a constant:
+    # inference of the model as given cannot size the Reshape's five dims, simplify reads the
+    # constant itself and the plan sees them. The "before" figures (every node its own kernel) were taken from the model as
+    # given with those dims at 64 each (68 GB, a 22x predicted gain); now as the plan sizes them.
+    from onnx import TensorProto as TP
+
+    rng = np.random.default_rng(fresh_seed())
+    inits = [numpy_helper.from_array(rng.standard_normal(360).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([0, -1, 3, 8, 15], np.int64), "shape_c")]
+    nodes = [helper.make_node("Add", ["x", "b"], ["h"]), helper.make_node("Identity", ["shape_c"], ["shape"]),
+             helper.make_node("Reshape", ["h", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]), helper.make_node("Relu", ["t"], ["y"])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "tail", [helper.make_tensor_value_info("x", TP.FLOAT, ["b", 40, 360])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [3, "b", 8, 40, 15])], inits),
+        opset_imports=[helper.make_opsetid("", 7)], ir_version=7)
+    plan = onnxstitch.optimize(model, shapes={"b": [4]}, verify=False).report.plan
+    tensor = 4 * 40 * 360 * 4  # every activation here holds 57,600 floats
+    # Add reads x and b and writes h; the Identity copies the five int64s; Reshape relabels;
+    # Transpose and Relu read one activation and write one each.
+    assert plan.bytes_before == (2 * tensor + 360 * 4) + 2 * 5 * 8 + 2 * tensor + 2 * tensor, plan.bytes_before
