@@ -32,16 +32,17 @@ def default_opset(opsets: Sequence[onnx.OperatorSetIdProto]) -> int:
     return next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 0)
 
 
-def lowered(body: Sequence[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
+def lowered(body: Sequence[onnx.NodeProto], opset: int, outputs: Sequence[str] = ()) -> list[onnx.NodeProto]:
     """`body` with the nodes onnxstitch writes in forms `opset` lacks rewritten as the module
-    docstring says; the same nodes where `opset` has them all."""
+    docstring says; the same nodes where `opset` has them all. `outputs`: the body's outputs
+    (a Constant giving one stays, read or not)."""
     nodes = list(body)
     if opset >= 10 or opset == 0:
         return nodes
     constants = {n.output[0]: n for n in nodes if _is_constant(n)}
     nodes = [_attribute_slice(n, constants) if n.op_type == "Slice" and n.domain in ("", "ai.onnx") else n
              for n in nodes]
-    read = {t for n in nodes for t in n.input}
+    read = {t for n in nodes for t in n.input} | set(outputs)
     nodes = [n for n in nodes if not (_is_constant(n) and n.output[0] not in read)]
     if opset >= 9:
         return nodes

@@ -112,7 +112,7 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
         if view is not None:
             body.extend(views.fallback_nodes(view))
     # Written in the forms the model's opset has (Constant-1 gives no int64: an opset-7 model).
-    body = lowering.lowered(body, lowering.default_opset(model.opset_import))
+    body = lowering.lowered(body, lowering.default_opset(model.opset_import), src.outputs)
     formal = [slices.formal(b) if b is not None else t for t, b in zip(src.inputs, boxes)]
     # A tensor bound twice (an attention kernel's one projection for q, kᵀ and v) is one formal
     # input; the repeats get names of their own the body does not read.

@@ -65,6 +65,16 @@ def test_a_slice_before_opset_10_takes_its_parameters_as_attributes() -> None:
     np.testing.assert_array_equal(_run(model, {"x": x})[0], x[:, 2:5])
 
 
+def test_a_constant_the_body_gives_as_an_output_stays() -> None:
+    # Slice-1's form drops the parameters' Constants once they are attributes; one that is
+    # also an output of the body is kept.
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64)))  # noqa: E731
+    body = [c("s", [2]), c("e", [5]), helper.make_node("Slice", ["x", "s", "e"], ["y"])]
+    assert [n.op_type for n in lowering.lowered(body, 9)] == ["Slice"]
+    kept = lowering.lowered(body, 9, outputs=["y", "e"])
+    assert [n.output[0] for n in kept] == ["e", "y"]
+
+
 def test_an_opset_7_model_with_a_layout_tail_is_stitched_and_checks() -> None:
     # PP-OCRv5's mobile recognizer (paddle2onnx, opset 7): bias Add → Reshape to a constant
     # [0, -1, 3, 8, 15] → Transpose, fused with the Reshape's shape a Constant of the body. It
