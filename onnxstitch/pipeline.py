@@ -468,8 +468,8 @@ def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[s
         # "Before" is the model as given, not its rewritten form (k MatMuls, not one and k
         # Slices; a group norm's Reshapes as they were), sized as the plan is: with the facts of
         # the simplified model's inference where it has the tensor (PP-OCRv5's recognizer
-        # reshapes by a Cast of constants, unknown until simplify folds it: its five dims at
-        # DEFAULT_SYMBOLIC_DIM made "before" 68 GB and 26.8 ms, a 22x predicted gain).
+        # reshapes by an Identity of a constant, unknown until simplify reads the constant: its
+        # five dims at DEFAULT_SYMBOLIC_DIM made "before" 68 GB and 26.8 ms, a 22x gain).
         before = graph_mod.build(given.model, {**given.tensors, **given.simple.tensors},
                                  {**given.dim_values, **g.dim_values}, opts.reductions, opts.clusters)
         plan = dataclasses.replace(plan, **unfused_totals(before, opts.cost))

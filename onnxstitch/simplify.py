@@ -86,6 +86,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import edit, ops
+from .folds import slices
 from .graph import node_attrs
 from .shapes import Shape, TensorInfo, broadcast_shapes, infer, shape_output
 
@@ -287,17 +288,11 @@ def _keeps_everything(g: _Graph, n: onnx.NodeProto) -> bool:
     shape = g.shape(n.input[0]) if n.input else None
     if shape is None:
         return False
-    if g.index.opset >= 10:
-        starts, ends, axes, steps = (g.ints(n.input[k]) if len(n.input) > k and n.input[k] else None
-                                     for k in range(1, 5))
-        given = [len(n.input) > k and bool(n.input[k]) for k in range(3, 5)]
-        if starts is None or ends is None or (given[0] and axes is None) or (given[1] and steps is None):
-            return False
-    else:
-        a = node_attrs(n)
-        starts, ends, axes, steps = a.get("starts"), a.get("ends"), a.get("axes"), None
-        if starts is None or ends is None:
-            return False
+    attrs = node_attrs(n)
+    starts, ends, axes, steps = (slices.parameter(n, attrs, g.constants, k, name)
+                                 for k, name in enumerate(slices.PARAMETERS, 1))
+    if not isinstance(starts, list) or not isinstance(ends, list) or isinstance(axes, str) or isinstance(steps, str):
+        return False  # (not given, or not constants)
     axes = list(range(len(starts))) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
     if not (len(starts) == len(ends) == len(axes) == len(steps)):

@@ -41,8 +41,12 @@ class Box:
         return (self.axis, self.start, self.stop)
 
 
-def _ints(node: onnx.NodeProto, attrs: Mapping[str, object], constants: Mapping[str, onnx.TensorProto],
-          position: int, name: str) -> list[int] | None | str:
+# A Slice's parameters, in the order of its inputs from opset 10 on (the data is input 0).
+PARAMETERS = ("starts", "ends", "axes", "steps")
+
+
+def parameter(node: onnx.NodeProto, attrs: Mapping[str, object], constants: Mapping[str, onnx.TensorProto],
+              position: int, name: str) -> list[int] | None | str:
     """A Slice parameter from its input (opset 10 on) or its attribute (before): the values,
     None when absent, or why it cannot be read."""
     if name in attrs:
@@ -77,8 +81,8 @@ def boxes(node: onnx.NodeProto, attrs: Mapping[str, object], tensors: Mapping[st
             out.append(Box(t, node.input[0], axis, start, start + s))  # type: ignore[operator]
             start += s  # type: ignore[operator]
         return out
-    starts, ends = _ints(node, attrs, constants, 1, "starts"), _ints(node, attrs, constants, 2, "ends")
-    axes, steps = _ints(node, attrs, constants, 3, "axes"), _ints(node, attrs, constants, 4, "steps")
+    starts, ends, axes, steps = (parameter(node, attrs, constants, k, name)
+                                 for k, name in enumerate(PARAMETERS, 1))
     for v in (starts, ends, axes, steps):
         if isinstance(v, str):
             return v
