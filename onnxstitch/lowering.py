@@ -15,11 +15,13 @@ Every other node is the model's own, at its opset already.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from .folds import slices
 
 # Types Constant gives before opset 9.
 _EARLY_CONSTANT_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE})
@@ -39,7 +41,7 @@ def lowered(body: Sequence[onnx.NodeProto], opset: int, outputs: Sequence[str] =
     nodes = list(body)
     if opset >= 10 or opset == 0:
         return nodes
-    constants = {n.output[0]: n for n in nodes if _is_constant(n)}
+    constants = {n.output[0]: n.attribute[0].t for n in nodes if _is_constant(n)}
     nodes = [_attribute_slice(n, constants) if n.op_type == "Slice" and n.domain in ("", "ai.onnx") else n
              for n in nodes]
     read = {t for n in nodes for t in n.input} | set(outputs)
@@ -57,19 +59,16 @@ def _is_constant(n: onnx.NodeProto) -> bool:
         and n.attribute[0].name == "value"
 
 
-def _attribute_slice(n: onnx.NodeProto, constants: dict[str, onnx.NodeProto]) -> onnx.NodeProto:
+def _attribute_slice(n: onnx.NodeProto, constants: Mapping[str, onnx.TensorProto]) -> onnx.NodeProto:
     """Slice-10's form (parameters as inputs) as Slice-1's (attributes), where every parameter
     is one of the body's Constants and the steps are 1; else the node as it is (the model's
     own Slice-1, which has one input)."""
     if len(n.input) < 3:
         return n
-    params = []
-    for t in n.input[1:5]:
-        c = constants.get(t) if t else None
-        if t and c is None:
-            return n
-        params.append(None if c is None else numpy_helper.to_array(c.attribute[0].t).reshape(-1).tolist())
-    starts, ends, axes, steps = (params + [None, None])[:4]
+    starts, ends, axes, steps = (slices.parameter(n, {}, constants, k, name)
+                                 for k, name in enumerate(slices.PARAMETERS, 1))
+    if any(isinstance(v, str) for v in (starts, ends, axes, steps)):
+        return n  # (a parameter computed in the body)
     if steps is not None and any(s != 1 for s in steps):
         return n
     attrs = {"starts": starts, "ends": ends}
