@@ -201,7 +201,8 @@ class _Bound:
     """A session with its inputs on its device (the GPU where it has the CUDA EP) and outputs
     bound, ready for run_with_iobinding."""
 
-    def __init__(self, sess, feeds: Mapping[str, np.ndarray], outputs_like: Sequence[np.ndarray] | None) -> None:
+    def __init__(self, sess, feeds: Mapping[str, np.ndarray],
+                 outputs_like: Mapping[str, Any] | Sequence[Any] | None) -> None:
         self.sess = sess
         self.io = sess.io_binding()
         self.keep = []
@@ -219,8 +220,9 @@ class _Bound:
         for i, out in enumerate(sess.get_outputs()):
             if outputs_like is None:
                 self.io.bind_output(out.name, device, 0)
-            else:  # CUDA graphs replay fixed addresses: outputs must be preallocated
-                ov = ortio.empty(outputs_like[i].shape, outputs_like[i].dtype, device, 0)
+            else:  # CUDA graphs replay fixed addresses: outputs must be preallocated (by name or order)
+                like = outputs_like[out.name] if isinstance(outputs_like, Mapping) else outputs_like[i]
+                ov = ortio.empty(like.shape, like.dtype, device, 0)
                 self.keep.append(ov)
                 self.io.bind_ortvalue_output(out.name, ov)
 
@@ -324,14 +326,25 @@ def _stats(times: list[float], prof: Profile, provider: str, batch: int, errs: t
                   len(prof.node_names("FusedKernel", CUDA)), errs[0], errs[1], startup_s)
 
 
+@dataclass(frozen=True)
+class OutputLike:
+    """An output's shape and dtype at the benchmark's sizes, where the caller knows them."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
 def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
         shapes: sizes_mod.Given | None = None, peers: Mapping[str, str | os.PathLike] | None = None,
-        progress: Callable[[str], None] | None = None) -> BenchResult:
+        progress: Callable[[str], None] | None = None,
+        outputs: Mapping[str, OutputLike] | None = None) -> BenchResult:
     """Benchmark the stock model (ORT, default graph optimizations) against the stitched model
     (the onnxstitch library registered) and any `peers` (label → model path, run stock), at
     the input sizes `shapes` gives (read as optimize reads them: sizes.py). Without the CUDA
     EP in `config.providers` everything runs on ORT's CPU EP, the stitched model through its
-    fallback functions."""
+    fallback functions. `outputs`: every output's shape at these sizes, where the caller knows
+    them (optimize's gate, after verification): no plain stock session is made for reference
+    outputs, and the rows carry no error figures (0)."""
     import onnxruntime as ort
 
     from .version import __version__
@@ -366,17 +379,19 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     # On the CPU the library is not registered (it has CUDA kernels only): the fallbacks run.
     makers = {stock: stock_maker(model_path), STITCHED: stitched_maker if config.on_gpu else stock_maker(stitched_path)}
     makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
-    reference_maker = stock_maker(model_path)
+    # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run, unless
+    # the caller knows the shapes and no profile is taken (a session less: the gate's time and
+    # memory).
+    wants_reference = outputs is None or config.profile_runs > 0
+    reference_maker = stock_maker(model_path) if wants_reference else None
     if config.build_together:
         makers, reference_maker = _built_together(makers, reference_maker)
-    # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run.
-    try:
-        ref_bound = _Bound(reference_maker(graphs=False), feeds, None)
-        ref_bound.run()
-    except Exception as e:
-        raise _stock_fault(model_path, e) from e
-    reference = ref_bound.outputs()
-    like = reference if config.cuda_graph else None
+    reference: list[np.ndarray] | None = None
+    if reference_maker is not None:
+        reference, like = _reference_outputs(reference_maker, feeds, model_path)
+    else:
+        like = dict(outputs or {})
+    like = like if config.cuda_graph else None
     bounds: dict[str, _Bound] = {}
     startup: dict[str, float] = {}
     graphs: dict[str, bool] = {}
@@ -386,8 +401,19 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
         try:
             bounds[label], startup[label] = _loaded(make, feeds, like)
             graphs[label] = config.cuda_graph
-        except Exception as e:
+        except Exception as failed:
+            err = failed
             where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
+            if config.cuda_graph and reference is None:
+                # The caller's output shapes may not be what this run gives: bind what a plain
+                # stock run gives, and try once more before taking it for a model ORT cannot capture.
+                reference, like = _reference_outputs(stock_maker(model_path), feeds, model_path)
+                try:
+                    bounds[label], startup[label] = _loaded(make, feeds, like)
+                    graphs[label] = True
+                    continue
+                except Exception as again:
+                    err = again
             if config.cuda_graph:
                 # ORT cannot capture this model (shape arithmetic placed on the CPU, control
                 # flow): it is timed plain, and its row says so; it fails only if it cannot run.
@@ -397,12 +423,12 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
                     pass
                 else:
                     graphs[label] = False
-                    notes[label] = f"timed without CUDA graphs: ORT cannot capture this model ({first_line(e)})"
+                    notes[label] = f"timed without CUDA graphs: ORT cannot capture this model ({first_line(err)})"
                     log.warning("%s: %s", label, notes[label])
                     continue
             if label == stock:
-                raise _stock_fault(model_path, e) from e
-            raise StitchError(f"{where}: the {label} model does not run: {first_line(e)}") from e
+                raise _stock_fault(model_path, err) from err
+            raise StitchError(f"{where}: the {label} model does not run: {first_line(err)}") from err
     say(f"timing {', '.join(bounds)}")
     began = time.perf_counter()
     times = _time(bounds, config)
@@ -411,7 +437,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
     configs: dict[str, Timing] = {}
     profiles: dict[str, Profile] = {}
     for label, make in makers.items():
-        errs = _errors(bounds[label].outputs(), reference)
+        errs = _errors(bounds[label].outputs(), reference) if reference is not None else (0.0, 0.0)
         if config.profile_runs:
             say(f"profiling {label}")
             profiles[label] = _profile(make, feeds, like, config.profile_runs)
@@ -426,13 +452,16 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
                        configs, package_versions(), profiles if config.profile else {})
 
 
-def _built_together(makers: Mapping[str, Callable], reference: Callable) -> tuple[dict[str, Callable], Callable]:
-    """`makers` and the reference's maker, whose sessions are being built at once in threads:
-    each maker's first plain call (the reference's first call with graphs=False) takes its
-    session from the threads (raising what building raised); any other call builds anew."""
+def _built_together(makers: Mapping[str, Callable],
+                    reference: Callable | None) -> tuple[dict[str, Callable], Callable | None]:
+    """`makers` and the reference's maker (None: no reference), whose sessions are being built
+    at once in threads: each maker's first plain call (the reference's first call with
+    graphs=False) takes its session from the threads (raising what building raised); any other
+    call builds anew."""
     pool = ThreadPoolExecutor(len(makers) + 1, thread_name_prefix="onnxstitch-bench")
     built = {label: pool.submit(make) for label, make in makers.items()}
-    built[None] = pool.submit(reference, graphs=False)
+    if reference is not None:
+        built[None] = pool.submit(reference, graphs=False)
     pool.shutdown(wait=False)
 
     def first(label: str | None, make: Callable, plain: dict[str, Any]) -> Callable:
@@ -442,7 +471,19 @@ def _built_together(makers: Mapping[str, Callable], reference: Callable) -> tupl
         return maker
 
     return ({label: first(label, make, {}) for label, make in makers.items()},
-            first(None, reference, {"graphs": False}))
+            first(None, reference, {"graphs": False}) if reference is not None else None)
+
+
+def _reference_outputs(make: Callable, feeds: Mapping[str, np.ndarray],
+                       model_path: str | os.PathLike) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """A plain stock run's outputs, in order and by name (the shapes CUDA-graph runs bind)."""
+    try:
+        bound = _Bound(make(graphs=False), feeds, None)
+        bound.run()
+    except Exception as e:
+        raise _stock_fault(model_path, e) from e
+    got = bound.outputs()
+    return got, {o.name: r for o, r in zip(bound.sess.get_outputs(), got)}
 
 
 def _loaded(make: Callable, feeds: Mapping[str, np.ndarray], like) -> tuple[_Bound, float]:

@@ -82,6 +82,8 @@ def _read(path: Path, load_external_data: bool) -> onnx.ModelProto:
         return onnx.load(str(path), load_external_data=load_external_data)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise BadInputError(f"{path}: not a readable ONNX model ({first_line(e)})") from e
+    except onnx.checker.ValidationError as e:  # external data missing or outside the model's folder
+        raise BadInputError(f"{path}: cannot read its external data: {first_line(e)}") from e
     except OSError as e:
         raise BadInputError(f"{path}: cannot read ({first_line(e)})") from e
 
@@ -131,7 +133,10 @@ def _check_path(path: Path):
         try:  # from the path: works for models with external data of any size
             onnx.checker.check_model(where if from_path else model)
         except (onnx.checker.ValidationError, ValueError) as e:
-            raise BadInputError(f"{where}: invalid graph: {first_line(e)}") from e
+            # The checker reads external data's locations: a weights file left behind is not a
+            # fault of the graph.
+            what = "cannot read its external data" if "should be stored in" in str(e) else "invalid graph"
+            raise BadInputError(f"{where}: {what}: {first_line(e)}") from e
     return check_read
 
 

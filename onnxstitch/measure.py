@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -951,18 +951,19 @@ class ModelTiming:
 
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
                    libraries: Sequence[str] = (), values: Mapping[str, float] | None = None,
-                   iters: int = 40, cuda_graph: bool = True) -> ModelTiming:
+                   iters: int = 40, cuda_graph: bool = True, outputs: Mapping[str, Any] | None = None) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
     interleaved rounds, no profile), through CUDA graphs where ORT captures each (`cuda_graph`;
     else both plain), cuDNN's
     heuristic convolution algorithms in both (the convolutions are ORT's in both: an exhaustive
-    search would cost seconds per session and change neither side's share)."""
+    search would cost seconds per session and change neither side's share). `outputs`: the
+    outputs' shapes at these sizes where known (bench.OutputLike by name): no reference session."""
     from .bench import STITCHED, BenchConfig, run
 
     config = BenchConfig(warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
                          custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
                          values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
     with timing_lock():
-        res = run(original, stitched, config=config, shapes=shapes)
+        res = run(original, stitched, config=config, shapes=shapes, outputs=outputs)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
                        res.configs[STITCHED].cuda_graph)

@@ -315,8 +315,23 @@ class _Stages:
         out = fn()
         took = time.perf_counter() - t0
         self.times[name] = self.times.get(name, 0.0) + took
-        log.info("stage %s took %.2f s", name, took)
+        log.info("stage %s took %.2f s%s", name, took, _memory())
         return out
+
+
+def _memory() -> str:
+    """The process's resident memory now, for -v's stage lines (Linux; '' elsewhere): where
+    optimize's peak grows, anonymous (our arrays, ORT's sessions) apart from file-backed (mapped
+    libraries: CUDA's are large)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            kb = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f)
+                  if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM")}
+    except (OSError, ValueError):
+        return ""
+    gb = {k: v / 2**20 for k, v in kb.items()}
+    return (f"; rss {gb.get('VmRSS', 0):.2f} GB (anon {gb.get('RssAnon', 0):.2f}, "
+            f"file {gb.get('RssFile', 0):.2f}), peak {gb.get('VmHWM', 0):.2f} GB")
 
 
 @dataclass(frozen=True)
@@ -700,10 +715,12 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
                 given.weights.save(model, path, big)
                 paths.append(path)
             log.info("gate: the models to time written in %.2f s", time.perf_counter() - began)
-            timing = measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries, opts.values)
+            outputs = _output_shapes(given)
+            timing = measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries, opts.values,
+                                                outputs=outputs)
             if timing.wants_plain:  # a small gain through CUDA graphs: is it slower without them?
                 plain = measure_mod.compare_models(paths[0], paths[1], opts.shapes, opts.custom_op_libraries,
-                                                   opts.values, cuda_graph=False)
+                                                   opts.values, cuda_graph=False, outputs=outputs)
                 timing = dataclasses.replace(timing, plain_stock_ms=plain.stock_ms, plain_stitched_ms=plain.stitched_ms)
             log.info("gate: %s", timing.verdict())
             return timing
@@ -713,6 +730,30 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
     except Exception as e:  # the plan stands as verified; the report says it was not timed
         log.warning("the stitched model was not timed against stock ORT: %s", first_line(e))
         return None, f"not timed against stock ORT: {first_line(e)}"
+
+
+def _output_shapes(given: _Given) -> dict[str, Any] | None:
+    """Each graph output's shape and dtype at the planning sizes, where inference gives every
+    dim as a number or as a dim of the inputs (whose planning values are the timed sizes); None
+    otherwise (the gate then reads them off a plain stock run)."""
+    from .bench import OutputLike
+
+    inputs = {d.dim_param for vi in given.model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    out = {}
+    for vi in given.model.graph.output:
+        info = given.tensors.get(vi.name)
+        if info is None or info.shape is None:
+            return None
+        dims = []
+        for d in info.shape:
+            if isinstance(d, int):
+                dims.append(d)
+            elif isinstance(d, str) and d in inputs and d in given.dim_values:
+                dims.append(int(given.dim_values[d]))
+            else:
+                return None
+        out[vi.name] = OutputLike(tuple(dims), onnx.helper.tensor_dtype_to_np_dtype(info.dtype))
+    return out
 
 
 def _verified(given: _Given, built: list, attempt: Callable[[list], Any], opts: Options, linked) -> _Written:

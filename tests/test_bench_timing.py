@@ -57,3 +57,31 @@ def test_sessions_built_together_are_each_used_once() -> None:
     assert makers["broken"](graphs=False) == ("broken", {"graphs": False})  # built anew, plain
     assert makers["stock"]() == ("stock", {})  # a second call builds anew
     assert sorted(label for label, _ in calls) == ["broken", "broken", "ref", "stock", "stock"]
+
+
+def test_known_output_shapes_spare_the_reference_session(tmp_path, monkeypatch) -> None:
+    """With the outputs' shapes given (optimize's gate), no plain stock session is made for
+    reference outputs: one session a model, and no error figures."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from models.elementwise import chain
+
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(3, shape=(4, 8)), path)
+    made: list[str] = []
+    real = ort.InferenceSession
+
+    def counting(source, *a, **kw):
+        made.append(str(source))
+        return real(source, *a, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", counting)
+    cpu = bench.BenchConfig(warmup=1, iters=3, providers=("CPUExecutionProvider",), profile_runs=0)
+    out = onnx.load(path).graph.output[0].name
+    res = bench.run(path, path, config=cpu, outputs={out: bench.OutputLike((4, 8), np.dtype(np.float32))})
+    assert len(made) == 2 and res.stock.max_abs_err == 0.0
+    made.clear()
+    bench.run(path, path, config=cpu)
+    assert len(made) == 3  # the reference's too

@@ -70,6 +70,23 @@ def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path: Path, case: str) -
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.onnx")]  # no temp left
 
 
+@pytest.mark.parametrize("command", ["optimize", "bench"])
+def test_missing_external_data_is_bad_input_for_every_command(tmp_path: Path, command: str) -> None:
+    """A model whose weights file was not copied with it (seen: a model moved without its .data)
+    is the user's to fix: one line naming the model, exit 2, not an internal error."""
+    m = chain(3, shape=(64, 64))
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((64, 64), np.float32), "w"))
+    m.graph.node[0].input[1:] = ["w"] if len(m.graph.node[0].input) > 1 else []
+    src = tmp_path / "m.onnx"
+    onnx.save(m, src, save_as_external_data=True, location="m.data", size_threshold=0)
+    (tmp_path / "m.data").unlink()
+    args = {"optimize": ["-o", str(tmp_path / "o.onnx")], "bench": ["--stitched", str(src)]}[command]
+    res = _invoke(command, str(src), *args)
+    assert res.exit_code == 2, res.output
+    assert "internal error" not in res.output and "Traceback" not in res.output
+    assert str(src) in res.output and "external data" in res.output, res.output
+
+
 def test_bad_shape_option(tmp_path: Path) -> None:
     src = tmp_path / "m.onnx"
     onnx.save(chain(3), src)

@@ -28,3 +28,22 @@ def test_a_chain_is_measured_faster_than_its_nodes_and_the_gate_agrees(tmp_path,
     assert not rep.given_back
     again = onnxstitch.optimize(model, shapes={"batch": [4096]}).report
     assert again.costs[0].source == "cache"
+
+
+def test_the_gate_binds_outputs_of_the_shapes_a_run_gives(tmp_path) -> None:
+    """Output shapes the caller got wrong (a dim inference named after an input, computed
+    otherwise) do not turn a CUDA-graph timing into a plain one: the shapes of a plain stock run
+    are bound instead, and both sides still run through CUDA graphs."""
+    import numpy as np
+    import onnx
+
+    from onnxstitch import bench
+
+    path = tmp_path / "m.onnx"
+    onnx.save(chain(6, shape=(256, 1024)), path)
+    out = onnx.load(path).graph.output[0].name
+    wrong = {out: bench.OutputLike((256, 512), np.dtype(np.float32))}
+    right = {out: bench.OutputLike((256, 1024), np.dtype(np.float32))}
+    for outputs in (right, wrong):
+        t = measure.compare_models(path, path, {}, outputs=outputs)
+        assert t.stock_graphs and t.stitched_graphs, t
