@@ -94,6 +94,9 @@ class Timing:
     # Session creation and first run, in seconds: what a user waits before the first result
     # (library GEMM/conv plans are chosen there; a CUDA graph is captured there).
     startup_s: float = 0.0
+    # Of which the first run alone, after the session was made (a user's first inference): what
+    # library plans loaded or chosen at the first run cost.
+    first_run_s: float = 0.0
     # Whether the runs went through a CUDA graph: with BenchConfig.cuda_graph, a model ORT
     # cannot capture (TorchScript exports' shape arithmetic on the CPU, control flow) is timed
     # plain instead, and `note` says why.
@@ -213,6 +216,7 @@ class _Bound:
         # before every run. Stock ORT's plain run accepts such a model with a warning.
         self.rebind: list[str] = []
         self.allocated = outputs_like is None  # ORT allocates the outputs: checked after the first run
+        self.first_run_s = 0.0  # (set by _loaded)
         for name, arr in feeds.items():
             ov = ortio.to_ortvalue(arr, device, 0)
             self.keep.append(ov)
@@ -445,7 +449,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             profiles[label] = Profile(runs=1, skipped_runs=0, nodes=())
         configs[label] = dataclasses.replace(
             _stats(times[label], profiles[label], config.providers[0], batch, errs, startup[label]),
-            cuda_graph=graphs[label], note=notes.get(label, ""))
+            cuda_graph=graphs[label], note=notes.get(label, ""), first_run_s=bounds[label].first_run_s)
     device, driver = (gpu_name(), driver_version()) if config.on_gpu else ("CPU", "n/a")
     return BenchResult(str(model_path), device, driver, ort.__version__, __version__,
                        tuple(config.providers), config.cuda_graph, {k: list(v.shape) for k, v in feeds.items()},
@@ -488,10 +492,13 @@ def _reference_outputs(make: Callable, feeds: Mapping[str, np.ndarray],
 
 def _loaded(make: Callable, feeds: Mapping[str, np.ndarray], like) -> tuple[_Bound, float]:
     """A configuration's session bound to the feeds after its first run (where a CUDA graph is
-    captured and a model that cannot run fails), and the seconds that took."""
+    captured and a model that cannot run fails), and the seconds that took (the first run's
+    alone in the bound's `first_run_s`)."""
     t0 = time.perf_counter()
     bound = _Bound(make(), feeds, like)
+    t1 = time.perf_counter()
     bound.run()
+    bound.first_run_s = time.perf_counter() - t1
     return bound, time.perf_counter() - t0
 
 

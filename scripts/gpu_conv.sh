@@ -49,7 +49,8 @@ try:
     r, rep = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 except Exception as e:
     print(f"{sys.argv[3]} {sys.argv[4]}: no result ({e})"); sys.exit(0)
-row = "  ".join(f"{k}: {v['median_ms']:.3f} ms (first {v.get('startup_s', 0):.2f} s)" for k, v in r["configs"].items())
+row = "  ".join(f"{k}: {v['median_ms']:.3f} ms (start {v.get('startup_s', 0):.2f} s, first run {v.get('first_run_s', 0):.2f} s)"
+               for k, v in r["configs"].items())
 e = rep.get("epilogues", {})
 print(f"{sys.argv[3]:24} {sys.argv[4]:9} {row}  speedup {r['speedup']:.3f}  conv epilogues {len(e.get('convs', []))}, "
       f"dropped {len(rep.get('dropped_groups', []))}, stages {sum(rep.get('stage_seconds', {}).values()):.1f} s")

@@ -431,3 +431,19 @@ def test_same_auto_pad_over_free_pixels_with_strides_is_refused() -> None:
     chains = found_model(_same_conv("SAME_UPPER", 3, 2))
     assert not any(c.w == "w1" for c in chains.matches)
     assert any("auto_pad SAME_UPPER with strides [2, 2] over pixels not fixed" in r for r in chains.refusals)
+
+
+def test_each_conv_node_names_the_geometry_it_was_planned_at() -> None:
+    """conv_hint: N, C, H, W of X at the planning sizes and W's dims, so that the runtime can load
+    a saved plan of that geometry before the node's first run (schemes/conv/launch.cc)."""
+    res = onnxstitch.optimize(model(RESNETISH), epilogues=True, shapes={"n": [3], "h": [20], "w": [12]},
+                              cost=FREE_LAYOUTS)
+    nodes = [n for n in res.model.graph.node if any(a.name == "conv_pads" for a in n.attribute)]
+    assert nodes
+    pixels = [(20, 12), (20, 12), (20, 12), (10, 6)]  # the third layer has stride 2
+    for n, hw in zip(nodes, pixels):
+        attrs = {a.name: a for a in n.attribute}
+        hint = list(attrs["conv_hint"].ints)
+        w = next(t for t in res.model.graph.initializer if t.name == n.input[1])
+        assert hint[4:] == list(w.dims), (n.name, hint)
+        assert hint[:4] == [3, w.dims[1] * attrs["conv_group"].i, *hw], (n.name, hint)

@@ -177,6 +177,10 @@ def test_plans_chosen_in_one_process_are_loaded_by_the_next(net: Net, tmp_path) 
     assert relative_error(got, want) <= TOLERANCE[net.dtype]
     assert {p: p.read_bytes() for p in saved} == before
     assert log.count("conv plan loaded") == len(saved) and "conv plan chosen" not in log, log
+    # The nodes carry the geometry they were planned at (conv_hint): the session's plans are
+    # loaded by the library's loader thread, from the session's creation on, not node by node.
+    assert "conv plan loader:" in log, log
+    assert len(saved) == 1 or "conv plan loaded ahead" in log, log
     # A damaged plan falls back to the configuration the file names; the results stay right.
     for p in saved:
         p.write_bytes(p.read_bytes()[:40] + b"{not a plan")

@@ -39,6 +39,7 @@ constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kFuncMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 constexpr int kJitErrorLogBuffer = 5;
 constexpr int kJitErrorLogBufferSizeBytes = 6;
+constexpr int kStreamCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
 
 // Driver entry points, each with the prototype of the version it was fetched at.
 struct Driver {
@@ -71,6 +72,8 @@ struct Driver {
   Result (*EventSynchronize)(Event) = nullptr;                              // @2000
   Result (*EventElapsedTime)(float*, Event, Event) = nullptr;               // @2000
   Result (*EventDestroy)(Event) = nullptr;                                  // @4000 (_v2)
+  // Optional: the conv scheme's plan loader thread works beside ORT's CUDA-graph captures.
+  Result (*ThreadExchangeStreamCaptureMode)(int*) = nullptr;                // @10010
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -136,6 +139,7 @@ struct Driver {
         {"cuEventSynchronize", 2000, reinterpret_cast<void**>(&EventSynchronize), false},
         {"cuEventElapsedTime", 2000, reinterpret_cast<void**>(&EventElapsedTime), false},
         {"cuEventDestroy", 4000, reinterpret_cast<void**>(&EventDestroy), false},
+        {"cuThreadExchangeStreamCaptureMode", 10010, reinterpret_cast<void**>(&ThreadExchangeStreamCaptureMode), false},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

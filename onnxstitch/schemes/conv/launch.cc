@@ -19,6 +19,7 @@
 // processes side by side (ONNXSTITCH_PLAN_PREPARE=1: finalize the candidates and save them, no
 // timing); the process that then runs the shape loads them in milliseconds and times them.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -78,6 +81,18 @@ struct Library {
   // their convolutions.
   std::mutex plans_mu;
   std::map<std::string, std::shared_ptr<const dnn::Plan>> plans;
+  // Plans hinted by nodes when they are made (conv_hint: the geometry optimize planned them at),
+  // loaded from the saved plans by a thread that the first run in a context starts: a session's
+  // first inference loaded them one after another, node by node (ResNet-50: 26 plans, ~225 ms of
+  // 0.48 s). What the thread has not loaded yet when its node runs, the node loads itself.
+  std::mutex hints_mu;
+  std::vector<std::string> hints;  // plan keys without the context, not yet loaded
+  std::set<std::string> hinted;    // every key ever queued (each session makes its nodes again)
+  std::thread loader;
+  bool loading = false;  // (hints_mu) the loader is running
+  std::atomic<bool> stop{false};
+  cu::Driver driver;  // (mu) the driver as nodes' creation sees it: 0 untried, 1 loaded, -1 failed
+  int driver_state = 0;
 
   static Library& Get() {
     static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
@@ -90,6 +105,184 @@ float FromBits(int64_t bits) {
   float f;
   std::memcpy(&f, &b, sizeof(f));
   return f;
+}
+
+// With ONNXSTITCH_PLAN_LOG=1, where each plan's time went, one line on stderr.
+void Log(const std::string& line) {
+  static const bool on = [] {
+    const char* v = std::getenv("ONNXSTITCH_PLAN_LOG");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (on) std::fprintf(stderr, "onnxstitch conv plan %s\n", line.c_str());
+}
+
+std::string Ms(std::chrono::steady_clock::time_point since) {
+  return std::to_string(static_cast<int>(
+             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count())) + " ms";
+}
+
+// What a saved plan's file holds besides the graph (plan_cache.h): everything the plan depends
+// on that is not the node's (the kind of GPU, the driver, cuDNN, the library's sources); "" when
+// the device cannot be asked (plans are then not saved).
+std::string SavedPrefix(const cu::Driver& d, const dnn::Api& api) {
+  cu::Device dev = 0;
+  int major = 0, minor = 0, sms = 0, driver = 0;
+  if (d.CtxGetDevice == nullptr || d.CtxGetDevice(&dev) != cu::kSuccess ||
+      d.DeviceGetAttribute(&major, cu::kAttrComputeCapabilityMajor, dev) != cu::kSuccess ||
+      d.DeviceGetAttribute(&minor, cu::kAttrComputeCapabilityMinor, dev) != cu::kSuccess ||
+      d.DeviceGetAttribute(&sms, cu::kAttrMultiprocessorCount, dev) != cu::kSuccess ||
+      d.DriverGetVersion == nullptr || d.DriverGetVersion(&driver) != cu::kSuccess) {
+    return "";
+  }
+  return "conv plan v1|library " + std::string(ONNXSTITCH_SOURCES) + "|sm " + std::to_string(major * 10 + minor) + "|" +
+         std::to_string(sms) + " SMs|driver " + std::to_string(driver) + "|cudnn " + std::to_string(api.GetVersion()) +
+         "|";
+}
+
+// A saved plan's parts ("onnxstitch conv plan", the winning configuration's mode and index, then
+// cuDNN's serialized plan or nothing): false when the file is not one. `json` is "" where only
+// the configuration was saved, or where the plan looks cut (cuDNN's parser sees only what looks
+// whole: a cut file falls back to the configuration).
+bool ParseSaved(const std::string& text, dnn::Origin* origin, std::string* json) {
+  std::istringstream in(text);
+  std::string magic;
+  if (!std::getline(in, magic) || magic != kSavedMagic || !(in >> origin->mode >> origin->index) || in.get() != '\n') {
+    return false;
+  }
+  const std::streamoff at = in.tellg();
+  *json = at < 0 ? "" : text.substr(static_cast<size_t>(at));
+  if (!(json->size() > 1 && json->front() == '{' && json->back() == '}')) json->clear();
+  return true;
+}
+
+// The context's handles, made at their first use.
+Error ContextHandles(const cu::Driver& d, cu::Context cuctx, Library::Handles** out) {
+  Library& lib = Library::Get();
+  std::lock_guard<std::mutex> lock(lib.mu);
+  if (!lib.tried) {
+    lib.tried = true;
+    lib.error = lib.dnn.Load();
+    if (lib.error.empty()) lib.error = lib.lt.Load();
+  }
+  if (!lib.error.empty()) return Fail(ORT_FAIL, lib.error);
+  std::unique_ptr<Library::Handles>& h = lib.handles[d.ContextKey(cuctx)];
+  if (h == nullptr) {
+    auto made = std::make_unique<Library::Handles>();
+    const dnn::Status s = lib.dnn.Create(&made->dnn);
+    if (s != dnn::kSuccess) return Fail(ORT_FAIL, "cudnnCreate: " + lib.dnn.StatusText(s));
+    const lt::Status t = lib.lt.Create(&made->lt);
+    if (t != lt::kSuccess) return Fail(ORT_FAIL, "cublasLtCreate: " + lib.lt.StatusText(t));
+    h = std::move(made);
+  }
+  *out = h.get();
+  return {};
+}
+
+// The hinted plans' loader (Library::hints), on its own thread with the context current: each
+// saved plan that cuDNN serialized, made on the context's handle (under its lock, a plan at a
+// time, so the nodes' runs interleave), into the process's plans. Its calls are in the relaxed
+// capture mode: ORT may capture a CUDA graph on another thread meanwhile, and cuDNN's loading
+// (module loads, allocations) would otherwise end that capture.
+void LoadHinted(cu::Driver d, cu::Context ctx) {
+  Library& lib = Library::Get();
+  int mode = cu::kStreamCaptureModeRelaxed;
+  const bool entered = d.CtxPushCurrent(ctx) == cu::kSuccess;
+  const bool relaxed = entered && d.ThreadExchangeStreamCaptureMode(&mode) == cu::kSuccess;
+  Library::Handles* h = nullptr;
+  const bool handles = relaxed && !ContextHandles(d, ctx, &h);
+  const std::string prefix = handles ? SavedPrefix(d, lib.dnn) : "";
+  const std::string context = std::to_string(d.ContextKey(ctx)) + ",";
+  int loaded = 0;
+  const auto began = std::chrono::steady_clock::now();
+  if (prefix.empty()) {  // nothing can be loaded here: the nodes load their own, as without hints
+    std::lock_guard<std::mutex> lock(lib.hints_mu);
+    lib.hints.clear();
+  }
+  while (!prefix.empty() && !lib.stop) {
+    std::string rest;
+    {
+      std::lock_guard<std::mutex> lock(lib.hints_mu);
+      if (lib.hints.empty()) break;
+      rest = lib.hints.front();
+      lib.hints.erase(lib.hints.begin());
+    }
+    const std::string key = context + rest;
+    {
+      std::lock_guard<std::mutex> lock(lib.plans_mu);
+      if (lib.plans.count(key) != 0) continue;
+    }
+    std::string text, json;
+    dnn::Origin origin;
+    if (!plan_cache::Read(plan_cache::PathOf(prefix + "0," + rest), &text) || !ParseSaved(text, &origin, &json) ||
+        json.empty()) {
+      continue;  // not saved, or only its configuration: the node finalizes it at its run
+    }
+    dnn::Plan plan;
+    const auto at = std::chrono::steady_clock::now();
+    {
+      // (Put in place before the handle is let go: a node that waited for it finds the plan.)
+      std::lock_guard<std::mutex> use(h->use);
+      if (!dnn::PlanFromJson(lib.dnn, h->dnn, json, &plan).empty() || plan.workspace > kMaxWorkspace) continue;
+      std::lock_guard<std::mutex> lock(lib.plans_mu);
+      if (!lib.plans.emplace(key, std::make_shared<const dnn::Plan>(std::move(plan))).second) continue;
+    }
+    ++loaded;
+    Log("loaded ahead in " + Ms(at) + " (" + rest + ")");
+  }
+  if (relaxed) d.ThreadExchangeStreamCaptureMode(&mode);
+  if (entered) {
+    cu::Context popped = nullptr;
+    d.CtxPopCurrent(&popped);
+  }
+  Log("loader: " + std::to_string(loaded) + " hinted plans in " + Ms(began));
+  std::lock_guard<std::mutex> lock(lib.hints_mu);
+  lib.loading = false;
+}
+
+// Starts the loader for `ctx` where plans are hinted and none is running: at a node's creation
+// where the creating thread has a current context (ORT's CUDA EP makes its device current in
+// the thread that creates a session), else at the first run in the context. At exit the loader
+// is stopped after its plan at hand.
+void StartLoader(const cu::Driver& d, cu::Context ctx) {
+  if (d.ThreadExchangeStreamCaptureMode == nullptr) return;  // (a driver before CUDA 10.1)
+  Library& lib = Library::Get();
+  std::lock_guard<std::mutex> lock(lib.hints_mu);
+  if (lib.loading || lib.hints.empty() || lib.stop) return;
+  static const bool stopped_at_exit = [] {
+    return std::atexit([] {
+      Library& l = Library::Get();
+      l.stop = true;
+      std::thread t;
+      {
+        std::lock_guard<std::mutex> held(l.hints_mu);
+        t = std::move(l.loader);
+      }
+      if (t.joinable()) t.join();
+    }) == 0;
+  }();
+  if (!stopped_at_exit) return;
+  if (lib.loader.joinable()) lib.loader.join();  // the last one has finished (loading is false)
+  try {
+    lib.loader = std::thread(LoadHinted, d, ctx);
+    lib.loading = true;
+  } catch (const std::system_error&) {
+    // No thread: each node loads its plan at its run, as without hints.
+  }
+}
+
+// StartLoader at a node's creation: with the thread's current context, if it has one.
+void StartLoaderAtCreation() {
+  Library& lib = Library::Get();
+  cu::Driver d;
+  {
+    std::lock_guard<std::mutex> lock(lib.mu);
+    if (lib.driver_state == 0) lib.driver_state = lib.driver.Load().empty() ? 1 : -1;
+    if (lib.driver_state < 0) return;
+    d = lib.driver;
+  }
+  cu::Context ctx = nullptr;
+  if (d.CtxGetCurrent(&ctx) != cu::kSuccess || ctx == nullptr) return;  // the first run starts it
+  StartLoader(d, ctx);
 }
 
 struct Geometry {
@@ -163,6 +356,21 @@ class Conv final : public Scheme {
     y_nhwc_ = layouts[1] != 0;
     r_nhwc_ = layouts[2] != 0;
     half_ = dtypes[0] == kFloat16;
+    // The geometry optimize planned this node at (N, C, H, W, K, C/group, R, S), where it says:
+    // its saved plan is loaded before the node's first run (Library::hints).
+    std::vector<int64_t> hint;
+    if (Error e = a.Ints("conv_hint", &hint, &present)) return e;
+    if (present && hint.size() == 8) {
+      Geometry g{};
+      g.n = hint[0], g.c = hint[1], g.h = hint[2], g.w = hint[3], g.k = hint[4], g.cg = hint[5], g.r = hint[6],
+      g.s = hint[7];
+      Library& lib = Library::Get();
+      {
+        std::lock_guard<std::mutex> lock(lib.hints_mu);
+        if (lib.hinted.insert(KeyRest(g)).second) lib.hints.push_back(KeyRest(g));
+      }
+      StartLoaderAtCreation();
+    }
     // Scalars the graph takes by value (`Build`). A grouped convolution's graph always has one:
     // cuDNN 9.19's heuristic sends depthwise conv + bias (+ ReLU) to an engine 6–16× slower than
     // the plain convolution, and a graph with a by-value operand to its runtime-fusion engines,
@@ -223,6 +431,7 @@ class Conv final : public Scheme {
     const cu::Driver& d = call.Driver();
     Library::Handles* h = nullptr;
     if (Error e = Handles(d, l->ctx, &h)) return e;
+    StartLoader(d, l->ctx);
     g.ctx = d.ContextKey(l->ctx);
     Library& lib = Library::Get();
     const size_t elem = half_ ? 2 : 4;
@@ -329,27 +538,8 @@ class Conv final : public Scheme {
            (residual_after_ ? ", then a residual" : "");
   }
 
-  // The context's handles, made at their first use.
   Error Handles(const cu::Driver& d, cu::Context cuctx, Library::Handles** out) const {
-    Library& lib = Library::Get();
-    std::lock_guard<std::mutex> lock(lib.mu);
-    if (!lib.tried) {
-      lib.tried = true;
-      lib.error = lib.dnn.Load();
-      if (lib.error.empty()) lib.error = lib.lt.Load();
-    }
-    if (!lib.error.empty()) return Fail(ORT_FAIL, lib.error);
-    std::unique_ptr<Library::Handles>& h = lib.handles[d.ContextKey(cuctx)];
-    if (h == nullptr) {
-      auto made = std::make_unique<Library::Handles>();
-      const dnn::Status s = lib.dnn.Create(&made->dnn);
-      if (s != dnn::kSuccess) return Fail(ORT_FAIL, "cudnnCreate: " + lib.dnn.StatusText(s));
-      const lt::Status t = lib.lt.Create(&made->lt);
-      if (t != lt::kSuccess) return Fail(ORT_FAIL, "cublasLtCreate: " + lib.lt.StatusText(t));
-      h = std::move(made);
-    }
-    *out = h.get();
-    return {};
+    return ContextHandles(d, cuctx, out);
   }
 
   // dst = each of `batch` row-major [rows, cols] matrices of src transposed ([cols, rows]).
@@ -480,9 +670,12 @@ class Conv final : public Scheme {
   }
 
   // What a plan depends on: the context, the geometry and every attribute of the graph.
-  std::string PlanKey(const Geometry& g) const {
+  std::string PlanKey(const Geometry& g) const { return std::to_string(g.ctx) + "," + KeyRest(g); }
+
+  // PlanKey without the context.
+  std::string KeyRest(const Geometry& g) const {
     std::string k;
-    for (int64_t v : {static_cast<int64_t>(g.ctx), g.n, g.c, g.h, g.w, g.k, g.cg, g.r, g.s, group_,
+    for (int64_t v : {g.n, g.c, g.h, g.w, g.k, g.cg, g.r, g.s, group_,
                       static_cast<int64_t>(bias_), static_cast<int64_t>(residual_) + residual_after_, static_cast<int64_t>(half_),
                       static_cast<int64_t>(activation_)}) {
       k += std::to_string(v) + ",";
@@ -569,21 +762,10 @@ class Conv final : public Scheme {
   // plan depends on besides the graph (PlanKey without the context) is in the key: the kind of
   // GPU, the driver and cuDNN.
   std::string SavedPath(const cu::Driver& d, const dnn::Api& api, const Geometry& g) const {
-    cu::Device dev = 0;
-    int major = 0, minor = 0, sms = 0, driver = 0;
-    if (d.CtxGetDevice == nullptr || d.CtxGetDevice(&dev) != cu::kSuccess ||
-        d.DeviceGetAttribute(&major, cu::kAttrComputeCapabilityMajor, dev) != cu::kSuccess ||
-        d.DeviceGetAttribute(&minor, cu::kAttrComputeCapabilityMinor, dev) != cu::kSuccess ||
-        d.DeviceGetAttribute(&sms, cu::kAttrMultiprocessorCount, dev) != cu::kSuccess ||
-        d.DriverGetVersion == nullptr || d.DriverGetVersion(&driver) != cu::kSuccess) {
-      return "";
-    }
+    const std::string prefix = SavedPrefix(d, api);
     Geometry any = g;
     any.ctx = 0;
-    return plan_cache::PathOf("conv plan v1|library " + std::string(ONNXSTITCH_SOURCES) + "|sm " +
-                              std::to_string(major * 10 + minor) + "|" + std::to_string(sms) +
-                              " SMs|driver " + std::to_string(driver) + "|cudnn " + std::to_string(api.GetVersion()) +
-                              "|" + PlanKey(any));
+    return prefix.empty() ? "" : plan_cache::PathOf(prefix + PlanKey(any));
   }
 
   // A saved plan ("onnxstitch conv plan", the winning configuration's mode and index, then
@@ -591,20 +773,11 @@ class Conv final : public Scheme {
   // longer loads (the caller then chooses again and saves anew).
   std::shared_ptr<const dnn::Plan> Saved(const dnn::Api& api, dnn::Handle handle, const Geometry& g,
                                          const std::string& path) const {
-    std::string text;
-    if (!plan_cache::Read(path, &text)) return nullptr;
-    std::istringstream in(text);
-    std::string magic;
+    std::string text, json;
     dnn::Origin origin;
-    if (!std::getline(in, magic) || magic != kSavedMagic || !(in >> origin.mode >> origin.index) || in.get() != '\n') {
-      return nullptr;
-    }
-    const std::streamoff at = in.tellg();
-    const std::string json = at < 0 ? "" : text.substr(static_cast<size_t>(at));
+    if (!plan_cache::Read(path, &text) || !ParseSaved(text, &origin, &json)) return nullptr;
     dnn::Plan plan;
-    // (Only what looks whole goes to cuDNN's parser: a cut file falls back to the configuration.)
-    const bool whole = json.size() > 1 && json.front() == '{' && json.back() == '}';
-    if (whole && dnn::PlanFromJson(api, handle, json, &plan).empty() && plan.workspace <= kMaxWorkspace) {
+    if (!json.empty() && dnn::PlanFromJson(api, handle, json, &plan).empty() && plan.workspace <= kMaxWorkspace) {
       return std::make_shared<const dnn::Plan>(std::move(plan));
     }
     dnn::Graph graph(api, handle);
@@ -679,19 +852,6 @@ class Conv final : public Scheme {
     if (path.empty() || plan.origin.index < 0) return;
     plan_cache::Write(path, std::string(kSavedMagic) + "\n" + std::to_string(plan.origin.mode) + " " +
                                 std::to_string(plan.origin.index) + "\n" + dnn::PlanJson(api, plan));
-  }
-
-  // With ONNXSTITCH_PLAN_LOG=1, where each plan's time went, one line on stderr.
-  static void Log(const std::string& line) {
-    static const bool on = [] {
-      const char* v = std::getenv("ONNXSTITCH_PLAN_LOG");
-      return v != nullptr && std::string(v) == "1";
-    }();
-    if (on) std::fprintf(stderr, "onnxstitch conv plan %s\n", line.c_str());
-  }
-  static std::string Ms(std::chrono::steady_clock::time_point since) {
-    return std::to_string(static_cast<int>(
-               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count())) + " ms";
   }
 
   // Frees the filters this node made.

@@ -11,6 +11,7 @@ from onnx import helper
 
 from ...graph import FusionGraph
 from ...planned import Group
+from ...shapes import symbolic_value
 from .. import CONV
 from ..source import BROADCAST, KernelSource
 from ..base import Matcher
@@ -47,6 +48,16 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
     return tuple(body)
 
 
+def _hint(graph: FusionGraph, m: Match) -> tuple[int, ...]:
+    """The geometry the node is planned at (N, C, H, W of X; K, C/group, R, S of W; symbolic dims
+    at their planning values), () where a rank is unknown: the runtime loads the saved plan of
+    that geometry before the node's first run (launch.cc, Library::hints)."""
+    sx, sw = graph.shape(m.x), graph.shape(m.w)
+    if sx is None or sw is None or len(sx) != 4 or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
+        return ()
+    return tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in sx) + tuple(sw)
+
+
 def _settle(g: FusionGraph, cost, plan, found):
     """Tensors passing between conv groups alone stay NHWC; a conv group whose layout changes
     cost more than it saves is left out and the model planned again."""
@@ -74,7 +85,7 @@ class Conv:
 
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         m: Match = group.payload
-        spec = m.spec
+        spec = dataclasses.replace(m.spec, hint=_hint(graph, m))
         dtype = "f16" if spec.dtype == onnx.TensorProto.FLOAT16 else "f32"
         # Named after what it runs (there is no code to hash): the runtime's messages name it.
         kernel = f"cudnn_conv{'_bias' if spec.bias else ''}{'_residual' if spec.residual else ''}" \

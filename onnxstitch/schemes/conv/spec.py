@@ -46,6 +46,9 @@ class ConvSpec(Spec):
     params: tuple[float, float] = (0.0, 0.0)  # clip's min and max; leaky_relu's slope first; hard_sigmoid's alpha, beta
     layouts: tuple[bool, bool, bool] = (False, False, False)  # X, Y, R in NHWC
     residual_after: bool = False  # R added after the activation rather than before
+    # The geometry the node was planned at (N, C, H, W of X; K, C/group, R, S of W), () where
+    # unknown: the runtime loads its saved cuDNN plan before the node's first run.
+    hint: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -69,4 +72,5 @@ class ConvSpec(Spec):
                 p + "residual": 0 if not self.residual else 2 if self.residual_after else 1,
                 p + "activation": ACTIVATIONS.index(self.activation),
                 p + "activation_params": [_bits(v) for v in self.params],
-                p + "layouts": [int(v) for v in self.layouts]}
+                p + "layouts": [int(v) for v in self.layouts],
+                **({p + "hint": list(self.hint)} if self.hint else {})}
