@@ -31,6 +31,27 @@ progress_console = Console(stderr=True)  # spinners stay off stdout, which --jso
 @click.version_option(__version__, prog_name="onnxstitch")
 def main() -> None:
     """Fuse memory-bound ONNX operators into generated CUDA kernels for ONNX Runtime."""
+    _fewer_malloc_arenas()
+
+
+# glibc's mallopt parameter M_ARENA_MAX, and the arenas a CLI process keeps.
+M_ARENA_MAX, ARENAS = -8, 2
+
+
+def _fewer_malloc_arenas() -> None:
+    """At most ARENAS malloc arenas in this process (glibc; nothing elsewhere): optimize makes
+    ONNX Runtime sessions in threads, and each thread's arena kept what its session freed.
+    BERT-base optimize on an H200 host (16 cores): peak RSS 4.34 -> 3.79 GB, wall time the
+    same (10.84 / 10.76 s). Only the command line does this: a library must not set its
+    caller's allocator."""
+    if not sys.platform.startswith("linux") or os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, ARENAS)
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        pass
 
 
 def save_atomic(model: onnx.ModelProto | Callable[[Path], None], path: Path) -> list[Path]:

@@ -74,6 +74,8 @@ struct Driver {
   Result (*EventDestroy)(Event) = nullptr;                                  // @4000 (_v2)
   // Optional: the conv scheme's plan loader thread works beside ORT's CUDA-graph captures.
   Result (*ThreadExchangeStreamCaptureMode)(int*) = nullptr;                // @10010
+  Result (*DeviceGet)(Device*, int) = nullptr;                              // @2000, optional
+  Result (*DevicePrimaryCtxRetain)(Context*, Device) = nullptr;             // @7000, optional
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -140,6 +142,8 @@ struct Driver {
         {"cuEventElapsedTime", 2000, reinterpret_cast<void**>(&EventElapsedTime), false},
         {"cuEventDestroy", 4000, reinterpret_cast<void**>(&EventDestroy), false},
         {"cuThreadExchangeStreamCaptureMode", 10010, reinterpret_cast<void**>(&ThreadExchangeStreamCaptureMode), false},
+        {"cuDeviceGet", 2000, reinterpret_cast<void**>(&DeviceGet), false},
+        {"cuDevicePrimaryCtxRetain", 7000, reinterpret_cast<void**>(&DevicePrimaryCtxRetain), false},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

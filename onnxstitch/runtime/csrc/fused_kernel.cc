@@ -98,6 +98,25 @@ class KernelAttrs final : public Attrs {
     return {};
   }
 
+  // The device of the node's default allocator (the CUDA EP's), -1 where ORT says none.
+  int DeviceOrdinal() override {
+    OrtAllocator* alloc = nullptr;
+    if (OrtStatus* st = api_->KernelInfoGetAllocator(info_, OrtMemTypeDefault, &alloc)) {
+      api_->ReleaseStatus(st);
+      return -1;
+    }
+    int id = -1;
+    const OrtMemoryInfo* mem = nullptr;
+    if (OrtStatus* st = api_->AllocatorGetInfo(alloc, &mem)) {
+      api_->ReleaseStatus(st);
+    } else if (OrtStatus* st2 = api_->MemoryInfoGetId(mem, &id)) {
+      api_->ReleaseStatus(st2);
+      id = -1;
+    }
+    api_->ReleaseAllocator(alloc);
+    return id;
+  }
+
  private:
   const OrtApi* api_;
   const OrtKernelInfo* info_;

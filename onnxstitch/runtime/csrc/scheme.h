@@ -44,6 +44,9 @@ class Attrs {
   virtual Error Int(const char* name, int64_t* out, bool* present) = 0;
   virtual Error Ints(const char* name, std::vector<int64_t>* out, bool* present) = 0;
   virtual Error String(const char* name, std::string* out, bool* present) = 0;
+  // The ordinal of the device whose execution provider the node is created for, -1 where that
+  // is not known (shape inference, a CPU node): what a scheme may prepare before the first run.
+  virtual int DeviceOrdinal() { return -1; }
 
   // A required INT: absent is an error naming the shape rule that needs it.
   Error RequiredInt(const char* name, const char* rule, int64_t* out) {

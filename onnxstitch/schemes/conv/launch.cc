@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,9 +91,12 @@ struct Library {
   std::set<std::string> hinted;    // every key ever queued (each session makes its nodes again)
   std::thread loader;
   bool loading = false;  // (hints_mu) the loader is running
+  std::string inflight;  // (hints_mu) the key the loader is loading: a node with it waits (`done`)
+  std::condition_variable done;
   std::atomic<bool> stop{false};
   cu::Driver driver;  // (mu) the driver as nodes' creation sees it: 0 untried, 1 loaded, -1 failed
   int driver_state = 0;
+  std::map<int, cu::Context> primary;  // (mu) devices' primary contexts, retained for the process
 
   static Library& Get() {
     static Library* lib = new Library;  // never destroyed: nodes may outlive static destructors
@@ -178,6 +182,35 @@ Error ContextHandles(const cu::Driver& d, cu::Context cuctx, Library::Handles** 
   return {};
 }
 
+// One hinted plan into the process's plans, from its file at `path`: false where it is there
+// already, not saved, saved as its configuration only (the node finalizes it at its run), or
+// does not load.
+bool LoadAhead(Library& lib, Library::Handles* h, const std::string& key, const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(lib.plans_mu);
+    if (lib.plans.count(key) != 0) return false;
+  }
+  std::string text, json;
+  dnn::Origin origin;
+  if (!plan_cache::Read(path, &text) || !ParseSaved(text, &origin, &json) || json.empty()) return false;
+  dnn::Plan plan;
+  std::lock_guard<std::mutex> use(h->use);
+  if (!dnn::PlanFromJson(lib.dnn, h->dnn, json, &plan).empty() || plan.workspace > kMaxWorkspace) return false;
+  std::lock_guard<std::mutex> lock(lib.plans_mu);
+  return lib.plans.emplace(key, std::make_shared<const dnn::Plan>(std::move(plan))).second;
+}
+
+// A node about to run at a geometry whose key (without the context) is `rest`: taken off the
+// loader's queue (the node loads it itself), or waited for where the loader is loading it.
+void TakeHint(const std::string& rest) {
+  Library& lib = Library::Get();
+  std::unique_lock<std::mutex> lock(lib.hints_mu);
+  if (lib.hinted.empty()) return;
+  auto it = std::find(lib.hints.begin(), lib.hints.end(), rest);
+  if (it != lib.hints.end()) lib.hints.erase(it);
+  lib.done.wait(lock, [&] { return lib.inflight != rest; });
+}
+
 // The hinted plans' loader (Library::hints), on its own thread with the context current: each
 // saved plan that cuDNN serialized, made on the context's handle (under its lock, a plan at a
 // time, so the nodes' runs interleave), into the process's plans. Its calls are in the relaxed
@@ -205,29 +238,17 @@ void LoadHinted(cu::Driver d, cu::Context ctx) {
       if (lib.hints.empty()) break;
       rest = lib.hints.front();
       lib.hints.erase(lib.hints.begin());
+      lib.inflight = rest;
     }
-    const std::string key = context + rest;
+    if (LoadAhead(lib, h, context + rest, plan_cache::PathOf(prefix + "0," + rest))) {
+      ++loaded;
+      Log("loaded ahead (" + rest + ")");
+    }
     {
-      std::lock_guard<std::mutex> lock(lib.plans_mu);
-      if (lib.plans.count(key) != 0) continue;
+      std::lock_guard<std::mutex> lock(lib.hints_mu);
+      lib.inflight.clear();
     }
-    std::string text, json;
-    dnn::Origin origin;
-    if (!plan_cache::Read(plan_cache::PathOf(prefix + "0," + rest), &text) || !ParseSaved(text, &origin, &json) ||
-        json.empty()) {
-      continue;  // not saved, or only its configuration: the node finalizes it at its run
-    }
-    dnn::Plan plan;
-    const auto at = std::chrono::steady_clock::now();
-    {
-      // (Put in place before the handle is let go: a node that waited for it finds the plan.)
-      std::lock_guard<std::mutex> use(h->use);
-      if (!dnn::PlanFromJson(lib.dnn, h->dnn, json, &plan).empty() || plan.workspace > kMaxWorkspace) continue;
-      std::lock_guard<std::mutex> lock(lib.plans_mu);
-      if (!lib.plans.emplace(key, std::make_shared<const dnn::Plan>(std::move(plan))).second) continue;
-    }
-    ++loaded;
-    Log("loaded ahead in " + Ms(at) + " (" + rest + ")");
+    lib.done.notify_all();
   }
   if (relaxed) d.ThreadExchangeStreamCaptureMode(&mode);
   if (entered) {
@@ -270,18 +291,32 @@ void StartLoader(const cu::Driver& d, cu::Context ctx) {
   }
 }
 
-// StartLoader at a node's creation: with the thread's current context, if it has one.
-void StartLoaderAtCreation() {
+// StartLoader at a node's creation, in the primary context of the node's device (`device`, -1
+// unknown: the creating thread's current context, if it has one; else the first run starts it).
+// ORT's CUDA EP runs in its device's primary context (the CUDA runtime's).
+void StartLoaderAtCreation(int device) {
   Library& lib = Library::Get();
   cu::Driver d;
+  cu::Context ctx = nullptr;
   {
     std::lock_guard<std::mutex> lock(lib.mu);
     if (lib.driver_state == 0) lib.driver_state = lib.driver.Load().empty() ? 1 : -1;
     if (lib.driver_state < 0) return;
     d = lib.driver;
+    if (device >= 0 && d.DeviceGet != nullptr && d.DevicePrimaryCtxRetain != nullptr) {
+      auto it = lib.primary.find(device);
+      if (it == lib.primary.end()) {
+        cu::Device dev = 0;
+        cu::Context made = nullptr;
+        if (d.DeviceGet(&dev, device) != cu::kSuccess || d.DevicePrimaryCtxRetain(&made, dev) != cu::kSuccess) {
+          made = nullptr;
+        }
+        it = lib.primary.emplace(device, made).first;
+      }
+      ctx = it->second;
+    }
   }
-  cu::Context ctx = nullptr;
-  if (d.CtxGetCurrent(&ctx) != cu::kSuccess || ctx == nullptr) return;  // the first run starts it
+  if (ctx == nullptr && (d.CtxGetCurrent(&ctx) != cu::kSuccess || ctx == nullptr)) return;
   StartLoader(d, ctx);
 }
 
@@ -369,7 +404,7 @@ class Conv final : public Scheme {
         std::lock_guard<std::mutex> lock(lib.hints_mu);
         if (lib.hinted.insert(KeyRest(g)).second) lib.hints.push_back(KeyRest(g));
       }
-      StartLoaderAtCreation();
+      StartLoaderAtCreation(a.DeviceOrdinal());
     }
     // Scalars the graph takes by value (`Build`). A grouped convolution's graph always has one:
     // cuDNN 9.19's heuristic sends depthwise conv + bias (+ ReLU) to an engine 6–16× slower than
@@ -432,6 +467,7 @@ class Conv final : public Scheme {
     Library::Handles* h = nullptr;
     if (Error e = Handles(d, l->ctx, &h)) return e;
     StartLoader(d, l->ctx);
+    TakeHint(KeyRest(g));  // (before the handle is held: the loader needs it)
     g.ctx = d.ContextKey(l->ctx);
     Library& lib = Library::Get();
     const size_t elem = half_ ? 2 : 4;
