@@ -13,6 +13,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
+from . import wire
 from .errors import BadInputError, first_line
 from .weights import Weights
 
@@ -98,12 +99,16 @@ def load_detached(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.Mod
         return model, Weights.detach(model)
     path = Path(source)
     check_read = _check_path(path)
-    model = _read(path, load_external_data=False)
+    # The weights inside the file stay in its memory map (wire.py): read by onnx, the message
+    # held a second copy of them for as long as it lived (BERT-base: 0.86 GB, 2.0 s).
+    mapped = wire.read(path)
+    model = mapped.model if mapped is not None else _read(path, load_external_data=False)
     external = _has_external_data(model)
     if external:  # the checker reads the model file (not the data) and checks the data's locations
         check_read(model)
     try:
-        store = Weights.detach(model, path.parent)
+        store = Weights.detach(model, path.parent, held=mapped.payloads if mapped else None,
+                               mapping=mapped.mapping if mapped else None)
     except (OSError, KeyError, ValueError) as e:
         raise BadInputError(f"{path}: cannot read its external data ({first_line(e)})") from e
     if not external:

@@ -26,7 +26,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -170,11 +170,22 @@ class Weights:
         return m
 
     @classmethod
-    def detach(cls, model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> "Weights":
+    def detach(cls, model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+               held: Mapping[int, memoryview] | None = None, mapping: mmap.mmap | None = None) -> "Weights":
         """Move the large floating-point initializers of `model`'s main graph into a new store,
         in place. Initializers stored as external data (loaded without it, relative to
-        `base_dir`) are memory-mapped from their files instead of read."""
+        `base_dir`) are memory-mapped from their files instead of read. `held`: raw payloads
+        the message was parsed without (wire.py), by initializer index, views of `mapping`:
+        the large floating-point ones stay views, the others go back into their tensors."""
         store = cls()
+        if mapping is not None:
+            store._maps.append(mapping)
+        for i, payload in (held or {}).items():
+            t = model.graph.initializer[i]
+            if t.data_type in _FLOATS and _numel(t) > DETACH_ABOVE:
+                store._stub(t, payload)
+            else:
+                t.raw_data = bytes(payload)
         base = Path(base_dir or ".").resolve()
         maps: dict[Path, mmap.mmap] = {}
         for t in model.graph.initializer:

@@ -1,0 +1,146 @@
+"""Reading a model file without copying its weights: the protobuf wire format walked far enough
+to leave each initializer's raw bytes in the file's memory map.
+
+`onnx.load` copies every weight into the parsed message's memory, and the message keeps that
+memory until it is dropped whole (clearing a field returns nothing), so a model whose weights are
+inside its file was held twice: BERT-base's 440 MB of weights took 0.86 GB after loading. Here
+the file is mapped, the bytes of ModelProto → GraphProto → each TensorProto initializer are
+walked (tags and lengths only: a few thousand fields), and the message is parsed from a copy of
+the file with the large `raw_data` fields cut out; their payloads stay views of the map.
+
+Only the main graph's initializers are cut (subgraphs' are small and stay inline). Anything the
+walk does not expect (a group, a truncated field) makes `read` answer None, and the caller reads
+the file as onnx does.
+"""
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+# Field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
+MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9
+# Payloads under this many bytes stay in the message: cutting them saves nothing worth a view.
+CUT_FROM = 4096
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+
+
+class _Unexpected(Exception):
+    """The bytes are not what the walk reads (left to onnx.load to report)."""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """A model parsed without its large raw payloads, and those payloads: by the index of their
+    initializer in the main graph, views of `mapping` (which the views keep open)."""
+
+    model: onnx.ModelProto
+    payloads: dict[int, memoryview]
+    mapping: mmap.mmap
+
+
+def _varint(buf, at: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if at >= len(buf) or shift > 63:
+            raise _Unexpected("a varint runs past the end")
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, wire type, start of the field's tag, start of its payload, its end) of each
+    field in buf[start:end]."""
+    at = start
+    while at < end:
+        tag_at = at
+        tag, at = _varint(buf, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == _VARINT:
+            _, after = _varint(buf, at)
+        elif wire == _FIXED64:
+            after = at + 8
+        elif wire == _FIXED32:
+            after = at + 4
+        elif wire == _LENGTH:
+            length, at = _varint(buf, at)
+            after = at + length
+        else:
+            raise _Unexpected(f"wire type {wire}")
+        if after > end:
+            raise _Unexpected("a field runs past its message")
+        yield number, wire, tag_at, at, after
+        at = after
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _encode_varint(number << 3 | wire)
+
+
+def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryview], view) -> bytes:
+    """A TensorProto's bytes without a large raw_data (its payload kept as a view)."""
+    parts, cut = [], False
+    for number, wire, tag_at, at, after in _fields(buf, start, end):
+        if number == TENSOR_RAW_DATA and wire == _LENGTH and after - at >= CUT_FROM:
+            payloads[index] = view[at:after]
+            cut = True
+            continue
+        parts.append(bytes(buf[tag_at:after]))
+    return b"".join(parts) if cut else bytes(buf[start:end])
+
+
+def _graph(buf, start: int, end: int, payloads: dict[int, memoryview], view) -> bytes:
+    parts, index = [], 0
+    for number, wire, tag_at, at, after in _fields(buf, start, end):
+        if number == GRAPH_INITIALIZER and wire == _LENGTH:
+            body = _tensor(buf, at, after, index, payloads, view)
+            parts.append(_tag(GRAPH_INITIALIZER, _LENGTH) + _encode_varint(len(body)) + body)
+            index += 1
+        else:
+            parts.append(bytes(buf[tag_at:after]))
+    return b"".join(parts)
+
+
+def read(path: Path) -> Mapped | None:
+    """The model at `path` with its large raw payloads left in the file's map, or None where
+    the file is not one the walk reads (onnx.load then reads it and says what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # (an empty file cannot be mapped)
+        return None
+    view = memoryview(mapping)
+    payloads: dict[int, memoryview] = {}
+    try:
+        parts = []
+        for number, wire, tag_at, at, after in _fields(mapping, 0, len(mapping)):
+            if number == MODEL_GRAPH and wire == _LENGTH:
+                body = _graph(mapping, at, after, payloads, view)
+                parts.append(_tag(MODEL_GRAPH, _LENGTH) + _encode_varint(len(body)) + body)
+            else:
+                parts.append(bytes(mapping[tag_at:after]))
+        model = onnx.ModelProto.FromString(b"".join(parts))
+    except Exception:  # any doubt (not a model, a walk this does not read): onnx.load reads it
+        for v in payloads.values():
+            v.release()
+        view.release()
+        return None
+    return Mapped(model, payloads, mapping)
