@@ -521,3 +521,27 @@ def test_saved_plans_are_keyed_by_the_sources_the_library_was_built_from(tmp_pat
     assert f'-DONNXSTITCH_SOURCES="{h.hexdigest()[:16]}"' in cmd
     conv = (rtbuild.SCHEMES / "conv" / "launch.cc").read_text()
     assert '"conv plan v1|library " + std::string(ONNXSTITCH_SOURCES)' in conv
+
+
+# What manylinux_2_34 (scripts/wheel_check.sh's tag) lets a library need of the system's
+# glibc and libstdc++: GCC 12's libstdc++ adds GLIBCXX_3.4.30 (std::condition_variable::wait
+# among others), which made auditwheel refuse the wheel in CI.
+MANYLINUX_2_34 = {"GLIBC": (2, 34), "GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13)}
+
+
+def test_library_needs_no_symbol_version_above_the_wheels_manylinux_tag(lib: Path):
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
+    too_new = []
+    with open(lib, "rb") as f:
+        for section in ELFFile(f).iter_sections():
+            if not isinstance(section, GNUVerNeedSection):
+                continue
+            for _, aux in section.iter_versions():
+                for a in aux:
+                    family, _, number = a.name.partition("_")
+                    if family in MANYLINUX_2_34 and number[:1].isdigit():
+                        if tuple(int(p) for p in number.split(".")) > MANYLINUX_2_34[family]:
+                            too_new.append(a.name)
+    assert not too_new, f"{lib.name} needs {sorted(set(too_new))}: above manylinux_2_34"

@@ -22,7 +22,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -91,8 +90,7 @@ struct Library {
   std::set<std::string> hinted;    // every key ever queued (each session makes its nodes again)
   std::thread loader;
   bool loading = false;  // (hints_mu) the loader is running
-  std::string inflight;  // (hints_mu) the key the loader is loading: a node with it waits (`done`)
-  std::condition_variable done;
+  std::string inflight;  // (hints_mu) the key the loader is loading: a node with it waits
   std::atomic<bool> stop{false};
   cu::Driver driver;  // (mu) the driver as nodes' creation sees it: 0 untried, 1 loaded, -1 failed
   int driver_state = 0;
@@ -201,14 +199,20 @@ bool LoadAhead(Library& lib, Library::Handles* h, const std::string& key, const 
 }
 
 // A node about to run at a geometry whose key (without the context) is `rest`: taken off the
-// loader's queue (the node loads it itself), or waited for where the loader is loading it.
+// loader's queue (the node loads it itself), or waited for where the loader is loading it (a
+// plan's load, ~10 ms; polled: std::condition_variable::wait would need GCC 12's libstdc++
+// (GLIBCXX_3.4.30), above the wheel's manylinux_2_34).
 void TakeHint(const std::string& rest) {
   Library& lib = Library::Get();
   std::unique_lock<std::mutex> lock(lib.hints_mu);
   if (lib.hinted.empty()) return;
   auto it = std::find(lib.hints.begin(), lib.hints.end(), rest);
   if (it != lib.hints.end()) lib.hints.erase(it);
-  lib.done.wait(lock, [&] { return lib.inflight != rest; });
+  while (lib.inflight == rest) {
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lock.lock();
+  }
 }
 
 // The hinted plans' loader (Library::hints), on its own thread with the context current: each
@@ -244,11 +248,8 @@ void LoadHinted(cu::Driver d, cu::Context ctx) {
       ++loaded;
       Log("loaded ahead (" + rest + ")");
     }
-    {
-      std::lock_guard<std::mutex> lock(lib.hints_mu);
-      lib.inflight.clear();
-    }
-    lib.done.notify_all();
+    std::lock_guard<std::mutex> lock(lib.hints_mu);
+    lib.inflight.clear();
   }
   if (relaxed) d.ThreadExchangeStreamCaptureMode(&mode);
   if (entered) {
