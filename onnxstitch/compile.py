@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -125,17 +125,74 @@ def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> C
     return CompiledKernel(src, archs, images, _cached(src, ptx_arch, True), ptx_arch)
 
 
-def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS) -> list[CompiledKernel]:
+def _tasks(sources: Iterable[KernelSource], archs: tuple[str, ...], ptx_arch: str) -> list[tuple[KernelSource, str, bool]]:
+    """(source, target, PTX or not) for each distinct code of `sources` and each target."""
+    unique = list({code_of(s.source): s for s in reversed(list(sources)) if s.source}.values())
+    return [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
+
+
+# Cores a machine needs for Ahead to compile anything (the stages beside it keep one busy).
+AHEAD_MIN_CORES = 8
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Ahead:
+    """Kernels compiled ahead of the compile stage, in threads of their own: candidates whose
+    code is known before the plan chooses among them (an attention kernel, 1.3-1.5 s of NVRTC on
+    an H200 host, the compile stage's longest, then overlaps the epilogue matchers and the
+    plan). `compile_all` takes what is done, or waits for what is under way; a candidate the plan
+    does not take was compiled for nothing, and its failure is never raised. `close` lets the
+    optimize that made it go on without waiting."""
+
+    def __init__(self, archs: Sequence[str] = DEFAULT_ARCHS) -> None:
+        self.archs, self.ptx_arch = _targets(archs)
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="onnxstitch-nvrtc")
+        self._futures: dict[tuple[str, str], Future] = {}
+
+    def submit(self, sources: Iterable[KernelSource]) -> None:
+        """Start compiling `sources` (those with code) for every target, longest first; nothing
+        on a machine of fewer than AHEAD_MIN_CORES cores, where the compiles would only slow
+        the stages beside them (2 cores: BERT-base's epilogues and plan 0.40 -> 1.16 s, the
+        compile stage no shorter)."""
+        if _cores() < AHEAD_MIN_CORES:
+            return
+        tasks = sorted(_tasks(sources, self.archs, self.ptx_arch), key=lambda job: -len(job[0].source))
+        for job in tasks:
+            key = (code_of(job[0].source), job[1])
+            if key not in self._futures:
+                self._futures[key] = self._pool.submit(_cached, *job)
+
+    def take(self, code: str, target: str) -> Future | None:
+        """The compile of `code` for `target` started here, if one was."""
+        return self._futures.get((code, target))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_ARCHS,
+                ahead: Ahead | None = None) -> list[CompiledKernel]:
     """Compile several kernels concurrently (NVRTC runs outside the GIL), every (kernel, target)
     pair a task of its own so that a few kernels still fill the cores; sources whose code is
     the same (comments aside, codegen.named_by_code) are compiled once and share the images.
-    A source without code (a library call: the gemm scheme) gets no image."""
+    A source without code (a library call: the gemm scheme) gets no image. What `ahead`
+    compiles already is taken from it (waited for where it is under way)."""
     sources = list(sources)
     if not sources:
         return []
     archs, ptx_arch = _targets(archs)
     unique = list({code_of(s.source): s for s in reversed(sources) if s.source}.values())
-    tasks = [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
+    started = {} if ahead is None or (ahead.archs, ahead.ptx_arch) != (archs, ptx_arch) else \
+        {(code_of(s.source), t): f for s, t, _ in _tasks(unique, archs, ptx_arch)
+         if (f := ahead.take(code_of(s.source), t)) is not None}
+    tasks = [job for job in _tasks(unique, archs, ptx_arch) if (code_of(job[0].source), job[1]) not in started]
     # Longest sources first: the stage lasts as long as its last compile, and a long one (an
     # attention kernel, 1.3-1.5 s on an H200 host against ~0.2 s for most) submitted last
     # would start when the cores are already free of the rest.
@@ -144,6 +201,9 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
     if tasks:
         with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
             images = dict(zip(((code_of(s.source), t) for s, t, _ in tasks), pool.map(lambda job: _cached(*job), tasks)))
+    images |= {key: f.result() for key, f in started.items()}
+    if started:
+        log.info("compile: %d of %d compiles taken from those started ahead", len(started), len(started) + len(tasks))
     done = {code: CompiledKernel(s, archs, tuple(images[code, a] for a in archs), images[code, ptx_arch], ptx_arch)
             for code, s in ((code_of(s.source), s) for s in unique)}
     return [dataclasses.replace(done[code_of(s.source)], source=s) if s.source else CompiledKernel(s, (), (), b"", "")

@@ -185,6 +185,17 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
 
     given = _prepare(model, opts.shapes, stage, opts.custom_op_libraries,
                      body_optimizer if opts.control_flow else None)
+    ahead = nvrtc_compile.Ahead(opts.archs)
+    try:
+        return _optimized(model, given, opts, stage, ahead)
+    finally:
+        ahead.close()
+
+
+def _optimized(model: onnx.ModelProto | str | os.PathLike, given: _Given, opts: Options, stage: _Stages,
+               ahead: nvrtc_compile.Ahead) -> OptimizeResult:
+    """optimize after load → shapes → bodies → simplify: plan (again with measured costs),
+    codegen, compile (taking what `ahead` compiled while the plan was made), measure, write."""
     meas = _Measuring.of(opts)
     measured: dict[frozenset[str], float] = {}
     replanned: list[str] = []
@@ -193,11 +204,11 @@ def optimize(model: onnx.ModelProto | str | os.PathLike, options: "Options | Non
         # Planned again with what the GPU measured of the groups that did not pay: the plan may
         # find other groups over their nodes that do, which are measured in turn.
         costed = dataclasses.replace(opts, cost=dataclasses.replace(opts.cost, measured=dict(measured)))
-        planned = _plan(given, costed if measured else opts, stage, graphs)
+        planned = _plan(given, costed if measured else opts, stage, graphs, ahead)
         g, plan = planned.graph, planned.plan
         sources = stage("codegen", lambda g=g, plan=plan: [
             source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp)) for grp in plan.groups])
-        kernels = stage("compile", lambda sources=sources: nvrtc_compile.compile_all(sources, opts.archs))
+        kernels = stage("compile", lambda sources=sources: nvrtc_compile.compile_all(sources, opts.archs, ahead))
         built = list(zip(plan.groups, kernels))
         costs = _measured(given, planned, built, opts, stage, meas)
         giving_back = measure_mod.not_paying(costs, _linked(built))
@@ -411,7 +422,8 @@ class _Graphed:
     found: Mapping[str, Any]
 
 
-def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str]) -> _Graphed:
+def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str],
+             ahead: nvrtc_compile.Ahead | None = None) -> _Graphed:
     simple, refusal = given.simple, given.refusal
     merged = siblings.Merged(simple.model, simple.tensors)
     if refusal is None and opts.merge:
@@ -427,12 +439,30 @@ def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str])
         dims |= stage("shapes", lambda: shapes_mod.derived_dims(normal.model, normal.tensors, dims))
     g = stage("graph", lambda: graph_mod.build(normal.model, normal.tensors, dims, opts.reductions, opts.clusters))
     matchers = tuple((name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts))
-    found = {name: stage(m.stage, lambda m=m: m.find(g, given.weights)) for name, m in matchers}
+    found = {}
+    for name, m in matchers:
+        found[name] = stage(m.stage, lambda m=m: m.find(g, given.weights))
+        if ahead is not None:  # its kernels compile while the other matchers and the plan run
+            ahead.submit(_candidate_sources(g, opts, m, found[name]))
     return _Graphed(merged, normal, g, matchers, found)
 
 
+def _candidate_sources(g: graph_mod.FusionGraph, opts: Options, m, found) -> list[source_mod.KernelSource]:
+    """The kernel sources of a matcher's candidates, as codegen names them (by their code), for
+    compiling ahead; a candidate whose code cannot be made here is left to codegen, which
+    reports it if the plan takes it."""
+    out = []
+    for k, x in enumerate(found.matches):
+        try:
+            grp = m.group_of(g, opts.cost, f"{m.prefix}{k}", x)
+            out.append(source_mod.named_by_code(generate_kernel(g, source_mod.PLACEHOLDER, grp)))
+        except Exception as e:  # (ahead of time only: the compile stage does the real work)
+            log.debug("not compiled ahead: %s: %s", getattr(m, "stage", "?"), first_line(e))
+    return out
+
+
 def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str],
-                  graphs: dict[frozenset[str], _Graphed]) -> _Planned:
+                  graphs: dict[frozenset[str], _Graphed], ahead: nvrtc_compile.Ahead | None = None) -> _Planned:
     """One pass of merge → normalize → graph → matchers → plan → pack, siblings into `skip` left
     apart (the passes before the plan taken from `graphs` where they ran already). Every scheme
     that finds its own groups (schemes/registry.matchers) proposes them as candidates of the one
@@ -440,7 +470,7 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     after the plan each may settle it (conv: NHWC between its groups) and have it planned again
     without some of its matches."""
     if skip not in graphs:
-        graphs[skip] = _graphed(given, opts, stage, skip)
+        graphs[skip] = _graphed(given, opts, stage, skip, ahead)
     merged, normal, g, matchers = graphs[skip].merged, graphs[skip].normal, graphs[skip].graph, graphs[skip].matchers
     found = dict(graphs[skip].found)
     while True:
@@ -459,14 +489,15 @@ def _planned_once(given: _Given, opts: Options, stage: _Stages, skip: frozenset[
     return _Planned(merged, normal, g, plan, {name: m.chosen(found[name], plan) for name, m in matchers})
 
 
-def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[str], _Graphed]) -> _Planned:
+def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[str], _Graphed],
+          ahead: nvrtc_compile.Ahead | None = None) -> _Planned:
     """The plan, planned again without the merged siblings whose Slice it left to ORT, its
     "before" figures those of the model as given. `graphs`: the passes before the plan already
     run, by siblings left apart (filled here)."""
     skip: frozenset[str] = frozenset()
     undone: list[str] = []
     while True:
-        planned = _planned_once(given, opts, stage, skip, graphs)
+        planned = _planned_once(given, opts, stage, skip, graphs, ahead)
         # A merged sibling pays only when its Slice folds into a kernel; otherwise ONNX Runtime
         # would copy its columns apart again, so it is left apart and the model planned again.
         g, plan = planned.graph, planned.plan
