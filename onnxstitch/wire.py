@@ -97,8 +97,11 @@ def _tag(number: int, wire: int) -> bytes:
 
 def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryview], view) -> bytes:
     """A TensorProto's bytes without a large raw_data (its payload kept as a view)."""
-    parts, cut = [], False
+    parts, cut, raw = [], False, 0
     for number, wire, tag_at, at, after in _fields(buf, start, end):
+        raw += number == TENSOR_RAW_DATA
+        if raw > 1:  # (protobuf keeps the last of several: not worth reading here)
+            raise _Unexpected("a tensor with raw_data twice")
         if number == TENSOR_RAW_DATA and wire == _LENGTH and after - at >= CUT_FROM:
             payloads[index] = view[at:after]
             cut = True
@@ -130,9 +133,12 @@ def read(path: Path) -> Mapped | None:
     view = memoryview(mapping)
     payloads: dict[int, memoryview] = {}
     try:
-        parts = []
+        parts, graphs = [], 0
         for number, wire, tag_at, at, after in _fields(mapping, 0, len(mapping)):
             if number == MODEL_GRAPH and wire == _LENGTH:
+                graphs += 1
+                if graphs > 1:  # (protobuf would merge them: their initializers' order is its own)
+                    raise _Unexpected("a model with its graph twice")
                 body = _graph(mapping, at, after, payloads, view)
                 parts.append(_tag(MODEL_GRAPH, _LENGTH) + _encode_varint(len(body)) + body)
             else:

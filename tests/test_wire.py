@@ -62,12 +62,16 @@ def test_payloads_are_the_files_bytes_and_the_rest_is_onnx_s(tmp_path: Path, cas
     assert got.model == want
 
 
-@pytest.mark.parametrize("content", [b"", b"not a model at all\n" * 40, None])
-def test_what_it_cannot_read_is_left_to_onnx(tmp_path: Path, content: bytes | None) -> None:
+@pytest.mark.parametrize("content", [b"", b"not a model at all\n" * 40, "cut", "two graphs"])
+def test_what_it_cannot_read_is_left_to_onnx(tmp_path: Path, content: bytes | str) -> None:
     path = tmp_path / "m.onnx"
-    if content is None:  # cut short inside a weight
+    if content == "cut":  # cut short inside a weight
         onnx.save(_model(np.random.default_rng(fresh_seed())), path)
         content = path.read_bytes()[:-100]
+    elif content == "two graphs":  # legal protobuf (the two merge), not what exporters write
+        m = _model(np.random.default_rng(fresh_seed()))
+        graph_only = onnx.ModelProto(graph=m.graph).SerializeToString()
+        content = m.SerializeToString() + graph_only
     path.write_bytes(content)
     assert wire.read(path) is None
 
