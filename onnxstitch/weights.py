@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from . import wire
+
 # Floating-point initializers above this many elements are weights; smaller ones (norm
 # parameters, channel scales, masks and indices of any size) stay in the graph, where the passes
 # read their values.
@@ -74,29 +76,6 @@ def _set_external(t: TensorProto, location: str, offset: int, length: int) -> No
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = t.external_data.add()
         entry.key, entry.value = key, value
-
-
-# Protobuf field numbers of onnx.proto that a streamed write (Weights._save_inline) encodes:
-# ModelProto.graph, GraphProto.initializer, TensorProto.raw_data; all length-delimited.
-_GRAPH_FIELD, _INITIALIZER_FIELD, _RAW_DATA_FIELD = 7, 5, 9
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _key(field: int) -> bytes:
-    return _varint(field << 3 | 2)  # wire type 2: length-delimited
-
-
-def _field_size(field: int, length: int) -> int:
-    """Encoded bytes of a length-delimited field holding `length` bytes."""
-    return len(_key(field)) + len(_varint(length)) + length
 
 
 def _write_all(f: Any, data: Any) -> int:
@@ -443,18 +422,18 @@ class Weights:
             header.ClearField("external_data")
             header.data_location = TensorProto.DEFAULT
             pieces.append((header.SerializeToString(), t, _payload_size(self._data[_location(t)])))
-        sizes = [len(encoded) + (_field_size(_RAW_DATA_FIELD, n) if stub is not None else 0)
+        sizes = [len(encoded) + (wire.field_size(wire.TENSOR_RAW_DATA, n) if stub is not None else 0)
                  for encoded, stub, n in pieces]
         graph_bytes = graph.SerializeToString()
-        graph_size = len(graph_bytes) + sum(_field_size(_INITIALIZER_FIELD, n) for n in sizes)
+        graph_size = len(graph_bytes) + sum(wire.field_size(wire.GRAPH_INITIALIZER, n) for n in sizes)
         with open(path, "wb", buffering=0) as f:
             _write_all(f, head.SerializeToString())
-            _write_all(f, _key(_GRAPH_FIELD) + _varint(graph_size))
+            _write_all(f, wire.key(wire.MODEL_GRAPH) + wire.varint(graph_size))
             _write_all(f, graph_bytes)
             for (encoded, stub, n), size in zip(pieces, sizes):
-                _write_all(f, _key(_INITIALIZER_FIELD) + _varint(size) + encoded)
+                _write_all(f, wire.key(wire.GRAPH_INITIALIZER) + wire.varint(size) + encoded)
                 if stub is not None:
-                    _write_all(f, _key(_RAW_DATA_FIELD) + _varint(n))
+                    _write_all(f, wire.key(wire.TENSOR_RAW_DATA) + wire.varint(n))
                     if self._write(f, stub) != n:
                         raise OSError(f"{stub.name}: its payload is not {n} bytes long")
 

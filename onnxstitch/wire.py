@@ -1,5 +1,6 @@
-"""Reading a model file without copying its weights: the protobuf wire format walked far enough
-to leave each initializer's raw bytes in the file's memory map.
+"""onnx.proto's protobuf wire format where onnxstitch handles it itself: reading a model file
+without copying its weights (the walk below), and the encoding a streamed write of a model uses
+(weights.Weights._save_inline: `key`, `varint`, `field_size`).
 
 `onnx.load` copies every weight into the parsed message's memory, and the message keeps that
 memory until it is dropped whole (clearing a field returns nothing), so a model whose weights are
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import onnx
 
-# Field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
+# Field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data; all
+# length-delimited.
 MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9
 # Payloads under this many bytes stay in the message: cutting them saves nothing worth a view.
 CUT_FROM = 4096
@@ -41,7 +43,7 @@ class Mapped:
     mapping: mmap.mmap
 
 
-def _varint(buf, at: int) -> tuple[int, int]:
+def _read_varint(buf, at: int) -> tuple[int, int]:
     value, shift = 0, 0
     while True:
         if at >= len(buf) or shift > 63:
@@ -60,16 +62,16 @@ def _fields(buf, start: int, end: int):
     at = start
     while at < end:
         tag_at = at
-        tag, at = _varint(buf, at)
+        tag, at = _read_varint(buf, at)
         number, wire = tag >> 3, tag & 7
         if wire == _VARINT:
-            _, after = _varint(buf, at)
+            _, after = _read_varint(buf, at)
         elif wire == _FIXED64:
             after = at + 8
         elif wire == _FIXED32:
             after = at + 4
         elif wire == _LENGTH:
-            length, at = _varint(buf, at)
+            length, at = _read_varint(buf, at)
             after = at + length
         else:
             raise _Unexpected(f"wire type {wire}")
@@ -79,20 +81,24 @@ def _fields(buf, start: int, end: int):
         at = after
 
 
-def _encode_varint(value: int) -> bytes:
+def varint(n: int) -> bytes:
+    """`n` as a protobuf varint."""
     out = bytearray()
     while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
             return bytes(out)
 
 
-def _tag(number: int, wire: int) -> bytes:
-    return _encode_varint(number << 3 | wire)
+def key(field: int) -> bytes:
+    """The tag of length-delimited field `field` (every field this module cuts or writes)."""
+    return varint(field << 3 | _LENGTH)
+
+
+def field_size(field: int, length: int) -> int:
+    """Encoded bytes of a length-delimited field holding `length` bytes."""
+    return len(key(field)) + len(varint(length)) + length
 
 
 def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryview], view) -> bytes:
@@ -115,7 +121,7 @@ def _graph(buf, start: int, end: int, payloads: dict[int, memoryview], view) -> 
     for number, wire, tag_at, at, after in _fields(buf, start, end):
         if number == GRAPH_INITIALIZER and wire == _LENGTH:
             body = _tensor(buf, at, after, index, payloads, view)
-            parts.append(_tag(GRAPH_INITIALIZER, _LENGTH) + _encode_varint(len(body)) + body)
+            parts.append(key(GRAPH_INITIALIZER) + varint(len(body)) + body)
             index += 1
         else:
             parts.append(bytes(buf[tag_at:after]))
@@ -140,7 +146,7 @@ def read(path: Path) -> Mapped | None:
                 if graphs > 1:  # (protobuf would merge them: their initializers' order is its own)
                     raise _Unexpected("a model with its graph twice")
                 body = _graph(mapping, at, after, payloads, view)
-                parts.append(_tag(MODEL_GRAPH, _LENGTH) + _encode_varint(len(body)) + body)
+                parts.append(key(MODEL_GRAPH) + varint(len(body)) + body)
             else:
                 parts.append(bytes(mapping[tag_at:after]))
         model = onnx.ModelProto.FromString(b"".join(parts))
@@ -148,5 +154,6 @@ def read(path: Path) -> Mapped | None:
         for v in payloads.values():
             v.release()
         view.release()
+        mapping.close()
         return None
     return Mapped(model, payloads, mapping)
