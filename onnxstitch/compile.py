@@ -153,7 +153,7 @@ class Ahead:
 
     def __init__(self, archs: Sequence[str] = DEFAULT_ARCHS) -> None:
         self.archs, self.ptx_arch = _targets(archs)
-        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="onnxstitch-nvrtc")
+        self._pool = ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="onnxstitch-nvrtc")
         self._futures: dict[tuple[str, str], Future] = {}
 
     def submit(self, sources: Iterable[KernelSource]) -> None:
@@ -189,10 +189,15 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
         return []
     archs, ptx_arch = _targets(archs)
     unique = list({code_of(s.source): s for s in reversed(sources) if s.source}.values())
-    started = {} if ahead is None or (ahead.archs, ahead.ptx_arch) != (archs, ptx_arch) else \
-        {(code_of(s.source), t): f for s, t, _ in _tasks(unique, archs, ptx_arch)
-         if (f := ahead.take(code_of(s.source), t)) is not None}
-    tasks = [job for job in _tasks(unique, archs, ptx_arch) if (code_of(job[0].source), job[1]) not in started]
+    usable = ahead is not None and (ahead.archs, ahead.ptx_arch) == (archs, ptx_arch)
+    started, tasks = {}, []
+    for job in _tasks(unique, archs, ptx_arch):
+        key = (code_of(job[0].source), job[1])
+        future = ahead.take(*key) if usable else None
+        if future is not None:
+            started[key] = future
+        else:
+            tasks.append(job)
     # Longest sources first: the stage lasts as long as its last compile, and a long one (an
     # attention kernel, 1.3-1.5 s on an H200 host against ~0.2 s for most) submitted last
     # would start when the cores are already free of the rest.
