@@ -769,7 +769,7 @@ def _output_shapes(given: _Given) -> dict[str, Any] | None:
     otherwise (the gate then reads them off a plain stock run)."""
     from .bench import OutputLike
 
-    inputs = {d.dim_param for vi in given.model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
+    inputs = shapes_mod.input_symbols(given.model.graph)
     out = {}
     for vi in given.model.graph.output:
         info = given.tensors.get(vi.name)

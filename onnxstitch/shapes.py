@@ -281,16 +281,17 @@ def _symbolic(model: onnx.ModelProto) -> onnx.ModelProto:
     while sym.run_:
         sym._infer_impl()
     sym._update_output_from_vi()
-    _name_merges_alike(sym.out_mp_.graph, sym.suggested_merge_, _input_symbols(model.graph))
+    _name_merges_alike(sym.out_mp_.graph, sym.suggested_merge_, input_symbols(model.graph))
     return sym.out_mp_
 
 
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
-def _input_symbols(g: onnx.GraphProto) -> set[str]:
+def input_symbols(g: onnx.GraphProto) -> set[str]:
+    """The symbolic dims of `g`'s tensor inputs (what --shape sizes)."""
     return {d.dim_param for vi in g.input if vi.type.HasField("tensor_type")
-            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
+            for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
 def _name_merges_alike(g: onnx.GraphProto, merges: Mapping[str, Any], inputs: set[str]) -> None:

@@ -24,7 +24,7 @@ from .errors import SIZE_HINT, BadInputError, StitchError, first_line
 from .graph import FusionGraph
 from .inputs import random_feeds
 from .planned import Group
-from .shapes import DEFAULT_SYMBOLIC_DIM
+from .shapes import DEFAULT_SYMBOLIC_DIM, input_symbols
 from .weights import Weights
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ def verify(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionGr
         return Verification("none", 0, 0.0, skipped="nothing was fused")
     gpu = gpu_usable() if device == "auto" else device == "gpu"
     runner = Runner(gpu, weights, tuple(str(x) for x in libraries))
-    planned = {d: DEFAULT_SYMBOLIC_DIM for d in _symbolic_dims(original)}
+    planned = {d: DEFAULT_SYMBOLIC_DIM for d in input_symbols(original.graph)}
     planned.update(dim_values or {})
     spatial = _spatial_dims(original)
     if gpu and any(registry.plans_per_shape(grp.scheme) for grp in groups):
@@ -633,10 +633,6 @@ def _compare_runs(runs: _Runs, original: onnx.ModelProto, graph: FusionGraph, gr
 def _half_inputs(graph: FusionGraph, grp: Group) -> bool:
     return any(graph.tensors[t].dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16) for t in grp.inputs
                if t in graph.tensors)
-
-
-def _symbolic_dims(model: onnx.ModelProto) -> set[str]:
-    return {d.dim_param for vi in model.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
 def _batch_dims(model: onnx.ModelProto) -> set[str]:
