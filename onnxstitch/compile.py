@@ -153,15 +153,17 @@ class Ahead:
 
     def __init__(self, archs: Sequence[str] = DEFAULT_ARCHS) -> None:
         self.archs, self.ptx_arch = _targets(archs)
+        # Nothing on a machine of fewer than AHEAD_MIN_CORES cores, where the compiles would only
+        # slow the stages beside them (2 cores: BERT-base's epilogues and plan 0.40 -> 1.16 s,
+        # the compile stage no shorter); callers need not make sources for it then.
+        self.enabled = _cores() >= AHEAD_MIN_CORES
         self._pool = ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="onnxstitch-nvrtc")
         self._futures: dict[tuple[str, str], Future] = {}
 
     def submit(self, sources: Iterable[KernelSource]) -> None:
-        """Start compiling `sources` (those with code) for every target, longest first; nothing
-        on a machine of fewer than AHEAD_MIN_CORES cores, where the compiles would only slow
-        the stages beside them (2 cores: BERT-base's epilogues and plan 0.40 -> 1.16 s, the
-        compile stage no shorter)."""
-        if _cores() < AHEAD_MIN_CORES:
+        """Start compiling `sources` (those with code) for every target, longest first (nothing
+        where not `enabled`)."""
+        if not self.enabled:
             return
         tasks = sorted(_tasks(sources, self.archs, self.ptx_arch), key=lambda job: -len(job[0].source))
         for job in tasks:

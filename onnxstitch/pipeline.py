@@ -442,7 +442,7 @@ def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str],
     found = {}
     for name, m in matchers:
         found[name] = stage(m.stage, lambda m=m: m.find(g, given.weights))
-        if ahead is not None:  # its kernels compile while the other matchers and the plan run
+        if ahead is not None and ahead.enabled:  # its kernels compile beside the other matchers and the plan
             ahead.submit(_candidate_sources(g, opts, m, found[name]))
     return _Graphed(merged, normal, g, matchers, found)
 
