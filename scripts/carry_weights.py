@@ -40,8 +40,8 @@ def _tensors(model: onnx.ModelProto):
 def strip(src: Path, dst_dir: Path) -> None:
     model = onnx.load(str(src))
     dropped = 0
+    kinds = {**FLOATS, **INTS}
     for t in _tensors(model):
-        kinds = {**FLOATS, **INTS}
         if kinds.get(t.data_type) is not None and int(np.prod(t.dims)) >= KEEP_BELOW:
             size = int(np.prod(t.dims)) * np.dtype(kinds[t.data_type]).itemsize
             for field in ("raw_data", "float_data", "int32_data", "double_data"):
