@@ -107,8 +107,7 @@ def load_detached(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.Mod
     if external:  # the checker reads the model file (not the data) and checks the data's locations
         check_read(model)
     try:
-        store = Weights.detach(model, path.parent, held=mapped.payloads if mapped else None,
-                               mapping=mapped.mapping if mapped else None)
+        store = Weights.detach(model, path.parent, held=mapped, held_file=path.name)
     except (OSError, KeyError, ValueError) as e:
         raise BadInputError(f"{path}: cannot read its external data ({first_line(e)})") from e
     if not external:

@@ -26,7 +26,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -150,22 +150,27 @@ class Weights:
 
     @classmethod
     def detach(cls, model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-               held: Mapping[int, memoryview] | None = None, mapping: mmap.mmap | None = None) -> "Weights":
+               held: "wire.Mapped | None" = None, held_file: str | None = None) -> "Weights":
         """Move the large floating-point initializers of `model`'s main graph into a new store,
         in place. Initializers stored as external data (loaded without it, relative to
-        `base_dir`) are memory-mapped from their files instead of read. `held`: raw payloads
-        the message was parsed without (wire.py), by initializer index, views of `mapping`:
-        the large floating-point ones stay views, the others go back into their tensors."""
+        `base_dir`) are memory-mapped from their files instead of read. `held`: the model file
+        as wire.py read it, whose raw payloads the message was parsed without: the large
+        floating-point ones stay views of its map, the others go back into their tensors.
+        `held_file`: that file's name in `base_dir`, where ONNX Runtime can map those payloads
+        itself (`session_model`), as it does external data."""
         store = cls()
-        if mapping is not None:
-            store._maps.append(mapping)
-        for i, payload in (held or {}).items():
-            t = model.graph.initializer[i]
-            if t.data_type in _FLOATS and _numel(t) > DETACH_ABOVE:
-                store._stub(t, payload)
-            else:
-                t.raw_data = bytes(payload)
         base = Path(base_dir or ".").resolve()
+        if held is not None:
+            store._maps.append(held.mapping)
+            for i, payload in held.payloads.items():
+                t = model.graph.initializer[i]
+                if not (t.data_type in _FLOATS and _numel(t) > DETACH_ABOVE):
+                    t.raw_data = bytes(payload)
+                    continue
+                loc = store._stub(t, payload)
+                if held_file is not None:
+                    store._extents[loc] = _Extent(held_file, held.offsets[i], len(payload))
+                    store._base_dir = base
         maps: dict[Path, mmap.mmap] = {}
         for t in model.graph.initializer:
             if is_stub(t):

@@ -36,11 +36,13 @@ class _Unexpected(Exception):
 @dataclass(frozen=True)
 class Mapped:
     """A model parsed without its large raw payloads, and those payloads: by the index of their
-    initializer in the main graph, views of `mapping` (which the views keep open)."""
+    initializer in the main graph, views of `mapping` (which the views keep open), and where
+    each lies in the file (`offsets`, bytes from its start: ONNX Runtime can map them there)."""
 
     model: onnx.ModelProto
     payloads: dict[int, memoryview]
     mapping: mmap.mmap
+    offsets: dict[int, int]
 
 
 def _read_varint(buf, at: int) -> tuple[int, int]:
@@ -101,7 +103,8 @@ def field_size(field: int, length: int) -> int:
     return len(key(field)) + len(varint(length)) + length
 
 
-def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryview], view) -> bytes:
+def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryview], view,
+            offsets: dict[int, int]) -> bytes:
     """A TensorProto's bytes without a large raw_data (its payload kept as a view)."""
     parts, cut, raw = [], False, 0
     for number, wire, tag_at, at, after in _fields(buf, start, end):
@@ -110,17 +113,18 @@ def _tensor(buf, start: int, end: int, index: int, payloads: dict[int, memoryvie
             raise _Unexpected("a tensor with raw_data twice")
         if number == TENSOR_RAW_DATA and wire == _LENGTH and after - at >= CUT_FROM:
             payloads[index] = view[at:after]
+            offsets[index] = at
             cut = True
             continue
         parts.append(bytes(buf[tag_at:after]))
     return b"".join(parts) if cut else bytes(buf[start:end])
 
 
-def _graph(buf, start: int, end: int, payloads: dict[int, memoryview], view) -> bytes:
+def _graph(buf, start: int, end: int, payloads: dict[int, memoryview], view, offsets: dict[int, int]) -> bytes:
     parts, index = [], 0
     for number, wire, tag_at, at, after in _fields(buf, start, end):
         if number == GRAPH_INITIALIZER and wire == _LENGTH:
-            body = _tensor(buf, at, after, index, payloads, view)
+            body = _tensor(buf, at, after, index, payloads, view, offsets)
             parts.append(key(GRAPH_INITIALIZER) + varint(len(body)) + body)
             index += 1
         else:
@@ -138,6 +142,7 @@ def read(path: Path) -> Mapped | None:
         return None
     view = memoryview(mapping)
     payloads: dict[int, memoryview] = {}
+    offsets: dict[int, int] = {}
     try:
         parts, graphs = [], 0
         for number, wire, tag_at, at, after in _fields(mapping, 0, len(mapping)):
@@ -145,7 +150,7 @@ def read(path: Path) -> Mapped | None:
                 graphs += 1
                 if graphs > 1:  # (protobuf would merge them: their initializers' order is its own)
                     raise _Unexpected("a model with its graph twice")
-                body = _graph(mapping, at, after, payloads, view)
+                body = _graph(mapping, at, after, payloads, view, offsets)
                 parts.append(key(MODEL_GRAPH) + varint(len(body)) + body)
             else:
                 parts.append(bytes(mapping[tag_at:after]))
@@ -156,4 +161,4 @@ def read(path: Path) -> Mapped | None:
         view.release()
         mapping.close()
         return None
-    return Mapped(model, payloads, mapping)
+    return Mapped(model, payloads, mapping, offsets)

@@ -88,3 +88,39 @@ def test_load_detached_through_the_map_writes_the_same_model(tmp_path: Path, mon
         weights.save(model, out, False)
         written.append(out.read_bytes())
     assert written[0] == written[1]
+
+
+def test_sessions_map_the_weights_from_the_model_file_itself(tmp_path: Path) -> None:
+    """Weights inside the file reach ONNX Runtime as external data of that same file (ORT maps
+    them; handed over in memory each session copied them: BERT-base +0.48 GB a session), at
+    whatever offset protobuf put them."""
+    from onnxstitch import sessions
+    from onnxstitch.weights import is_stub
+
+    rng = np.random.default_rng(fresh_seed())
+    odd = int(rng.integers(1, 8))  # a table before the weight, so its payload lies unaligned
+    inits = [numpy_helper.from_array(rng.integers(0, 9, (4096 + odd,)).astype(np.uint8), "table"),
+             numpy_helper.from_array(rng.standard_normal((256, 300)).astype(np.float32), "big")]
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["y"]),
+             helper.make_node("Cast", ["table"], ["t"], to=TP.FLOAT),
+             helper.make_node("ReduceSum", ["t"], ["s"], keepdims=0),
+             helper.make_node("Add", ["y", "s"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [4, 256])],
+                          [helper.make_tensor_value_info("z", TP.FLOAT, [4, 300])], inits)
+    whole = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(whole, path)
+    mapped = wire.read(path)
+    assert mapped is not None
+    raw = path.read_bytes()
+    for i, view in mapped.payloads.items():
+        assert raw[mapped.offsets[i]:mapped.offsets[i] + len(view)] == bytes(view)
+    model, weights = load.load_detached(path)
+    session_model = weights.session_model(model, files=True)
+    big = next(t for t in session_model.graph.initializer if t.name == "big")
+    fields = {e.key: e.value for e in big.external_data}
+    assert not is_stub(big) and fields["location"] == "m.onnx"
+    feeds = {"x": rng.standard_normal((4, 256)).astype(np.float32)}
+    want = sessions.runtime_session(whole.SerializeToString(), False, False).run(None, feeds)
+    got = sessions.Runner(False, weights).run(model, False, feeds)
+    np.testing.assert_array_equal(got["z"], want[0])
