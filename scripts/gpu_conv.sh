@@ -39,11 +39,14 @@ print(' '.join(f'--shape {d}={v}' for d, v in symbol_values(e).items()))" "$corp
       /usr/bin/time -f "$name${TAG:-} $variant: optimize %e s, peak %M KB" -a -o "$log" \
       python3 -m onnxstitch.cli optimize "$m" -o "/tmp/$name${TAG:-}-$variant.onnx" $shape $flag \
         --report "$OUT/$name${TAG:-}-report-$variant.json" 2>&1 | tail -14 >> "$log"
+      for loaders in ${LOADERS:-default}; do  # LOADERS="1 4": ONNXSTITCH_PLAN_LOADERS of each bench
       for mode in ${MODES:-graphs}; do
       g=; [ $mode = graphs ] && g=--cuda-graph
-      python3 -m onnxstitch.cli bench "$m" --stitched "/tmp/$name${TAG:-}-$variant.onnx" $shape $g \
-        --iters 200 --json > "$OUT/$name${TAG:-}-bench-$variant-$mode.json" 2>>"$log" || status=1
-      python3 - "$OUT/$name${TAG:-}-bench-$variant-$mode.json" "$OUT/$name${TAG:-}-report-$variant.json" "$name${TAG:-}" "$variant-$mode" <<'PY' | tee -a "$log"
+      run=$variant-$mode; [ "$loaders" = default ] || run=$run-loaders$loaders
+      (if [ "$loaders" != default ]; then export ONNXSTITCH_PLAN_LOADERS=$loaders; fi
+       python3 -m onnxstitch.cli bench "$m" --stitched "/tmp/$name${TAG:-}-$variant.onnx" $shape $g \
+        --iters 200 --json > "$OUT/$name${TAG:-}-bench-$run.json" 2>>"$log") || status=1
+      python3 - "$OUT/$name${TAG:-}-bench-$run.json" "$OUT/$name${TAG:-}-report-$variant.json" "$name${TAG:-}" "$run" <<'PY' | tee -a "$log"
 import json, sys
 try:
     r, rep = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -55,6 +58,7 @@ e = rep.get("epilogues", {})
 print(f"{sys.argv[3]:24} {sys.argv[4]:9} {row}  speedup {r['speedup']:.3f}  conv epilogues {len(e.get('convs', []))}, "
       f"dropped {len(rep.get('dropped_groups', []))}, stages {sum(rep.get('stage_seconds', {}).values()):.1f} s")
 PY
+      done
       done
     done
   done

@@ -179,8 +179,15 @@ def test_plans_chosen_in_one_process_are_loaded_by_the_next(net: Net, tmp_path) 
     assert log.count("conv plan loaded") == len(saved) and "conv plan chosen" not in log, log
     # The nodes carry the geometry they were planned at (conv_hint): the session's plans are
     # loaded by the library's loader thread, from the session's creation on, not node by node.
-    assert "conv plan loader:" in log, log
+    assert "conv plan loader 0:" in log, log
     assert len(saved) == 1 or "conv plan loaded ahead" in log, log
+    # Loaded by several loaders side by side, each on a cuDNN handle of its own (the plans then
+    # run on the context's handle): each plan once, and the same results.
+    got, log = _run_in_new_process(model_at, tmp_path / "given.npz", tmp_path / "y4.npy", cache,
+                                   ONNXSTITCH_PLAN_LOADERS="4")
+    assert relative_error(got, want) <= TOLERANCE[net.dtype]
+    assert log.count("conv plan loaded") == len(saved) and "conv plan chosen" not in log, log
+    assert len(saved) == 1 or "conv plan loader 1:" in log, log
     # A damaged plan falls back to the configuration the file names; the results stay right.
     for p in saved:
         p.write_bytes(p.read_bytes()[:40] + b"{not a plan")

@@ -47,6 +47,7 @@ namespace {
 constexpr const char* kRule = "conv";
 constexpr int64_t kFloat = 1, kFloat16 = 10;  // TensorProto element types
 constexpr int kRounds = 3, kReps = 10;  // timing each candidate engine at the first call (Fastest)
+constexpr int kLoaders = 1;  // hinted plans' loader threads (Loaders)
 constexpr int kCandidates = 4;  // each compiles its engine at session start: 4 against 2 cost ResNet-50 float32 12 s more and ran it 10% faster (H200)
 constexpr int64_t kMaxWorkspace = int64_t{256} << 20;
 constexpr const char* kSavedMagic = "onnxstitch conv plan";  // the first line of a saved plan (plan_cache.h)
@@ -88,9 +89,13 @@ struct Library {
   std::mutex hints_mu;
   std::vector<std::string> hints;  // plan keys without the context, not yet loaded
   std::set<std::string> hinted;    // every key ever queued (each session makes its nodes again)
-  std::thread loader;
-  bool loading = false;  // (hints_mu) the loader is running
-  std::string inflight;  // (hints_mu) the key the loader is loading: a node with it waits
+  std::vector<std::thread> loaders;
+  int loading = 0;  // (hints_mu) loaders running
+  std::set<int> busy;  // (hints_mu) the indices (handles) of the loaders running
+  std::set<std::string> inflight;  // (hints_mu) keys the loaders are loading: a node with one waits
+  // (hints_mu) cuDNN handles of the loaders after the first, by context key, never freed: a plan
+  // loads on its own handle beside the others (the first loader uses the context's).
+  std::map<unsigned long long, std::vector<dnn::Handle>> loader_handles;
   std::atomic<bool> stop{false};
   cu::Driver driver;  // (mu) the driver as nodes' creation sees it: 0 untried, 1 loaded, -1 failed
   int driver_state = 0;
@@ -208,30 +213,58 @@ void TakeHint(const std::string& rest) {
   if (lib.hinted.empty()) return;
   auto it = std::find(lib.hints.begin(), lib.hints.end(), rest);
   if (it != lib.hints.end()) lib.hints.erase(it);
-  while (lib.inflight == rest) {
+  while (lib.inflight.count(rest) != 0) {
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     lock.lock();
   }
 }
 
-// The hinted plans' loader (Library::hints), on its own thread with the context current: each
-// saved plan that cuDNN serialized, made on the context's handle (under its lock, a plan at a
-// time, so the nodes' runs interleave), into the process's plans. Its calls are in the relaxed
-// capture mode: ORT may capture a CUDA graph on another thread meanwhile, and cuDNN's loading
-// (module loads, allocations) would otherwise end that capture.
-void LoadHinted(cu::Driver d, cu::Context ctx) {
+// How many loader threads load the hinted plans side by side (ONNXSTITCH_PLAN_LOADERS, 1 to 8).
+int Loaders() {
+  static const int n = [] {
+    const char* v = std::getenv("ONNXSTITCH_PLAN_LOADERS");
+    const int got = v == nullptr ? kLoaders : std::atoi(v);
+    return std::min(8, std::max(1, got));
+  }();
+  return n;
+}
+
+// The hinted plans' loader `index` (Library::hints), on its own thread with the context current:
+// each saved plan that cuDNN serialized, made on a handle into the process's plans. The first
+// loader uses the context's handle (under its lock, a plan at a time, so the nodes' runs
+// interleave), the others a handle of their own. Its calls are in the relaxed capture mode: ORT
+// may capture a CUDA graph on another thread meanwhile, and cuDNN's loading (module loads,
+// allocations) would otherwise end that capture.
+void LoadHinted(cu::Driver d, cu::Context ctx, int index) {
   Library& lib = Library::Get();
   int mode = cu::kStreamCaptureModeRelaxed;
   const bool entered = d.CtxPushCurrent(ctx) == cu::kSuccess;
   const bool relaxed = entered && d.ThreadExchangeStreamCaptureMode(&mode) == cu::kSuccess;
   Library::Handles* h = nullptr;
-  const bool handles = relaxed && !ContextHandles(d, ctx, &h);
+  bool handles = relaxed && !ContextHandles(d, ctx, &h);
+  Library::Handles own;  // (a later loader's: its handle, its lock unshared)
+  if (handles && index > 0) {
+    const size_t at = static_cast<size_t>(index - 1);
+    {
+      std::lock_guard<std::mutex> lock(lib.hints_mu);
+      const std::vector<dnn::Handle>& made = lib.loader_handles[d.ContextKey(ctx)];
+      if (at < made.size()) own.dnn = made[at];
+    }
+    if (own.dnn == nullptr) {  // (made outside the lock: the nodes' TakeHint wait on it)
+      handles = lib.dnn.Create(&own.dnn) == dnn::kSuccess;
+      std::lock_guard<std::mutex> lock(lib.hints_mu);
+      std::vector<dnn::Handle>& made = lib.loader_handles[d.ContextKey(ctx)];
+      if (made.size() <= at) made.resize(at + 1, nullptr);
+      if (handles) made[at] = own.dnn;
+    }
+    h = &own;
+  }
   const std::string prefix = handles ? SavedPrefix(d, lib.dnn) : "";
   const std::string context = std::to_string(d.ContextKey(ctx)) + ",";
   int loaded = 0;
   const auto began = std::chrono::steady_clock::now();
-  if (prefix.empty()) {  // nothing can be loaded here: the nodes load their own, as without hints
+  if (prefix.empty() && index == 0) {  // nothing can be loaded here: the nodes load their own
     std::lock_guard<std::mutex> lock(lib.hints_mu);
     lib.hints.clear();
   }
@@ -242,26 +275,27 @@ void LoadHinted(cu::Driver d, cu::Context ctx) {
       if (lib.hints.empty()) break;
       rest = lib.hints.front();
       lib.hints.erase(lib.hints.begin());
-      lib.inflight = rest;
+      lib.inflight.insert(rest);
     }
     if (LoadAhead(lib, h, context + rest, plan_cache::PathOf(prefix + "0," + rest))) {
       ++loaded;
       Log("loaded ahead (" + rest + ")");
     }
     std::lock_guard<std::mutex> lock(lib.hints_mu);
-    lib.inflight.clear();
+    lib.inflight.erase(rest);
   }
   if (relaxed) d.ThreadExchangeStreamCaptureMode(&mode);
   if (entered) {
     cu::Context popped = nullptr;
     d.CtxPopCurrent(&popped);
   }
-  Log("loader: " + std::to_string(loaded) + " hinted plans in " + Ms(began));
+  Log("loader " + std::to_string(index) + ": " + std::to_string(loaded) + " hinted plans in " + Ms(began));
   std::lock_guard<std::mutex> lock(lib.hints_mu);
-  lib.loading = false;
+  --lib.loading;
+  lib.busy.erase(index);
 }
 
-// Starts the loader for `ctx` where plans are hinted and none is running: at a node's creation
+// Starts the loaders for `ctx` where plans are hinted and none is running: at a node's creation
 // where the creating thread has a current context (ORT's CUDA EP makes its device current in
 // the thread that creates a session), else at the first run in the context. At exit the loader
 // is stopped after its plan at hand.
@@ -269,26 +303,38 @@ void StartLoader(const cu::Driver& d, cu::Context ctx) {
   if (d.ThreadExchangeStreamCaptureMode == nullptr) return;  // (a driver before CUDA 10.1)
   Library& lib = Library::Get();
   std::lock_guard<std::mutex> lock(lib.hints_mu);
-  if (lib.loading || lib.hints.empty() || lib.stop) return;
+  // One more loader while hints outnumber the loaders running, up to Loaders(): a session's
+  // nodes are made one by one, each queueing its hint and calling here.
+  if (lib.loading >= Loaders() || static_cast<int>(lib.hints.size()) <= lib.loading || lib.stop) return;
   static const bool stopped_at_exit = [] {
     return std::atexit([] {
       Library& l = Library::Get();
       l.stop = true;
-      std::thread t;
+      std::vector<std::thread> ts;
       {
         std::lock_guard<std::mutex> held(l.hints_mu);
-        t = std::move(l.loader);
+        ts.swap(l.loaders);
       }
-      if (t.joinable()) t.join();
+      for (std::thread& t : ts) {
+        if (t.joinable()) t.join();
+      }
     }) == 0;
   }();
   if (!stopped_at_exit) return;
-  if (lib.loader.joinable()) lib.loader.join();  // the last one has finished (loading is false)
+  if (lib.loading == 0) {  // the last ones have finished
+    for (std::thread& t : lib.loaders) {
+      if (t.joinable()) t.join();
+    }
+    lib.loaders.clear();
+  }
+  int index = 0;  // the least free: which handle it loads on
+  while (lib.busy.count(index) != 0) ++index;
   try {
-    lib.loader = std::thread(LoadHinted, d, ctx);
-    lib.loading = true;
+    lib.loaders.emplace_back(LoadHinted, d, ctx, index);
+    ++lib.loading;
+    lib.busy.insert(index);
   } catch (const std::system_error&) {
-    // No thread: each node loads its plan at its run, as without hints.
+    // No thread: each node loads what is left at its run, as without hints.
   }
 }
 
@@ -467,9 +513,11 @@ class Conv final : public Scheme {
     const cu::Driver& d = call.Driver();
     Library::Handles* h = nullptr;
     if (Error e = Handles(d, l->ctx, &h)) return e;
-    StartLoader(d, l->ctx);
-    TakeHint(KeyRest(g));  // (before the handle is held: the loader needs it)
     g.ctx = d.ContextKey(l->ctx);
+    if (!Planned(g)) {  // (each run after a geometry's first skips the library-wide locks)
+      StartLoader(d, l->ctx);
+      TakeHint(KeyRest(g));  // (before the handle is held: the loader needs it)
+    }
     Library& lib = Library::Get();
     const size_t elem = half_ ? 2 : 4;
     std::lock_guard<std::mutex> use(h->use);
@@ -721,6 +769,12 @@ class Conv final : public Scheme {
       for (int64_t v : *list) k += std::to_string(v) + ",";
     }
     return k + std::to_string(params_[0]) + "," + std::to_string(params_[1]);
+  }
+
+  // Whether this node holds the plan of geometry `g` (its runs after the first).
+  bool Planned(const Geometry& g) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plans_.count(g) != 0;
   }
 
   // The plan of this geometry (made, and timed where it may be, at its first use in the process;
