@@ -95,7 +95,9 @@ def _cached(src: KernelSource, target: str, want_ptx: bool) -> bytes:
     path = cache_dir() / "kernels" / f"{key}.{'ptx' if want_ptx else 'cubin'}"
     if path.exists():
         return path.read_bytes()
+    began = time.perf_counter()
     data = _compile_one(src, target, want_ptx)
+    log.debug("compiled %s for %s in %.2f s", src.name, target, time.perf_counter() - began)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(data)

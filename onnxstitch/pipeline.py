@@ -654,6 +654,17 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
     if opts.gate and timer is not None and written.built:
         gains = {c.group: c.gain_us for c in costs}
         timing, note = _gate_timing(given, written, opts, stage)
+        if timing is not None and timing.stock_graphs and not timing.stitched_graphs and written.built:
+            # Stock ORT captures the model and the stitched one it does not: the groups with which
+            # ORT refuses the capture go back first (the rest keep their gain in CUDA graphs).
+            breakers = _capture_breakers(given, planned, written.built, linked, opts, stage)
+            if breakers:
+                given_back += [{"group": name, "reason": why, "round": "capture"} for name, why in breakers.items()]
+                keep = [b for b in written.built if b[0].name not in breakers]
+                written = _verified(given, keep, attempt, opts, linked) if keep else \
+                    _Written(given.loaded, None, [], written.dropped)
+                if keep:
+                    timing, note = _gate_timing(given, written, opts, stage)
         negligible = _negligible(written.built, costs, timing)
         if negligible:
             given_back += [{"group": grp.name, "reason": negligible, "round": "negligible"} for grp, _ in written.built]
@@ -706,6 +717,59 @@ def _negligible(built: list, costs: Sequence[measure_mod.GroupCost],
             f"{NEGLIGIBLE_GAIN:.1%}): too little to tell from timing noise, so the model is written as given")
 
 
+# Sessions made at most to find the groups that keep ORT from capturing the stitched model.
+CAPTURE_PROBES = 24
+
+
+def _capture_breakers(given: _Given, planned: _Planned, built: list, linked, opts: Options,
+                      stage: _Stages) -> dict[str, str]:
+    """The fused groups with which ONNX Runtime refuses to capture the stitched model in a
+    CUDA graph, and why (ORT's words), found by halving: ORT refuses when the session is made
+    (a node it places on the CPU: marian-dynamo's stitched model moved an Unsqueeze's input to
+    the GPU), so each probe is a session made, not run. Linked conv groups go together. {}
+    where ORT accepts the model whole, or the probes run out (CAPTURE_PROBES)."""
+    from .sessions import Runner
+
+    runner = Runner(True, given.weights, tuple(opts.custom_op_libraries))
+    probes = [0]
+
+    def refusal(units: list[list]) -> str:
+        probes[0] += 1
+        subset = [b for unit in units for b in unit]
+        made = _rewritten(given, planned, subset, linked, stage)
+        return stage("gate", lambda: runner.capture_refusal(made))
+
+    def bad(units: list[list], why: str) -> list[tuple[list, str]]:
+        if len(units) == 1:
+            return [(units[0], why)]
+        found = []
+        for half in (units[:len(units) // 2], units[len(units) // 2:]):
+            if probes[0] >= CAPTURE_PROBES:
+                raise TimeoutError
+            if (said := refusal(half)):
+                found += bad(half, said)
+        return found
+
+    together = [b for b in built if b[0].name in linked]
+    units = ([together] if together else []) + [[b] for b in built if b[0].name not in linked]
+    why = refusal(units)
+    if not why:
+        return {}
+    try:
+        found = bad(units, why)
+    except TimeoutError:
+        log.warning("gate: ORT cannot capture the stitched model in a CUDA graph (%s); the groups at fault were not "
+                    "found in %d sessions", why, CAPTURE_PROBES)
+        return {}
+    out = {grp.name: f"with it fused, ORT cannot capture the model in a CUDA graph ({said})"
+           for unit, said in found for grp, _ in unit}
+    if not out:  # (only groups together break it: the gate's halving of the groups goes on as before)
+        return {}
+    log.info("gate: %d group(s) keep ORT from capturing the stitched model in a CUDA graph: %s (%d sessions made)",
+             len(out), ", ".join(out), probes[0])
+    return out
+
+
 def given_back_all(given_back: list[dict[str, str]]) -> bool:
     """Whether the gate already gave groups back once (its second round gives back the rest)."""
     return any(d.get("round") == "gate" for d in given_back)
@@ -730,6 +794,10 @@ def _rewritten(given: _Given, planned: _Planned, subset: list, linked, stage: _S
     return stage("rewrite", lambda: rewrite.rewrite(m, g, fused, relaid)) if fused else given.loaded
 
 
+# Weights of at least this many bytes reach the gate's sessions as external data (mapped).
+GATE_EXTERNAL_FROM = 64 << 20
+
+
 def _gate_timing(given: _Given, written: _Written, opts: Options,
                  stage: _Stages) -> tuple[measure_mod.ModelTiming | None, str]:
     """Stock ORT against the written model on this GPU (measure.compare_models), or None and
@@ -737,13 +805,16 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
     def timed() -> measure_mod.ModelTiming:
         began = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="onnxstitch-gate-") as tmp:
-            # Stock ORT runs the user's own file where the model is that file (BERT-base: 440 MB
-            # not written again); the stitched model goes to a file of its own.
-            paths: list[str | Path] = [given.path] if given.path else []
+            # Large weights go to external data files, which ORT maps, for both models (BERT-base's
+            # gate peaked at 2.47 GB with each session's copy of the 440 MB inside its file; the
+            # files are copied by the kernel). Otherwise stock ORT runs the user's own file where
+            # the model is that file; the stitched model goes to a file of its own.
+            mapped = given.weights.bytes_in(written.model) >= GATE_EXTERNAL_FROM
+            paths: list[str | Path] = [given.path] if given.path and not mapped else []
             for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model))[len(paths):]:
                 path = Path(tmp) / name
                 big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
-                given.weights.save(model, path, big)
+                given.weights.save(model, path, big or mapped)
                 paths.append(path)
             log.info("gate: the models to time written in %.2f s", time.perf_counter() - began)
             outputs = _output_shapes(given)

@@ -23,12 +23,14 @@
 #            epilogues, benched plain and in graphs (session start and first run too), a GPU a job
 #   epi      issue 36, carry build/cnnc: EPI_MODELS optimized with --epilogues (cold, cuDNN plan
 #            times logged), then their first inference and speed in CUDA graphs
+#   capture  CAPTURE="dir/name:shape ...": why ORT cannot capture a stitched model in a CUDA graph
+#            (optimized --no-gate; scripts/capture_probe.py at ORT's verbose log)
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, zoo, zoofill, cnn or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
@@ -95,11 +97,12 @@ p.sort_stats('tottime').print_stats(30)" > "$OUT/opt-profile.txt" 2>&1
       echo "== $name $shape (cold)"
       /usr/bin/time -f "wall %e s, peak %M KB" python3 -c "import logging, sys
 logging.basicConfig(level=logging.INFO, format='%(relativeCreated)7.0f ms %(levelname)s %(name)s: %(message)s')
+logging.getLogger('onnxstitch.compile').setLevel(logging.DEBUG)  # each compile's time
 from onnxstitch.cli.main import main
 sys.argv = ['onnxstitch'] + sys.argv[1:]
 main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitched.onnx" \
         --report "$OUT/timeline-$name.json" > "$OUT/timeline-$name.log" 2>&1
-      grep -E "stage |wall |made in|timed in|compiled|measur|gate|verif|given" "$OUT/timeline-$name.log" | tail -60
+      grep -E "stage |wall |made in|timed in|compiled|measur|gate|verif|given" "$OUT/timeline-$name.log" | tail -75
       [ -n "${TIMELINE_PROFILE:-}" ] && python3 scripts/node_profile.py "/tmp/tl/$name.onnx" "/tmp/tl/$name.stitched.onnx" \
         --dims "$shape" --top 25 > "$OUT/profile-$name.txt" 2>&1
     done 2>&1 | tee "$log"
@@ -224,6 +227,22 @@ print("  bench: " + "  ".join(f"{k}: {v['median_ms']:.3f} ms (first {v['startup_
       + f"  speedup {b['speedup']:.3f}")
 PY
     done
+    ;;
+  capture)  # why a stitched model ORT cannot capture in a CUDA graph where stock can: CAPTURE="dir/name:shape ..."
+    # (dir a carried folder of stripped models under build/); optimized --no-gate, benched with
+    # --cuda-graph, the notes printed, then one session at ORT's info log for the refusal
+    for job in ${CAPTURE:?CAPTURE=\"dir/name:shape ...\"}; do
+      rel=${job%%:*} shape=${job#*:} name=$(basename "${job%%:*}")
+      mkdir -p /tmp/cap && python3 scripts/carry_weights.py fill "build/$rel.onnx" /tmp/cap/ >/dev/null
+      echo "== $name $shape"
+      python3 -m onnxstitch.cli optimize "/tmp/cap/$name.onnx" --shape "$shape" -o "/tmp/cap/$name.s.onnx" --no-gate -q
+      python3 -m onnxstitch.cli bench "/tmp/cap/$name.onnx" --stitched "/tmp/cap/$name.s.onnx" --shape "$shape" \
+        --cuda-graph --json -q > "$OUT/capture-$name.json" 2> "$OUT/capture-$name.err"
+      python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+for k, v in r['configs'].items(): print(k, v.get('median_ms'), v.get('cuda_graph'), v.get('note'))" "$OUT/capture-$name.json"
+      python3 scripts/capture_probe.py "/tmp/cap/$name.s.onnx" --shape "$shape" > "$OUT/capture-$name-probe.log" 2>&1
+      tail -25 "$OUT/capture-$name-probe.log"
+    done 2>&1 | tee "$log"
     ;;
   tests)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \

@@ -189,6 +189,33 @@ def test_a_model_slower_as_a_whole_gives_back_what_gains_least(fake_gpu: FakeTim
     assert rep.fused_groups == 0 and not [n for n in res.model.graph.node if n.op_type == "FusedKernel"]
 
 
+def test_groups_that_keep_ort_from_capturing_go_back_and_the_rest_stay(fake_gpu: FakeTimer,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stock ORT captures the model in a CUDA graph and the stitched one it refuses (a node
+    placed on the CPU): the groups with which ORT refuses go back, found by halving with
+    sessions made (not run), and the others keep their gain in CUDA graphs."""
+    from onnxstitch import sessions
+
+    timings = iter([measure.ModelTiming(1.0, 1.3, True, False), measure.ModelTiming(1.0, 0.8, True, True)])
+    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: next(timings))
+    probed: list[int] = []
+
+    def refusal(self, model, stitched=True) -> str:
+        fused = [fn for fn in model.functions if any(n.op_type == "Exp" for n in fn.node)]
+        probed.append(len(model.functions))
+        return "[ONNXRuntimeError] : 1 : FAIL : This session cannot use the graph capture feature" if fused else ""
+
+    monkeypatch.setattr(sessions.Runner, "capture_refusal", refusal)
+    res = onnxstitch.optimize(parser.parse_model(LAYERS.replace("e = Tanh(n)", "e = Exp(n)")), shapes={"B": [64]})
+    rep = res.report
+    back = [d for d in rep.given_back if d.get("round") == "capture"]
+    assert len(back) == 1 and "cannot capture the model in a CUDA graph" in back[0]["reason"], rep.given_back
+    assert not [d for d in rep.given_back if d.get("round") == "gate"]
+    assert rep.fused_groups > 0 and not [fn for fn in res.model.functions if any(n.op_type == "Exp" for n in fn.node)]
+    assert rep.timing is not None and rep.timing.stitched_graphs
+    assert 1 < len(probed) <= pipeline.CAPTURE_PROBES
+
+
 def test_no_gate_plans_as_planned(fake_gpu: FakeTimer) -> None:
     rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}, gate=False).report
     assert not rep.costs and not rep.given_back and rep.timing is None and not fake_gpu.calls
