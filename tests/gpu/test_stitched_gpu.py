@@ -120,8 +120,12 @@ def test_op_kernel_matches_reference(name: str, shape: tuple[int, int]) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_planned_random_model_matches_stock_cuda(dtype: int, seed: int) -> None:
     model = random_graph(40, seed=seed, shape=("batch", 257), dtype=dtype, opaque_every=13)
-    stitched = stitch(model).model
+    res = stitch(model)
+    stitched = res.model
     assert any(n.op_type == "FusedKernel" for n in stitched.graph.node)
+    # A MatMul the plan gave to a cuBLASLt epilogue runs in TF32 there, as stock ORT runs it by
+    # default (10 mantissa bits: ~5e-4 relative a product), where the reference does not.
+    tf32 = dtype == TP.FLOAT and any(k.get("scheme") == "gemm" for k in res.report.kernels)
     feeds = random_feeds(model, seed=seed + 100, dim_values={"batch": 9})
     # Half-precision kernels compute in float32, so their reference is the float32 model on
     # the CPU, not stock ORT's float16 kernels (which round after every op).
@@ -131,7 +135,9 @@ def test_planned_random_model_matches_stock_cuda(dtype: int, seed: int) -> None:
     for a, b, o in zip(got, ref, model.graph.output):
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         assert not np.isnan(a64).any(), o.name
-        if dtype == TP.FLOAT:
+        if tf32:
+            assert np.linalg.norm(a64 - b64) <= 5e-3 * np.linalg.norm(b64), o.name
+        elif dtype == TP.FLOAT:
             rtol, atol = chain_tolerance(a.dtype)
             np.testing.assert_allclose(a64, b64, rtol=rtol, atol=atol, err_msg=o.name)
         else:
