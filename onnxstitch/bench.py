@@ -262,6 +262,26 @@ def _provider_list(config: BenchConfig) -> list:
     return [(p, dict(cuda)) if p == CUDA and cuda else p for p in config.providers]
 
 
+def capture_refusal(stitched_path: str | os.PathLike, config: BenchConfig = BenchConfig()) -> str:
+    """What ONNX Runtime says when it refuses to capture the stitched model at `stitched_path`
+    in a CUDA graph, its session made as `run` makes it (the onnxstitch library registered,
+    `config`'s providers, CUDA graphs on): ORT refuses as the session is made (a node it places
+    on the CPU). "" where the session is made, or fails for another reason (a run says what)."""
+    import onnxruntime as ort
+
+    from .runtime import session as stitch_session
+
+    so = ortio.with_custom_ops(ort.SessionOptions(), config.custom_op_libraries)
+    so.log_severity_level = 4  # (ORT logs its refusal as an error line too: the caller reports it)
+    try:
+        stitch_session(str(stitched_path), sess_options=so,
+                       providers=_provider_list(dataclasses.replace(config, cuda_graph=True)))
+    except Exception as e:  # noqa: BLE001 - ORT's refusal is a RuntimeException with its words
+        text = first_line(e)
+        return text if "graph capture" in text.lower() else ""
+    return ""
+
+
 # Timed runs are taken in this many rounds, each configuration in turn, so that a drift of the
 # host (another process, clocks, a plain run's host-bound launches) falls on all of them alike.
 ROUNDS = 10

@@ -949,6 +949,14 @@ class ModelTiming:
         return {**asdict(self), "speedup": self.speedup, "mode": self.mode}
 
 
+def capture_refusal(stitched: str | os.PathLike, libraries: Sequence[str] = ()) -> str:
+    """What ONNX Runtime says when it refuses to capture the stitched model in a CUDA graph,
+    its session made as `compare_models` makes it; "" where it accepts it (bench.capture_refusal)."""
+    from .bench import BenchConfig, capture_refusal as refusal
+
+    return refusal(stitched, BenchConfig(custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC"))
+
+
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
                    libraries: Sequence[str] = (), values: Mapping[str, float] | None = None,
                    iters: int = 40, cuda_graph: bool = True, outputs: Mapping[str, Any] | None = None) -> ModelTiming:

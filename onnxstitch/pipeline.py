@@ -726,18 +726,27 @@ def _capture_breakers(given: _Given, planned: _Planned, built: list, linked, opt
     """The fused groups with which ONNX Runtime refuses to capture the stitched model in a
     CUDA graph, and why (ORT's words), found by halving: ORT refuses when the session is made
     (a node it places on the CPU: marian-dynamo's stitched model moved an Unsqueeze's input to
-    the GPU), so each probe is a session made, not run. Linked conv groups go together. {}
-    where ORT accepts the model whole, or the probes run out (CAPTURE_PROBES)."""
-    from .sessions import Runner
-
-    runner = Runner(True, given.weights, tuple(opts.custom_op_libraries))
+    the GPU), so each probe is a session made, not run, from a file written as the gate writes
+    its own (a session made otherwise, ORT's constant folding off for joined weights, was
+    accepted where the gate's was not). Linked conv groups go together. {} where ORT accepts
+    the model whole, or the probes run out (CAPTURE_PROBES)."""
     probes = [0]
+    tmp = tempfile.TemporaryDirectory(prefix="onnxstitch-capture-")
 
     def refusal(units: list[list]) -> str:
         probes[0] += 1
         subset = [b for unit in units for b in unit]
         made = _rewritten(given, planned, subset, linked, stage)
-        return stage("gate", lambda: runner.capture_refusal(made))
+        path = Path(tmp.name) / f"probe{probes[0]}.onnx"
+
+        def probe() -> str:
+            given.weights.save(made, path, True)  # (the weights as external data, which ORT maps)
+            try:
+                return measure_mod.capture_refusal(path, opts.custom_op_libraries)
+            finally:
+                for f in (path, path.with_name(path.name + ".data")):
+                    f.unlink(missing_ok=True)
+        return stage("gate", probe)
 
     def bad(units: list[list], why: str) -> list[tuple[list, str]]:
         if len(units) == 1:
@@ -752,15 +761,16 @@ def _capture_breakers(given: _Given, planned: _Planned, built: list, linked, opt
 
     together = [b for b in built if b[0].name in linked]
     units = ([together] if together else []) + [[b] for b in built if b[0].name not in linked]
-    why = refusal(units)
-    if not why:
-        return {}
-    try:
-        found = bad(units, why)
-    except TimeoutError:
-        log.warning("gate: ORT cannot capture the stitched model in a CUDA graph (%s); the groups at fault were not "
-                    "found in %d sessions", why, CAPTURE_PROBES)
-        return {}
+    with tmp:
+        why = refusal(units)
+        if not why:
+            return {}
+        try:
+            found = bad(units, why)
+        except TimeoutError:
+            log.warning("gate: ORT cannot capture the stitched model in a CUDA graph (%s); the groups at fault were "
+                        "not found in %d sessions", why, CAPTURE_PROBES)
+            return {}
     out = {grp.name: f"with it fused, ORT cannot capture the model in a CUDA graph ({said})"
            for unit, said in found for grp, _ in unit}
     if not out:  # (only groups together break it: the gate's halving of the groups goes on as before)

@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 
 from . import ortio
-from .errors import first_line
 from .load import is_large, save
 from .weights import Weights
 
@@ -34,7 +33,7 @@ def library_domains(model: onnx.ModelProto) -> set[str]:
 
 def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.ModelProto | None = None,
                     weights: Weights | None = None, libraries: Sequence[str] = (), tf32: bool = False,
-                    fold: bool = True, cuda_graph: bool = False):
+                    fold: bool = True):
     """An ORT session for comparing an original with its stitched model: CPU, or the CUDA EP
     (the stitched one with the onnxstitch library). `weights` supply the payloads of `model`'s
     stubs (weights.py), `model` being what `source` holds (passed through
@@ -42,9 +41,7 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
     own ops need (ortio.custom_op_libraries). `tf32`: let the CUDA EP's GEMMs and convolutions
     round their inputs to TF32, as stock ORT does by default (off for comparisons). `fold`:
     ORT's constant folding on (off for a model whose joined weights are Concat nodes: folded,
-    each session held a second copy of them, Qwen2-0.5B's 0.4 GB; run, one at a time).
-    `cuda_graph`: on the GPU, with ORT's CUDA graph capture on (ORT refuses, when the session is
-    made, a model it cannot capture)."""
+    each session held a second copy of them, Qwen2-0.5B's 0.4 GB; run, one at a time)."""
     import onnxruntime as ort
 
     options = ortio.with_custom_ops(ort.SessionOptions(), libraries)
@@ -59,10 +56,8 @@ def runtime_session(source: bytes | str, gpu: bool, stitched: bool, model: onnx.
     # TF32 off on both sides: MatMuls between groups must agree to float32 precision.
     # cuDNN's heuristic convolution algorithms: an exhaustive search costs seconds per session of a
     # CNN (EfficientNet at B7 widths: verification took 30 s on an H200), and nothing here is timed.
-    cuda_options = {"use_tf32": "1" if tf32 else "0", "cudnn_conv_algo_search": "HEURISTIC"}
-    if cuda_graph:
-        cuda_options["enable_cuda_graph"] = "1"
-    cuda = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
+    cuda = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0", "cudnn_conv_algo_search": "HEURISTIC"}),
+            "CPUExecutionProvider"]
     if stitched:
         from .runtime import session
 
@@ -85,8 +80,8 @@ class Runner:
     def where(self) -> str:
         return "gpu" if self.gpu else "cpu"
 
-    def open(self, model: onnx.ModelProto, stitched: bool, cuda_graph: bool = False):
-        """An ORT session of `model` (`cuda_graph`: on the GPU, capturing CUDA graphs)."""
+    def open(self, model: onnx.ModelProto, stitched: bool):
+        """An ORT session of `model`."""
         large = is_large(model)  # over 2 GiB even without the detached weights: through a file
         if self.weights is not None:
             # ORT joins merged weights itself and, given bytes, maps external data files rather
@@ -99,18 +94,7 @@ class Runner:
             else:
                 source = model.SerializeToString()
             return runtime_session(source, self.gpu, stitched, model, self.weights, self.libraries, self.tf32,
-                                   fold=not Weights.has_joins(model), cuda_graph=cuda_graph)
-
-    def capture_refusal(self, model: onnx.ModelProto, stitched: bool = True) -> str:
-        """What ONNX Runtime says when it refuses to capture `model` in a CUDA graph (it does
-        so as the session is made: a node it places on the CPU), "" where it accepts it or
-        fails for another reason (the runs that follow say what)."""
-        try:
-            self.open(model, stitched, cuda_graph=True)
-        except Exception as e:  # noqa: BLE001 - ORT's refusal is a RuntimeException with its words
-            text = first_line(e)
-            return text if "graph capture" in text.lower() else ""
-        return ""
+                                   fold=not Weights.has_joins(model))
 
     def run(self, model: onnx.ModelProto, stitched: bool, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every output of `model` on ORT, by name."""

@@ -100,10 +100,20 @@ def _bench_runs(job: Mapping[str, Any], stitched: Path) -> list[dict[str, Any]]:
     return runs
 
 
+def as_given(row: Mapping[str, Any]) -> bool:
+    """Whether optimize wrote the model as it was given (nothing fused: every group given back,
+    or none found): its speed is stock ORT's by construction, and a timing of it only measures
+    the bench's noise (a CPU-EP-bound int8 LSTM read 0.89× and 1.04× of itself beside other jobs)."""
+    return row.get("status") == OK and not row.get("fused_kernels") and not row.get("attention_kernels") and \
+        row.get("nodes_after") == row.get("nodes_before")
+
+
 def speedup(row: Mapping[str, Any]) -> tuple[str, float] | None:
     """The row's speedup over stock ORT: with CUDA graphs where stock ORT can capture the
-    model, else plain; None when it was not timed."""
+    model, else plain; 1 for a model written as given ("as given"); None when it was not timed."""
     by = {x["label"]: x for x in row.get("runs", [])}
+    if as_given(row) and any("speedup" in x for x in by.values()):
+        return "as given", 1.0
     for label in ("cuda graphs", "plain"):
         if "speedup" in by.get(label, {}):
             return label, by[label]["speedup"]
@@ -269,7 +279,9 @@ def markdown(rows: list[dict[str, Any]], where: str, summary: str) -> str:
                 cells += ([f"{x['stock_ms']:.3f}", f"{x['stitched_ms']:.3f}"] if "stock_ms" in x else
                           ["n/a", "n/a"] if "na" in x else ["error", "error"] if "error" in x else ["", ""])
             got = speedup(r)
-            cells.append(f"{got[1]:.2f}×" + (" (plain)" if got[0] == "plain" else "") if got else "")
+            timed_as = "; ".join(f"{x['label']} {x['speedup']:.2f}×" for x in r.get("runs", []) if x.get("speedup"))
+            note = {"plain": " (plain)", "as given": f" (written as given; timed {timed_as})"}.get(got[0], "") if got else ""
+            cells.append(f"{got[1]:.2f}×{note}" if got else "")
             line += " " + " | ".join(cells) + " |"
         lines.append(line)
     return "\n".join(lines) + "\n"
@@ -288,7 +300,9 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     if timed:
         values = [v for _, v in timed]
         geo = math.exp(sum(math.log(v) for v in values) / len(values))
-        out += (f"; timed {len(timed)} (with CUDA graphs where stock ORT captures them, else plain): "
+        given = sum(how == "as given" for how, _ in timed)
+        out += (f"; timed {len(timed)} (with CUDA graphs where stock ORT captures them, else plain"
+                f"{f'; {given} written as given count 1.00×' if given else ''}): "
                 f"geometric mean {geo:.2f}×, {sum(v >= 1.05 for v in values)} ≥ 1.05×, "
                 f"{sum(v < SLOWER for v in values)} under {SLOWER}×")
     return out

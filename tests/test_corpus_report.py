@@ -31,3 +31,17 @@ def test_a_graphs_row_is_a_mode_only_where_a_side_captures(monkeypatch: pytest.M
     else:
         assert "na" in by["cuda graphs"] and "speedup" not in by["cuda graphs"]
         assert corpus_report.speedup({"runs": runs}) == ("plain", pytest.approx(25.2 / 24.0))
+
+
+def test_a_model_written_as_given_counts_as_stock_speed() -> None:
+    # Every group given back (the gate's "negligible" round): the file is the model as given, so
+    # its timing is the bench's noise (0.89× once, for an int8 LSTM on the CPU EP); it counts 1.00×.
+    runs = [{"label": "plain", "stock_ms": 57.9, "stitched_ms": 65.4, "speedup": 0.885},
+            {"label": "cuda graphs", "na": "neither captures"}]
+    row = {"status": corpus_report.OK, "runs": runs, "fused_kernels": 0, "attention_kernels": 0,
+           "nodes_before": 52, "nodes_after": 52}
+    assert corpus_report.speedup(row) == ("as given", 1.0)
+    assert "0 under" in corpus_report._summary([{**row, "model": "m"}])
+    fused = {**row, "fused_kernels": 3, "nodes_after": 40}
+    assert corpus_report.speedup(fused) == ("plain", 0.885)
+    assert "1 under" in corpus_report._summary([{**fused, "model": "m"}])
