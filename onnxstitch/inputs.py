@@ -1,7 +1,7 @@
 """Seeded random feeds for a model's graph inputs (bench, checks and tests share them)."""
 from __future__ import annotations
 
-from typing import Collection, Mapping
+from typing import Collection, Mapping, MutableMapping
 
 import numpy as np
 import onnx
@@ -75,13 +75,15 @@ def _draw(dtype: int, shape: tuple[int, ...], rng: np.random.Generator):
 def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str, int] | None = None,
                  overrides: Mapping[str, tuple[int, ...]] | None = None,
                  values: Mapping[str, float] | None = None, only: Collection[str] | None = None,
-                 drawn: int | None = None) -> dict[str, np.ndarray]:
+                 drawn: int | None = None, pool: MutableMapping[int, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Seeded random feeds for every runtime input of `model` (those named in `only`, where
     given; Gather indices drawn from {0, 1}); an input named in `values` is that value
     everywhere (`--value sr=16000`: a sample rate, a flag a model branches on), in the input's
     dtype. `drawn`: at most that many values drawn per dtype, repeated, the inputs views of one
     buffer (for timing, where values do not matter and drawing a network's activations in full
-    took seconds)."""
+    took seconds). `pool`: those buffers by dtype, the caller's, shared by every call given it
+    (grown twofold where one is too small): feeds for many models then hold one buffer, not one
+    each (MobileViT V2's measured groups held 9.9 GB of them)."""
     rng = np.random.default_rng(seed)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
     indices = index_inputs(model)
@@ -91,10 +93,13 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0, dim_values: Mapping[str,
         out = {name: random_array(types[name], shape, rng, name in indices) for name, shape in shapes.items()}
     else:  # for timing: one buffer per dtype, `drawn` values repeated, each input a view of it
         sizes = {name: int(np.prod(shape)) if shape else 1 for name, shape in shapes.items()}
-        bases = {}
+        bases = {} if pool is None else pool
         for dtype in {types[n] for n in shapes if n not in indices}:
             most = max(sizes[n] for n in shapes if types[n] == dtype and n not in indices)
-            bases[dtype] = np.resize(np.asarray(_draw(dtype, (min(most, drawn),), rng)), most)
+            have = bases.get(dtype)
+            if have is None or have.size < most:
+                size = most if have is None else max(most, 2 * have.size)  # (views of the old one stay valid)
+                bases[dtype] = np.resize(np.asarray(_draw(dtype, (min(size, drawn),), rng)), size)
         out = {name: random_array(types[name], shape, rng, True) if name in indices
                else bases[types[name]][:sizes[name]].reshape(shape) for name, shape in shapes.items()}
     for name, value in (values or {}).items():

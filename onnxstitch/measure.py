@@ -538,6 +538,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
     # model is least sure of first, so that a budget that runs out leaves the safest unmeasured.
     jobs: dict[str, Job] = {}
     drawn: dict[str, list[np.ndarray]] = {}
+    pool: dict[int, np.ndarray] = {}  # (every job's feeds views of one buffer a dtype)
     for name in sorted(forms, key=lambda n: -risks[n]):
         stock, ours, copies = forms[name]
         if timer is None or all(f.key in jobs or cache.get(f.key) is not None for f in (stock, ours)):
@@ -548,7 +549,7 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
         # to each by position.
         stock_names = [vi.name for vi in stock.model.graph.input]
         if stock.key not in drawn:
-            first = random_feeds(stock.model, seed=0, drawn=DRAWN)
+            first = random_feeds(stock.model, seed=0, drawn=DRAWN, pool=pool)
             drawn[stock.key] = [first[n] for n in stock_names]
         shared = dict(zip(stock_names, drawn[stock.key]))
         for form, flag in ((stock, False), (ours, True)):
@@ -557,7 +558,8 @@ def measure(original: onnx.ModelProto, stitched: onnx.ModelProto, graph: FusionG
             names = list(dict.fromkeys(vi.name for vi in form.model.graph.input))
             feeds = {n: shared[n] for n in names if n in shared}
             if len(feeds) < len(names):
-                feeds |= random_feeds(form.model, seed=0, only=[n for n in names if n not in feeds], drawn=DRAWN)
+                feeds |= random_feeds(form.model, seed=0, only=[n for n in names if n not in feeds], drawn=DRAWN,
+                                      pool=pool)
             jobs[form.key] = Job(_with_values(form.model), feeds, form.outputs, flag, copies)
     failed: dict[str, str] = {}
     if jobs and timer is not None:
