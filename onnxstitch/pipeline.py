@@ -815,16 +815,16 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
     def timed() -> measure_mod.ModelTiming:
         began = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="onnxstitch-gate-") as tmp:
-            # Large weights go to external data files, which ORT maps, for both models (BERT-base's
+            # Large weights reach both sessions as external data files, which ORT maps (BERT-base's
             # gate peaked at 2.47 GB with each session's copy of the 440 MB inside its file; the
-            # files are copied by the kernel). Otherwise stock ORT runs the user's own file where
-            # the model is that file; the stitched model goes to a file of its own.
-            mapped = given.weights.bytes_in(written.model) >= GATE_EXTERNAL_FROM
-            paths: list[str | Path] = [given.path] if given.path and not mapped else []
+            # files are copied by the kernel). Stock ORT runs the user's own file where the model
+            # is that file and its large weights are external data already (mapped, not copied).
+            own = bool(given.path) and given.weights.inside_bytes < GATE_EXTERNAL_FROM
+            paths: list[str | Path] = [given.path] if own else []
             for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model))[len(paths):]:
                 path = Path(tmp) / name
                 big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
-                given.weights.save(model, path, big or mapped)
+                given.weights.save(model, path, big or given.weights.bytes_in(model) >= GATE_EXTERNAL_FROM)
                 paths.append(path)
             log.info("gate: the models to time written in %.2f s", time.perf_counter() - began)
             outputs = _output_shapes(given)

@@ -119,6 +119,9 @@ class Weights:
         # their locations are relative to: what ONNX Runtime can map itself.
         self._extents: dict[str, _Extent] = {}
         self._base_dir: Path | None = None
+        # Bytes of the detached payloads that were inside the model's own file (not external
+        # data): what ONNX Runtime copies when it reads that file itself.
+        self.inside_bytes = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -168,6 +171,7 @@ class Weights:
                     t.raw_data = bytes(payload)
                     continue
                 loc = store._stub(t, payload)
+                store.inside_bytes += len(payload)
                 if held_file is not None:
                     store._extents[loc] = _Extent(held_file, held.offsets[i], len(payload))
                     store._base_dir = base
@@ -194,9 +198,12 @@ class Weights:
             elif not large:
                 continue
             elif t.HasField("raw_data"):
+                store.inside_bytes += len(t.raw_data)
                 store._stub(t, t.raw_data)
             else:  # typed fields (float_data …): their little-endian bytes
-                store._stub(t, numpy_helper.to_array(t).tobytes())
+                payload = numpy_helper.to_array(t).tobytes()
+                store.inside_bytes += len(payload)
+                store._stub(t, payload)
         return store
 
     def _raw(self, t: TensorProto) -> memoryview | bytes:

@@ -480,3 +480,41 @@ def test_jobs_sharing_a_gpu_time_one_at_a_time(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delenv(ortio.TIMING_LOCK_ENV)
     (_, first_end), (second_start, _) = spans()
     assert second_start < first_end
+
+
+WEIGHTED = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 256] x) => (float[B, 300] z) {
+  a = Mul(x, x)
+  b = Sigmoid(a)
+  m = MatMul(b, w)
+  c = Mul(m, m)
+  z = Sigmoid(c)
+}"""
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_the_gate_gives_ort_large_weights_to_map(fake_gpu: FakeTimer, monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path, external: bool) -> None:
+    """The gate's sessions get large weights as external data files, which ORT maps (BERT-base's
+    gate peaked at 2.47 GB with the weights inside the files): stock runs the user's own file
+    where its weights are external data already, else a copy written so; the stitched model's
+    weights go beside it."""
+    from onnx import numpy_helper
+
+    model = parser.parse_model(WEIGHTED)
+    w = np.random.default_rng(0).standard_normal((256, 300)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w, "w"))
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src, save_as_external_data=external, location="m.onnx.data", size_threshold=1024)
+    monkeypatch.setattr(pipeline, "GATE_EXTERNAL_FROM", 1024)
+    seen: list[tuple[str, bool, bool]] = []
+
+    def compare(original, stitched, *a, **k):
+        seen.extend((str(p), Path(str(p) + ".data").exists(), p == str(src)) for p in (original, stitched))
+        return measure.ModelTiming(1.0, 0.8, True, True)
+
+    monkeypatch.setattr(measure, "compare_models", compare)
+    onnxstitch.optimize(str(src), shapes={"B": [64]})
+    (stock, own_data, own), (stitched, data, _) = seen[:2]
+    assert own == external and (own_data if own else stock.endswith("original.onnx") and own_data), seen
+    assert stitched.endswith("stitched.onnx") and data, seen
