@@ -127,9 +127,14 @@ def compile_kernel(src: KernelSource, archs: Sequence[str] = DEFAULT_ARCHS) -> C
     return CompiledKernel(src, archs, images, _cached(src, ptx_arch, True), ptx_arch)
 
 
+def _unique(sources: Iterable[KernelSource]) -> list[KernelSource]:
+    """One source per distinct code (the first of each), sources without code left out."""
+    return list({code_of(s.source): s for s in reversed(list(sources)) if s.source}.values())
+
+
 def _tasks(sources: Iterable[KernelSource], archs: tuple[str, ...], ptx_arch: str) -> list[tuple[KernelSource, str, bool]]:
     """(source, target, PTX or not) for each distinct code of `sources` and each target."""
-    unique = list({code_of(s.source): s for s in reversed(list(sources)) if s.source}.values())
+    unique = _unique(sources)
     return [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
 
 
@@ -192,7 +197,7 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
     if not sources:
         return []
     archs, ptx_arch = _targets(archs)
-    unique = list({code_of(s.source): s for s in reversed(sources) if s.source}.values())
+    unique = _unique(sources)
     usable = ahead is not None and (ahead.archs, ahead.ptx_arch) == (archs, ptx_arch)
     started, tasks = {}, []
     for job in _tasks(unique, archs, ptx_arch):

@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -40,6 +40,9 @@ from .schemes import registry
 from .sessions import runtime_session
 from .shapes import shape_output, symbolic_value
 from .weights import is_stub
+
+if TYPE_CHECKING:  # (bench itself is imported where it is used, as elsewhere in the package)
+    from .bench import BenchConfig
 
 log = logging.getLogger(__name__)
 
@@ -951,12 +954,21 @@ class ModelTiming:
         return {**asdict(self), "speedup": self.speedup, "mode": self.mode}
 
 
+def _gate_config(libraries: Sequence[str], **timing: Any) -> "BenchConfig":
+    """How the gate's sessions are made (the custom-op libraries, cuDNN's heuristic convolution
+    algorithms: the convolutions are ORT's in both models, and an exhaustive search would cost
+    seconds per session and change neither side's share), with `timing`'s fields."""
+    from .bench import BenchConfig
+
+    return BenchConfig(custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC", **timing)
+
+
 def capture_refusal(stitched: str | os.PathLike, libraries: Sequence[str] = ()) -> str:
     """What ONNX Runtime says when it refuses to capture the stitched model in a CUDA graph,
     its session made as `compare_models` makes it; "" where it accepts it (bench.capture_refusal)."""
-    from .bench import BenchConfig, capture_refusal as refusal
+    from .bench import capture_refusal as refusal
 
-    return refusal(stitched, BenchConfig(custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC"))
+    return refusal(stitched, _gate_config(libraries))
 
 
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
@@ -964,15 +976,12 @@ def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, sha
                    iters: int = 40, cuda_graph: bool = True, outputs: Mapping[str, Any] | None = None) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
     interleaved rounds, no profile), through CUDA graphs where ORT captures each (`cuda_graph`;
-    else both plain), cuDNN's
-    heuristic convolution algorithms in both (the convolutions are ORT's in both: an exhaustive
-    search would cost seconds per session and change neither side's share). `outputs`: the
-    outputs' shapes at these sizes where known (bench.OutputLike by name): no reference session."""
-    from .bench import STITCHED, BenchConfig, run
+    else both plain), sessions made as `_gate_config` says. `outputs`: the outputs' shapes at
+    these sizes where known (bench.OutputLike by name): no reference session."""
+    from .bench import STITCHED, run
 
-    config = BenchConfig(warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
-                         custom_op_libraries=tuple(libraries), conv_algo_search="HEURISTIC",
-                         values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
+    config = _gate_config(libraries, warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
+                          values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
     with timing_lock():
         res = run(original, stitched, config=config, shapes=shapes, outputs=outputs)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,

@@ -823,8 +823,9 @@ def _gate_timing(given: _Given, written: _Written, opts: Options,
             paths: list[str | Path] = [given.path] if own else []
             for name, model in (("original.onnx", given.loaded), ("stitched.onnx", written.model))[len(paths):]:
                 path = Path(tmp) / name
-                big = model.ByteSize() + given.weights.bytes_in(model) > load.PROTOBUF_LIMIT
-                given.weights.save(model, path, big or given.weights.bytes_in(model) >= GATE_EXTERNAL_FROM)
+                weights = given.weights.bytes_in(model)
+                big = model.ByteSize() + weights > load.PROTOBUF_LIMIT
+                given.weights.save(model, path, big or weights >= GATE_EXTERNAL_FROM)
                 paths.append(path)
             log.info("gate: the models to time written in %.2f s", time.perf_counter() - began)
             outputs = _output_shapes(given)

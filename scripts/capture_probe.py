@@ -19,12 +19,9 @@ import onnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from onnxstitch import sizes  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
 from onnxstitch.runtime import session  # noqa: E402
-
-
-def _dims(text: str) -> dict[str, int]:
-    return {k: int(v) for k, v in (p.split("=") for p in text.split(",") if p)}
 
 
 def main() -> int:
@@ -35,7 +32,8 @@ def main() -> int:
     import onnxruntime as ort
 
     model = onnx.load(args.model, load_external_data=False)
-    feeds = random_feeds(model, seed=0, dim_values=_dims(args.shape))
+    given = sizes.resolve(model, sizes.parse([args.shape]))  # (read as optimize and bench read --shape)
+    feeds = random_feeds(model, seed=0, dim_values=given.dims, overrides=given.inputs)
     log_path = tempfile.mktemp(suffix=".log")
     # ORT logs to stderr: send fd 2 to a file while the session is made, then read it back.
     saved = os.dup(2)
