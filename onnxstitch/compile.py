@@ -134,7 +134,7 @@ def _unique(sources: Iterable[KernelSource]) -> list[KernelSource]:
 
 def _tasks(sources: Iterable[KernelSource], archs: tuple[str, ...], ptx_arch: str) -> list[tuple[KernelSource, str, bool]]:
     """(source, target, PTX or not) for each distinct code of `sources` and each target."""
-    unique = _unique(sources)
+    unique = [s for s in _unique(sources) if not s.spec.builds_own_image]
     return [(s, a, False) for s in unique for a in archs] + [(s, ptx_arch, True) for s in unique]
 
 
@@ -197,6 +197,12 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
     if not sources:
         return []
     archs, ptx_arch = _targets(archs)
+    # Kernels their scheme builds itself (nvcc: a minute each) start first, beside NVRTC's.
+    own = _unique(s for s in sources if s.spec.builds_own_image)
+    own_pool = ThreadPoolExecutor(max_workers=max(1, min(len(own), _cores())), thread_name_prefix="onnxstitch-own")
+    own_built = {code_of(s.source): own_pool.submit(s.spec.build_image, s.source, s.name, cache_dir()) for s in own}
+    own_pool.shutdown(wait=False)
+    sources_all, sources = sources, [s for s in sources if not s.spec.builds_own_image]
     unique = _unique(sources)
     usable = ahead is not None and (ahead.archs, ahead.ptx_arch) == (archs, ptx_arch)
     started, tasks = {}, []
@@ -220,5 +226,8 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
         log.info("compile: %d of %d compiles taken from those started ahead", len(started), len(started) + len(tasks))
     done = {code: CompiledKernel(s, archs, tuple(images[code, a] for a in archs), images[code, ptx_arch], ptx_arch)
             for code, s in ((code_of(s.source), s) for s in unique)}
+    for code, future in own_built.items():
+        target, image = future.result()
+        done[code] = CompiledKernel(next(s for s in own if code_of(s.source) == code), (target,), (image,), b"", "")
     return [dataclasses.replace(done[code_of(s.source)], source=s) if s.source else CompiledKernel(s, (), (), b"", "")
-            for s in sources]
+            for s in sources_all]

@@ -278,6 +278,10 @@ class Options:
     # graph (schemes/gemm, schemes/conv), where the plan (and, on a GPU, the measured costs) say
     # they pay.
     epilogues: bool = True
+    # GEMMs generated with their epilogue inside (CUTLASS, built by nvcc; schemes/gemm/generated.py):
+    # "auto" where this machine's GPU runs them (compute capability 9.0), "on" wherever nvcc
+    # and CUTLASS are here (a plan for a Hopper GPU made elsewhere), "off".
+    generated_gemms: str = "auto"
     # Custom-op libraries the model's own ops need (onnxruntime-extensions, the user's own),
     # registered in every session verification opens.
     custom_op_libraries: tuple[str, ...] = ()
@@ -304,6 +308,8 @@ class Options:
         object.__setattr__(self, "shapes", dict(self.shapes or {}))
         object.__setattr__(self, "values", dict(self.values or {}))
         object.__setattr__(self, "archs", tuple(self.archs))
+        if self.generated_gemms not in ("auto", "on", "off"):
+            raise BadInputError(f"generated GEMMs: auto, on or off, not {self.generated_gemms!r}")
         object.__setattr__(self, "custom_op_libraries", tuple(str(x) for x in self.custom_op_libraries))
 
     @property
@@ -441,7 +447,7 @@ def _graphed(given: _Given, opts: Options, stage: _Stages, skip: frozenset[str],
     matchers = tuple((name, m) for name, m in registry.matchers() if refusal is None and m.enabled(opts))
     found = {}
     for name, m in matchers:
-        found[name] = stage(m.stage, lambda m=m: m.find(g, given.weights))
+        found[name] = stage(m.stage, lambda m=m: m.find(g, given.weights, opts))
         if ahead is not None and ahead.enabled:  # its kernels compile beside the other matchers and the plan
             ahead.submit(_candidate_sources(g, opts, m, found[name]))
     return _Graphed(merged, normal, g, matchers, found)

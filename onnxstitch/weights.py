@@ -61,8 +61,8 @@ def is_stub(t: TensorProto) -> bool:
         e.key == "location" and e.value.startswith(_PREFIX) for e in t.external_data)
 
 
-def _payload_size(payload: memoryview | bytes | _Concat) -> int:
-    return payload.nbytes if isinstance(payload, _Concat) else len(payload)
+def _payload_size(payload: memoryview | bytes | _Concat | _Transposed) -> int:
+    return payload.nbytes if isinstance(payload, (_Concat, _Transposed)) else len(payload)
 
 
 def _location(t: TensorProto) -> str:
@@ -109,13 +109,25 @@ class _Concat:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class _Transposed:
+    """A payload made when it is read: the 2-D `part` (a stub of the same store or an inline
+    initializer) transposed (a generated GEMM's weight, read K-major)."""
+
+    part: TensorProto
+    nbytes: int
+
+
+_Lazy = (_Concat, _Transposed)
+
+
 class Weights:
     """Payloads of a model's detached initializers, by stub location. Buffers are bytes (moved
     out of the protobuf), read-only memory maps of the model's external data files, or joins of
     other payloads made on demand (`concat`)."""
 
     def __init__(self) -> None:
-        self._data: dict[str, memoryview | bytes | _Concat] = {}
+        self._data: dict[str, memoryview | bytes | _Concat | _Transposed] = {}
         self._maps: list[mmap.mmap] = []
         # Payloads that are a range of an external data file, by stub location, and the folder
         # their locations are relative to: what ONNX Runtime can map itself.
@@ -138,7 +150,7 @@ class Weights:
         """Bytes of the payloads `model`'s stubs stand for: what writing it adds (`save`)."""
         return sum(_payload_size(self._data[_location(t)]) for t in model.graph.initializer if is_stub(t))
 
-    def _stub(self, t: TensorProto, payload: memoryview | bytes | _Concat) -> str:
+    def _stub(self, t: TensorProto, payload: memoryview | bytes | _Concat | _Transposed) -> str:
         loc = f"{_PREFIX}{len(self._data)}"
         self._data[loc] = payload
         for field in ("raw_data", "float_data", "int32_data", "double_data", "external_data"):
@@ -213,6 +225,8 @@ class Weights:
         if not is_stub(t):
             return numpy_helper.to_array(t).tobytes()
         payload = self._data[_location(t)]
+        if isinstance(payload, _Transposed):
+            return memoryview(np.ascontiguousarray(self.value(payload.part).T).reshape(-1).view(np.uint8))
         if not isinstance(payload, _Concat):
             return payload
         joined = np.empty(payload.nbytes, np.uint8)
@@ -290,14 +304,28 @@ class Weights:
         self._stub(out, _Concat(tuple(parts), axis, nbytes))
         return out
 
+    def transposed(self, t: TensorProto, name: str) -> TensorProto:
+        """A new initializer `name`: the 2-D `t` (a stub of this store or inline) transposed.
+        When it is as large as a detached weight it is a stub whose payload is made only where
+        it is read (`value`, `attach`, `save`); sessions transpose it themselves."""
+        dims = [int(d) for d in reversed(t.dims)]
+        if not (t.data_type in _FLOATS and int(np.prod(dims)) > DETACH_ABOVE):
+            return numpy_helper.from_array(np.ascontiguousarray(self.value(t).T), name)
+        part = TensorProto()
+        part.CopyFrom(t)
+        out = TensorProto(name=name, data_type=t.data_type, dims=dims)
+        self._stub(out, _Transposed(part, int(np.prod(dims)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize))
+        return out
+
     def session_model(self, model: onnx.ModelProto, files: bool = True) -> onnx.ModelProto:
         """`model` as ONNX Runtime should read it, with `session_options`: each join is a Concat
-        node of its parts (ORT folds it as the session starts; the store never makes it) and,
+        node of its parts, each transposed weight a Transpose of its source (run in the session;
+        the store never makes them) and,
         with `files` (for a model given to ORT as bytes), stubs of payloads in external data
         files point at their file (ORT maps it: no copy in either process). Other stubs stay,
         for `session_options` to supply. `model` itself when there is nothing to change."""
         def changed(t: TensorProto) -> bool:
-            return is_stub(t) and (isinstance(self._data[_location(t)], _Concat) or
+            return is_stub(t) and (isinstance(self._data[_location(t)], _Lazy) or
                                    (files and _location(t) in self._extents))
 
         if not any(changed(t) for t in model.graph.initializer):
@@ -305,18 +333,23 @@ class Weights:
         out = onnx.ModelProto()
         out.CopyFrom(model)
         keep, joins = [], []
-        for t in out.graph.initializer:
-            if not (is_stub(t) and isinstance(join := self._data[_location(t)], _Concat)):
+        todo = list(out.graph.initializer)
+        while todo:  # (a transposed join's part is a join itself)
+            t = todo.pop(0)
+            lazy = self._data[_location(t)] if is_stub(t) else None
+            if not isinstance(lazy, _Lazy):
                 keep.append(t)
                 continue
             names = []
-            for i, part in enumerate(join.parts):
+            for i, part in enumerate(lazy.parts if isinstance(lazy, _Concat) else (lazy.part,)):
                 p = TensorProto()
                 p.CopyFrom(part)
                 p.name = f"{t.name}~part{i}"
-                keep.append(p)
+                todo.append(p)
                 names.append(p.name)
-            joins.append(helper.make_node("Concat", names, [t.name], name=f"{t.name}{JOIN_SUFFIX}", axis=join.axis))
+            joins.append(helper.make_node("Concat", names, [t.name], name=f"{t.name}{JOIN_SUFFIX}", axis=lazy.axis)
+                         if isinstance(lazy, _Concat) else
+                         helper.make_node("Transpose", names, [t.name], name=f"{t.name}{JOIN_SUFFIX}", perm=[1, 0]))
         for t in keep:
             if files and is_stub(t) and (extent := self._extents.get(_location(t))):
                 _set_external(t, extent.location, extent.offset, extent.length)
@@ -331,7 +364,7 @@ class Weights:
     @staticmethod
     def has_joins(model: onnx.ModelProto) -> bool:
         """Whether `model` (from `session_model`) makes joined weights with Concat nodes."""
-        return any(n.op_type == "Concat" and n.name.endswith(JOIN_SUFFIX) for n in model.graph.node)
+        return any(n.op_type in ("Concat", "Transpose") and n.name.endswith(JOIN_SUFFIX) for n in model.graph.node)
 
     def session_options(self, model: onnx.ModelProto, options: Any = None) -> Any:
         """ONNX Runtime SessionOptions (`options`, or new ones) that supply the stubs of `model`
@@ -344,8 +377,8 @@ class Weights:
         names, buffers = [], []
         for t in model.graph.initializer:
             if is_stub(t) and (loc := _location(t)) not in names:
-                if isinstance(self._data[loc], _Concat):
-                    raise ValueError(f"initializer {t.name!r} is a join: pass the model through session_model")
+                if isinstance(self._data[loc], _Lazy):
+                    raise ValueError(f"initializer {t.name!r} is made on demand: pass the model through session_model")
                 names.append(loc)
                 buffers.append(self._data[loc])
         if names:
@@ -384,6 +417,8 @@ class Weights:
         payload = self._data[loc]
         if isinstance(payload, _Concat):
             chunks: Iterator = self._join_chunks(payload)
+        elif isinstance(payload, _Transposed):  # (one weight at a time: BERT's largest is 9.4 MB)
+            chunks = iter((self._raw(t),))
         else:
             view = memoryview(payload).cast("B")
             chunks = (view[i:i + _CHUNK] for i in range(0, len(view), _CHUNK))

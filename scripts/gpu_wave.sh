@@ -30,7 +30,7 @@
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, zoo, zoofill, cnn, capture or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
@@ -125,6 +125,44 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
   columns)  # issue 36: split column kernels, GPU tests and the GRN norms against the copy bandwidth
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/gpu/test_rows_gpu.py -k column 2>&1 | tail -5 | tee "$log"
     python3 scripts/bench_rows.py --columns --out "$OUT/columns.json" 2>&1 | tee -a "$log"
+    ;;
+  generated)
+    # Issue 38's generated GEMMs; carry .carry/gcache (objects built here: scripts/prebuild_gemms.py),
+    # .carry/cutlass (the nvidia-cutlass wheel, for nvcc there when one is missing) and build/bertc.
+    # GEN_STEPS: tests, bench (scripts/bench_generated_gemm.py), bert (BERT-base float32 with and
+    # without them, stock in the same call), default all three.
+    { for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
+      mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
+      nvcc --version | tail -2
+      python3 -c "from onnxstitch.schemes.gemm import generated as g; print(g.toolchain(), g.local_sm_count())"
+    } 2>&1 | tee "$log"
+    steps=${GEN_STEPS:-tests,bench,bert}
+    if [[ $steps == *tests* ]]; then
+      python3 -m pytest -q -n 4 -m gpu tests/gpu/test_generated_gemm_gpu.py tests/gpu/test_gemm_gpu.py \
+        -p no:cacheprovider 2>&1 | tail -15 | tee -a "$log"
+    fi
+    if [[ $steps == *bench* ]]; then
+      python3 scripts/bench_generated_gemm.py --out "$OUT/generated_gemm.json" ${GEN_SHAPES:+--shapes "$GEN_SHAPES"} \
+        ${GEN_DTYPES:+--dtypes "$GEN_DTYPES"} 2>&1 | tee -a "$log"
+    fi
+    if [[ $steps == *bert* ]]; then
+      fill build/bertc /tmp/zoo >/dev/null
+      m=/tmp/zoo/bert-base-float32.onnx
+      for v in default generated; do
+        flags=(); [ $v = generated ] && flags=(--arch sm_90 --generated-gemms on)
+        t0=$(date +%s.%N)
+        python3 -m onnxstitch.cli optimize "$m" -o /tmp/zoo/bert.$v.onnx --shape batch=8,sequence=128 \
+          --report "$OUT/bert-$v-report.json" -q "${flags[@]}"
+        echo "$v optimize: rc $? $(python3 -c "import time; print(round(time.time() - $t0, 2))") s wall"
+      done 2>&1 | tee -a "$log"
+      for v in default generated; do
+        echo "== $v, CUDA graphs"
+        python3 -m onnxstitch.cli bench "$m" --stitched /tmp/zoo/bert.$v.onnx --shape batch=8,sequence=128 \
+          --cuda-graph --json -q > "$OUT/bench-bert-$v.json"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in r if 'ms' in k or 'speed' in k})" \
+          "$OUT/bench-bert-$v.json"
+      done 2>&1 | tee -a "$log"
+    fi
     ;;
   gemm)
     python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"

@@ -367,13 +367,14 @@ def test_runtime_reaches_the_driver(cpu_lib: Path) -> None:
 @pytest.mark.parametrize("overrides,message", [
     (dict(gemm_epilogue=None), "missing INT attribute 'gemm_epilogue' \\(shape_rule \"gemm\"\\)"),
     (dict(gemm_tf32=None), "missing INT attribute 'gemm_tf32'"),
-    (dict(gemm_epilogue=7), "gemm_epilogue must be 0 \\(none\\), 1 \\(bias\\), 2 \\(relu_bias\\), 3 \\(gelu_bias\\), 4 \\(relu\\) or 5 \\(gelu\\), got 7"),
+    (dict(gemm_epilogue=8), "gemm_epilogue must be 0 \\(none\\), 1 \\(bias\\), 2 \\(relu_bias\\), 3 \\(gelu_bias\\), "
+                            "4 \\(relu\\), 5 \\(gelu\\), 6 \\(gelu_erf_bias\\) or 7 \\(gelu_erf\\), got 8"),
     (dict(gemm_trans_b=2), "are 0 or 1"),
     (dict(gemm_timed=3), "gemm_timed are 0 or 1"),
     (dict(gemm_epilogue=0), "with epilogue none takes 2 inputs and gives 1 output, not 3 and 1"),
     (dict(gemm_residual=1), "gelu_bias and a residual takes 4 inputs"),
     (dict(output_dtypes=[TP.INT32]), "float32 or float16 \\(output_dtypes\\)"),
-], ids=["no-epilogue", "no-tf32", "epilogue-7", "trans-2", "timed-3", "inputs", "residual-input", "int32"])
+], ids=["no-epilogue", "no-tf32", "epilogue-8", "trans-2", "timed-3", "inputs", "residual-input", "int32"])
 def test_runtime_refuses_malformed_attributes(cpu_lib: Path, overrides, message) -> None:
     model = node_model([3, 16], [16, 24], SPEC, **overrides)
     with pytest.raises(Exception, match=f"fused0.*{message}"):

@@ -185,6 +185,10 @@ def _summary(report, out: Path) -> Table:
                    "1.39x over stock ORT with CUDA graphs on an H200; cuDNN's engines are compiled at optimize "
                    "time in worker processes and cached), and MatMul/Gemm + bias [+ ReLU or tanh GELU] "
                    "[+ residual] as one cuBLASLt call, where the plan and the measured costs find it cheaper.")
+@click.option("--generated-gemms", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Also generate GEMMs with their epilogue inside (CUTLASS, built by nvcc: about a minute per "
+                   "configuration, cached), each timed against cuBLASLt at its first run; with --arch sm_90 alone, "
+                   "the exact GELU inside too. auto: where this machine's GPU is a Hopper (compute capability 9.0).")
 @value_option
 @custom_ops_option
 @verbosity

@@ -61,7 +61,7 @@ class Matcher:
     takes part in planning: the pipeline asks every registered matcher in turn, names no scheme.
 
     - `enabled(options)`: whether optimize's options ask for it (pipeline.Options, read by field);
-    - `find(graph, weights)`: its matches and refusals (a Found), reported under `stage`;
+    - `find(graph, weights, options)`: its matches and refusals (a Found), reported under `stage`;
     - `group_of(graph, cost, name, match)`: a match as a candidate group of the one ILP, named
       `prefix` + its index;
     - `settle(graph, cost, plan, found)`: after the plan, the plan as the scheme needs it and the
@@ -72,7 +72,7 @@ class Matcher:
     stage: str
     prefix: str
     enabled: Callable[[Any], bool]
-    find: Callable[[FusionGraph, Any], Found]
+    find: Callable[[FusionGraph, Any, Any], Found]
     group_of: Callable[[FusionGraph, Any, str, Any], Group]
     chosen: Callable[[Found, Plan], Found]
     settle: Callable[[FusionGraph, Any, Plan, Found], "tuple[Plan, Found | None]"] = \

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnx
 from typing import ClassVar
@@ -31,6 +32,16 @@ class Spec:
     scheme: ClassVar[str] = ""
     shape_rule: ClassVar[str] = ""
     entry_suffixes: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def builds_own_image(self) -> bool:
+        """Whether the kernel's source is built by the scheme itself (`build_image`), not NVRTC:
+        the gemm scheme's generated GEMMs, shared objects built by nvcc."""
+        return False
+
+    def build_image(self, source: str, name: str, cache: Path) -> tuple[str, bytes]:
+        """(its target, e.g. "sm_90a"; the image) of `source`, cached under `cache`."""
+        raise NotImplementedError(f"{type(self).__name__} builds no image of its own")
 
 
 @dataclass(frozen=True)

@@ -71,13 +71,18 @@ def test_epilogue_matches_float64(lead: tuple[int, ...], c: Chain) -> None:
                                Chain(lead=("b", "s"), k=64, n=64, dtype=TP.FLOAT16, residual="before")],
                          ids=lambda c: c.id)
 def test_epilogue_under_cuda_graphs(c: Chain) -> None:
+    check_under_cuda_graphs(c, stitched(c).model)
+
+
+def check_under_cuda_graphs(c: Chain, model) -> None:
+    """`model` (chain `c` stitched) replayed in CUDA graphs on new data against float64."""
     rng = np.random.default_rng(fresh_seed())
     lead = (3, 29)
 
     def check(run: int, given: dict, got: np.ndarray) -> None:
         assert relative_error(got, reference(c, chain_model(c), given)) <= TOLERANCE[c.dtype], f"run {run}"
 
-    replay_under_cuda_graphs(stitched(c).model, lambda: feeds(c, lead, rng),
+    replay_under_cuda_graphs(model, lambda: feeds(c, lead, rng),
                              ("y", lead + (c.n,), helper.tensor_dtype_to_np_dtype(c.dtype)), check)
 
 

@@ -343,6 +343,7 @@ Error Kernel::InitImages(KernelAttrs& r) {
     return Fail(ORT_INVALID_ARGUMENT,
                 "carries no kernel image: neither 'images' (+ image_archs, image_sizes) nor 'ptx'");
   }
+  if (!scheme_->UsesImage() && !images_.empty()) return scheme_->TakeImages(image_archs_, images_);
   return {};
 }
 
@@ -368,6 +369,7 @@ Error Kernel::LoadModule(Loaded* l) {
     return Fail(ORT_FAIL, "cuDeviceGetAttribute failed: " + CuError(r));
   }
   l->sm_count = std::max(1, sms);
+  l->cc = major * 10 + minor;
   if (!scheme_->UsesImage()) return {};  // a library call: the context is all it needs
   const std::string device_arch = "sm_" + std::to_string(major) + std::to_string(minor);
 

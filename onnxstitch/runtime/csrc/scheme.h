@@ -81,6 +81,7 @@ struct Loaded {
   cu::Function cluster[kEntries] = {nullptr, nullptr};  // rows split over clusters, where the GPU has them
   cu::Function more[kEntries] = {nullptr, nullptr};     // a scheme's other entries (attention: decode, merge)
   int sm_count = 1;
+  int cc = 0;                     // the device's compute capability, major*10+minor
   int blocks_per_sm = 0;          // resident blocks of entry[0] per multiprocessor (0: unknown)
   int cluster_blocks_per_sm = 0;  // the same for the cluster entries
 };
@@ -130,6 +131,11 @@ class Scheme {
   // Whether the node carries a kernel image to load; a library call (the gemm scheme) has none,
   // and Enter then makes the stream's context current without loading a module.
   virtual bool UsesImage() const { return true; }
+  // A scheme that loads no cubin may still carry code of its own in the node's images (the
+  // gemm scheme's generated GEMMs: shared objects, one per arch): given them once, after Init.
+  virtual Error TakeImages(const std::vector<int64_t>& /*archs*/, const std::vector<std::string>& /*images*/) {
+    return {};
+  }
 };
 
 // The scheme of a shape rule ("broadcast", "rows", "attention", "gemm"); nullptr for another.

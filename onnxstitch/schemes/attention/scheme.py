@@ -17,7 +17,7 @@ from . import codegen, match
 # (Looked up at each call, so that what the match module holds is what runs.)
 MATCHER = Matcher(
     stage="attention", prefix="a", enabled=lambda o: o.reductions and o.attention,
-    find=lambda g, _weights: match.find(g), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
+    find=lambda g, _weights, _options: match.find(g), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
 
 
 class Attention:

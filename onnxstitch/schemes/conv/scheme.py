@@ -68,7 +68,7 @@ def _settle(g: FusionGraph, cost, plan, found):
 
 # (Looked up at each call, so that what the match module holds is what runs.)
 MATCHER = Matcher(
-    stage="conv epilogues", prefix="c", enabled=lambda o: o.epilogues, find=lambda *a: match.find(*a),
+    stage="conv epilogues", prefix="c", enabled=lambda o: o.epilogues, find=lambda g, weights, _options: match.find(g, weights),
     group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a), settle=_settle,
     linked=lambda groups: match.linked(groups))
 

@@ -25,6 +25,18 @@
 // once per process for each shape, epilogue and alignment and shared by the nodes that have
 // them. A call made while the stream is captured into a CUDA graph cannot be timed and takes the
 // heuristic's first (ORT's warm-up runs come before a capture, so that is rare).
+//
+// Generated GEMMs (schemes/gemm/generated.py, docs/abi.md): a node may carry, as its sm_90
+// image, a shared object built by nvcc from CUTLASS that runs the same product with its
+// epilogue (B stored [N, K]). It is loaded from memory once per process (a memfd, by the
+// image's digest) and called through its C functions on ORT's stream. On a GPU of compute
+// capability 9.0 the node times it against cuBLASLt's chosen algorithm at its first call per
+// shape and keeps the faster; elsewhere, or where it cannot run the shape, cuBLASLt runs. The
+// exact-GELU epilogues (6, 7) exist only as generated GEMMs.
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -39,6 +51,7 @@
 #include "cublaslt_api.h"
 #include "gemm_algos.h"
 #include "scheme.h"
+#include "sha256.h"
 
 namespace onnxstitch {
 namespace {
@@ -47,11 +60,81 @@ constexpr const char* kRule = "gemm";
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kFloat = 1, kFloat16 = 10;           // TensorProto element types
 constexpr int kAlgos = 16;                             // heuristic candidates timed per shape
-// By gemm_epilogue (schemes/gemm/spec.py's EPILOGUES); the first 4 codes after 0 take a bias.
+// By gemm_epilogue (schemes/gemm/spec.py's EPILOGUES); codes 1-3 and 6 take a bias; 6 and 7
+// (the exact GELU) are no cuBLASLt epilogue: only a generated GEMM runs them.
 const uint32_t kEpilogues[] = {lt::kEpilogueDefault, lt::kEpilogueBias, lt::kEpilogueReluBias,
                                lt::kEpilogueGeluBias, lt::kEpilogueRelu, lt::kEpilogueGelu};
-const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias", "relu", "gelu"};
-bool Biased(int epilogue) { return epilogue >= 1 && epilogue <= 3; }
+const char* const kEpilogueNames[] = {"none", "bias", "relu_bias", "gelu_bias", "relu", "gelu", "gelu_erf_bias",
+                                      "gelu_erf"};
+constexpr int kLastEpilogue = 7, kLastLibraryEpilogue = 5;
+bool Biased(int epilogue) { return (epilogue >= 1 && epilogue <= 3) || epilogue == 6; }
+constexpr int kGeneratedArch = 90;  // sm_90a code runs on compute capability 9.0 only
+// gemm_library: which of cuBLASLt and the node's generated GEMM runs a shape where both can.
+constexpr int kTimed = 0, kCublasLtOnly = 1, kGeneratedOnly = 2;
+
+// A generated GEMM's C functions (cutlass_gemm.cu.in; docs/abi.md, version 1).
+struct GeneratedArgs {
+  long long m, n, k;
+  const void* a;
+  const void* b;
+  const void* bias;
+  const void* c;
+  void* d;
+  void* workspace;
+  unsigned long long workspace_bytes;
+  void* stream;
+};
+struct Generated {
+  int (*run)(const void* args, char* error, unsigned long long error_size) = nullptr;
+  unsigned long long (*workspace)(long long m, long long n, long long k) = nullptr;
+};
+
+// The shared object in `image`, loaded once per process (by its digest) from memory: written to
+// a memfd and opened through /proc (it is never unloaded: its CUDA runtime is static).
+Error LoadGenerated(const std::string& image, const Generated** out) {
+  static std::mutex* mu = new std::mutex;
+  static auto* loaded = new std::map<std::string, std::pair<Generated, std::string>>;  // digest → (it, error)
+  Sha256 sha;
+  sha.Update(image.data(), image.size());
+  const std::string digest = sha.HexDigest();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = loaded->find(digest);
+  if (it == loaded->end()) {
+    Generated g;
+    std::string why;
+    const int fd = static_cast<int>(memfd_create("onnxstitch-gemm", MFD_CLOEXEC));
+    if (fd < 0) {
+      why = "memfd_create failed";
+    } else {
+      size_t done = 0;
+      while (done < image.size()) {
+        const ssize_t n = write(fd, image.data() + done, image.size() - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      if (done != image.size()) why = "writing it to a memfd failed";
+      void* h = why.empty() ? dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+      if (why.empty() && h == nullptr) why = std::string("dlopen failed: ") + dlerror();
+      close(fd);
+      if (h != nullptr) {
+        auto abi = reinterpret_cast<int (*)()>(dlsym(h, "onnxstitch_gemm_abi"));
+        g.run = reinterpret_cast<decltype(g.run)>(dlsym(h, "onnxstitch_gemm_run"));
+        g.workspace = reinterpret_cast<decltype(g.workspace)>(dlsym(h, "onnxstitch_gemm_workspace"));
+        if (abi == nullptr || g.run == nullptr || g.workspace == nullptr) {
+          why = "it lacks onnxstitch_gemm_abi, _run or _workspace";
+        } else if (abi() != 1) {
+          why = "it is of ABI version " + std::to_string(abi()) + ", this library reads 1";
+        }
+      }
+    }
+    it = loaded->emplace(digest, std::make_pair(g, why)).first;
+  }
+  if (!it->second.second.empty()) {
+    return Fail(ORT_FAIL, "the node's generated GEMM cannot be loaded: " + it->second.second);
+  }
+  *out = &it->second.first;
+  return {};
+}
 
 // The largest power of two (up to 256) dividing a pointer: cuBLASLt's heuristic must not pick an
 // algorithm needing more.
@@ -106,6 +189,7 @@ struct Plan {
   lt::Layout a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
   lt::MatmulAlgo algo{};
   size_t workspace = 0;
+  bool generated = false;  // the node's generated GEMM runs this shape, not cuBLASLt
   ~Plan() {
     if (api == nullptr) return;
     for (lt::Layout l : {a, b, c}) {
@@ -126,13 +210,22 @@ class Gemm final : public Scheme {
     if (Error e = a.RequiredInt("gemm_tf32", kRule, &tf32)) return e;
     if (Error e = a.RequiredInt("gemm_trans_a", kRule, &trans_a)) return e;
     if (Error e = a.RequiredInt("gemm_trans_b", kRule, &trans_b)) return e;
+    int64_t library = kTimed;  // absent: the faster as timed
+    bool library_given = false;
+    if (Error e = a.Int("gemm_library", &library, &library_given)) return e;
+    if (library < kTimed || library > kGeneratedOnly) {
+      return Fail(ORT_INVALID_ARGUMENT, "gemm_library must be 0 (the faster as timed), 1 (cuBLASLt) or 2 (generated), got " +
+                                            std::to_string(library));
+    }
+    library_ = static_cast<int>(library);
     int64_t timed = 1;  // absent in models written before it: timed
     bool timed_given = false;
     if (Error e = a.Int("gemm_timed", &timed, &timed_given)) return e;
     if (!timed_given) timed = 1;
-    if (epilogue < 0 || epilogue > 5) {
+    if (epilogue < 0 || epilogue > kLastEpilogue) {
       return Fail(ORT_INVALID_ARGUMENT, "gemm_epilogue must be 0 (none), 1 (bias), 2 (relu_bias), 3 (gelu_bias), "
-                                        "4 (relu) or 5 (gelu), got " + std::to_string(epilogue));
+                                        "4 (relu), 5 (gelu), 6 (gelu_erf_bias) or 7 (gelu_erf), got " +
+                                        std::to_string(epilogue));
     }
     for (int64_t flag : {residual, tf32, trans_a, trans_b, timed}) {
       if (flag != 0 && flag != 1) {
@@ -181,6 +274,17 @@ class Gemm final : public Scheme {
   Error Entries(const cu::Driver&, const std::string&, Loaded*) const override { return {}; }
   bool UsesImage() const override { return false; }
 
+  // The sm_90 image, where there is one, is the node's generated GEMM (loaded at its first use).
+  Error TakeImages(const std::vector<int64_t>& archs, const std::vector<std::string>& images) override {
+    for (size_t i = 0; i < archs.size() && i < images.size(); ++i) {
+      if (archs[i] == kGeneratedArch) generated_image_ = images[i];
+    }
+    if (!generated_image_.empty() && (trans_a_ || !trans_b_)) {
+      return Fail(ORT_INVALID_ARGUMENT, "a generated GEMM reads A [M, K] and B [N, K]: gemm_trans_a 0, gemm_trans_b 1");
+    }
+    return {};
+  }
+
   Error Run(Call& call, Bound* b) const override {
     int64_t m = 0, k = 0, n = 0;
     std::vector<int64_t> y;
@@ -211,9 +315,32 @@ class Gemm final : public Scheme {
       return api.Matmul(handle, plan.desc, &alpha, b->args.in[1], plan.a, b->args.in[0], plan.b, &beta, residual,
                         plan.c, out, plan.c, &algo, reinterpret_cast<void*>(workspace), algo_workspace, stream);
     };
+    const Generated* gen = nullptr;
+    if (!generated_image_.empty() && l->cc == kGeneratedArch) {
+      if (Error e = LoadGenerated(generated_image_, &gen)) return e;
+    }
+    if (gen == nullptr && epilogue_ > kLastLibraryEpilogue) {
+      return Fail(ORT_NOT_IMPLEMENTED, std::string("the ") + kEpilogueNames[epilogue_] + " epilogue runs only as a "
+                  "generated GEMM, on compute capability 9.0 (this GPU's is " + std::to_string(l->cc / 10) + "." +
+                  std::to_string(l->cc % 10) + (generated_image_.empty() ? "; the node carries none)" : ")"));
+    }
+    // One generated product on this call's tensors; its error in *why.
+    const GeneratedRun generated = [&](std::string* why) {
+      GeneratedArgs x{m, n, k, b->args.in[0], b->args.in[1], bias, residual_ ? residual : nullptr, out,
+                      reinterpret_cast<void*>(workspace), kWorkspaceBytes, stream};
+      char error[256] = {0};
+      if (gen->run(&x, error, sizeof(error)) == 0) return true;
+      if (why != nullptr) *why = error;
+      return false;
+    };
     std::lock_guard<std::mutex> lock(mu_);  // the descriptor is this node's, its bias pointer set per call
     const Plan* plan = nullptr;
-    if (Error e = PlanFor(d, api, handle, key, stream, matmul, &plan)) return e;
+    if (Error e = PlanFor(d, api, handle, key, stream, matmul, gen ? &generated : nullptr, &plan)) return e;
+    if (plan->generated) {
+      std::string why;
+      if (!generated(&why)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
+      return {};
+    }
     const lt::Status s = matmul(*plan, plan->algo, plan->workspace);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatmul", s, &key);
     return {};
@@ -294,15 +421,18 @@ class Gemm final : public Scheme {
   }
 
   using Matmul = std::function<lt::Status(const Plan&, const lt::MatmulAlgo&, size_t)>;
+  using GeneratedRun = std::function<bool(std::string*)>;
 
   // What, besides its shape, makes nodes' algorithms interchangeable.
   int Kind() const {
     return epilogue_ * 64 + timed_ * 32 + residual_ * 16 + half_ * 8 + tf32_ * 4 + trans_a_ * 2 + trans_b_;
   }
 
-  // The descriptors and algorithm of one shape, made at its first call (mu_ held).
+  // The descriptors and algorithm of one shape, made at its first call (mu_ held); with
+  // `generated` (the node's generated GEMM, loaded), that GEMM where cuBLASLt cannot run the
+  // epilogue, else the faster of it and cuBLASLt's choice, timed.
   Error PlanFor(const cu::Driver& d, const lt::Api& api, lt::Handle handle, const ShapeKey& key, cu::Stream stream,
-                const Matmul& matmul, const Plan** out) const {
+                const Matmul& matmul, const GeneratedRun* generated, const Plan** out) const {
     auto it = plans_.find(key);
     if (it != plans_.end()) {
       *out = it->second.get();
@@ -310,6 +440,14 @@ class Gemm final : public Scheme {
     }
     auto p = std::make_unique<Plan>();
     p->api = &api;
+    if (epilogue_ > kLastLibraryEpilogue) {  // only generated (Run checked that it is loaded)
+      std::string why;
+      if (!(*generated)(&why)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
+      p->generated = true;
+      *out = p.get();
+      plans_.emplace(key, std::move(p));
+      return {};
+    }
     const int type = half_ ? lt::kR16F : lt::kR32F;
     const int compute = !half_ && tf32_ ? lt::kComputeF32FastTf32 : lt::kComputeF32;
     const int32_t op_a = trans_b_ ? lt::kOpT : lt::kOpN, op_b = trans_a_ ? lt::kOpT : lt::kOpN;
@@ -329,6 +467,17 @@ class Gemm final : public Scheme {
     if (s == lt::kSuccess) s = api.MatrixLayoutCreate(&p->c, type, n, m, n);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatrixLayoutCreate", s, &key);
     if (Error e = Choose(d, api, handle, key, stream, matmul, p.get())) return e;
+    if (generated != nullptr && library_ == kGeneratedOnly) {
+      p->generated = (*generated)(nullptr);
+    } else if (generated != nullptr && library_ == kTimed) {
+      // cuBLASLt's choice first: where nothing can be timed (a capture), it stays.
+      const Plan& q = *p;
+      bool timed = false;
+      const size_t best = Fastest(d, stream, 2, 2, 5, [&](size_t i) {
+        return i == 0 ? matmul(q, q.algo, q.workspace) == lt::kSuccess : (*generated)(nullptr);
+      }, &timed);
+      p->generated = timed && best == 1;
+    }
     *out = p.get();
     plans_.emplace(key, std::move(p));
     return {};
@@ -419,7 +568,8 @@ class Gemm final : public Scheme {
     used_.clear();
   }
 
-  int epilogue_ = 0;
+  std::string generated_image_;  // the shared object of the node's generated GEMM, or empty
+  int epilogue_ = 0, library_ = kTimed;
   bool residual_ = false, tf32_ = false, trans_a_ = false, trans_b_ = false, half_ = false, timed_ = true;
   mutable std::mutex mu_;
   mutable std::map<ShapeKey, std::unique_ptr<Plan>> plans_;

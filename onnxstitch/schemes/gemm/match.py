@@ -39,12 +39,22 @@ GEMM plus what the epilogue adds to the roofline: compute-bound GEMMs hide their
 memory-bound ones pay for the residual's read. The ILP weighs it against ORT's GEMM with the
 elementwise or rows kernel over the same nodes.
 
+Generated GEMMs (generated.py, issue 38): where `find` is given a `Generating` (nvcc and
+CUTLASS here, the plan for a Hopper GPU), each float32 chain's node also carries a CUTLASS
+kernel of the same epilogue, which the runtime times against cuBLASLt at its first call and
+keeps where faster; and chains ending in the exact (erf) GELU, which cuBLASLt cannot run,
+become generated GEMMs alone (float32 and float16) when every target is sm_90, since they run
+nowhere else. A generated GEMM reads its weight K-major ([N, K]): a transposed copy made by the
+weights store where it is read (`Weights.transposed`), the original left to the fallback.
+
 Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
 (`chosen`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto as TP, helper
@@ -53,6 +63,7 @@ from ...cost import CostModel, node_us
 from ...graph import FusionGraph
 from ...planned import Group, Plan
 from .. import GEMM, written
+from . import generated
 from .spec import DTYPES, GemmSpec
 
 # Dense tensor-core peaks of H100 SXM (NVIDIA's datasheet; H200 has the same SMs), TFLOP/s.
@@ -71,8 +82,23 @@ TF32 = True
 EPILOGUE_OVERHEAD = {
     (TP.FLOAT, "bias"): 0.0, (TP.FLOAT, "relu"): 0.0, (TP.FLOAT, "gelu"): 0.19, (TP.FLOAT, "residual"): 0.03,
     (TP.FLOAT16, "bias"): 0.04, (TP.FLOAT16, "relu"): 0.07, (TP.FLOAT16, "gelu"): 0.13, (TP.FLOAT16, "residual"): 0.20,
+    # The generated GEMM with the exact GELU inside against cuBLAS's plain product, the mean over
+    # BERT-base's four shapes (scripts/cutlass_gemm.cu, bench/results/nvidia-h200/wave3b-cutlass).
+    (TP.FLOAT, "gelu_erf"): 0.18, (TP.FLOAT16, "gelu_erf"): 0.69,
 }
 EXACT_GELU = "cuBLASLt's GELU epilogue is the tanh form"
+# Elements a generated GEMM's rows (K) and columns (N) come in: 16 bytes, for its TMA loads.
+GENERATED_ALIGN = {TP.FLOAT: 4, TP.FLOAT16: 8}
+
+
+@dataclass(frozen=True)
+class Generating:
+    """What `find` may offer as generated GEMMs: float32 chains with a CUTLASS kernel beside
+    cuBLASLt, and with `exact` (every target sm_90) the exact-GELU chains as generated GEMMs
+    alone. `sm_count`: the GPU's multiprocessors, for the tile (generated.tile_n)."""
+
+    exact: bool
+    sm_count: int = 132
 
 
 @dataclass(frozen=True)
@@ -85,25 +111,39 @@ class Match:
     bias: str | None
     residual: str | None
     output: str
-    activation: str  # "", "relu" or "gelu" (tanh form)
+    activation: str  # "", "relu", "gelu" (tanh form) or "gelu_erf" (generated only)
     dtype: int
     k: int
     n: int
     trans_a: bool = False
     trans_b: bool = False
     product: str = ""  # the MatMul/Gemm's name, for reports
+    # The generated GEMM the node carries too (or alone, for the exact GELU), and the weight as
+    # it reads it then: [N, K], a transposed copy (None where B is stored so already).
+    generated: generated.Config | None = None
+    kmajor: Any = None  # onnx.TensorProto
+
+    @property
+    def weight(self) -> str:
+        """The weight the node reads."""
+        return self.kmajor.name if self.kmajor is not None else self.b
 
     @property
     def inputs(self) -> tuple[str, ...]:
-        """The node's inputs: A, B, [the bias], [R] (docs/abi.md)."""
+        """The group's inputs, the graph's tensors: A, B, [the bias], [R]."""
         return (self.a, self.b) + ((self.bias,) if self.bias else ()) + ((self.residual,) if self.residual else ())
 
     @property
+    def node_inputs(self) -> tuple[str, ...]:
+        """The node's inputs (docs/abi.md): `inputs` with the weight as the node reads it."""
+        return (self.a, self.weight) + self.inputs[2:]
+
+    @property
     def spec(self) -> GemmSpec:
-        epilogue = ({"": "bias", "relu": "relu_bias", "gelu": "gelu_bias"} if self.bias else
-                    {"": "none", "relu": "relu", "gelu": "gelu"})[self.activation]
+        epilogue = ({"": "bias", "relu": "relu_bias", "gelu": "gelu_bias", "gelu_erf": "gelu_erf_bias"} if self.bias else
+                    {"": "none", "relu": "relu", "gelu": "gelu", "gelu_erf": "gelu_erf"})[self.activation]
         return GemmSpec(epilogue, self.residual is not None, self.dtype, TF32 and self.dtype == TP.FLOAT,
-                        self.trans_a, self.trans_b)
+                        self.trans_a, self.trans_b or self.kmajor is not None, generated=self.generated)
 
     def describe(self) -> str:
         """One line for reports."""
@@ -111,10 +151,11 @@ class Match:
         if self.residual:
             parts.append(f"+ '{self.residual}'")
         if self.activation:
-            parts.append({"relu": "→ ReLU", "gelu": "→ GELU (tanh)"}[self.activation])
+            parts.append({"relu": "→ ReLU", "gelu": "→ GELU (tanh)", "gelu_erf": "→ GELU (exact)"}[self.activation])
         dtype = TP.DataType.Name(self.dtype).lower()
+        how = f", generated ({self.generated.name})" if self.generated else ""
         return (f"GEMM epilogue at '{self.product}': '{self.a}' · '{self.b}' [K {self.k}, N {self.n}] "
-                f"{' '.join(parts)} → '{self.output}', {dtype}{' (TF32)' if self.spec.tf32 else ''}")
+                f"{' '.join(parts)} → '{self.output}', {dtype}{' (TF32)' if self.spec.tf32 else ''}{how}")
 
 
 @dataclass(frozen=True)
@@ -227,9 +268,9 @@ def residual_add(g: FusionGraph, t: str) -> tuple[int, str] | None:
     return at, other
 
 
-def _activation(g: FusionGraph, t: str) -> _Activation | str | None:
-    """The activation applied to `t`, why it cannot be the epilogue's (the exact GELU), or None
-    when `t` is not read by one."""
+def _activation(g: FusionGraph, t: str, exact: bool = False) -> _Activation | str | None:
+    """The activation applied to `t`, why it cannot be the epilogue's (the exact GELU, unless
+    `exact`: then "gelu_erf", for a generated GEMM), or None when `t` is not read by one."""
     readers = g.consumers.get(t, ())
     if not readers or t in g.graph_outputs:
         return None
@@ -240,18 +281,23 @@ def _activation(g: FusionGraph, t: str) -> _Activation | str | None:
     if len(readers) == 1 and n.op_type == "Gelu" and n.domain in ("", "ai.onnx"):
         if n.attrs.get("approximate", "none") in ("tanh", b"tanh"):
             return _Activation("gelu", (at,), n.outputs[0])
+        if exact:
+            return _Activation("gelu_erf", (at,), n.outputs[0])
         return f"the exact GELU '{n.name or n.outputs[0]}' stays a stitched kernel: {EXACT_GELU}"
     for nodes, y in reversed(written.regions(g, t)):
         form = written.identify(g, t, nodes, y, frozenset({"gelu_tanh", "gelu"}))
         if form is not None and form[0] == "gelu_tanh":
             return _Activation("gelu", tuple(nodes), y)
+        if form is not None and exact:
+            return _Activation("gelu_erf", tuple(nodes), y)
         if form is not None:
             return f"the exact (erf) GELU into '{y}' stays a stitched kernel: {EXACT_GELU}"
     return None
 
 
-def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
-    """Every legal epilogue chain of product `i` (its prefixes) and why it stops where it does."""
+def _chain(g: FusionGraph, i: int, exact: bool = False) -> tuple[list[Match], list[str]]:
+    """Every legal epilogue chain of product `i` (its prefixes) and why it stops where it does;
+    with `exact`, chains ending in the exact GELU too (activation "gelu_erf": generated only)."""
     n = g.nodes[i]
     name = f"GEMM epilogue at '{n.name or n.outputs[0]}'"
     got = _product(g, i)
@@ -283,7 +329,7 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
         nodes.append(at)
         t = g.nodes[at].outputs[0]
         take()
-    act = _activation(g, t)
+    act = _activation(g, t, exact)
     if isinstance(act, str):
         why.append(f"{name}: {act}")
     elif act is not None:
@@ -301,15 +347,50 @@ def _chain(g: FusionGraph, i: int) -> tuple[list[Match], list[str]]:
     return found, why
 
 
-def find(g: FusionGraph) -> Found:
-    """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals."""
+def _rows(g: FusionGraph, m: Match) -> int:
+    """M: the product's rows at the planning sizes."""
+    return g.tensor_bytes(m.output) // (np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize * m.n)
+
+
+def _generated(g: FusionGraph, m: Match, weights: Any, gen: Generating, kmajor: dict[str, Any]) -> Match | str:
+    """`m` as a node that carries a generated GEMM, or why it cannot."""
+    align = GENERATED_ALIGN[m.dtype]
+    if m.trans_a or len(g.shape(m.a) or ()) not in (2, 3):
+        return "a generated GEMM reads A as [.., M, K] rows"
+    if m.k % align or m.n % align:
+        return f"K {m.k} and N {m.n} must be multiples of {align} for a generated GEMM"
+    if not m.trans_b and m.b not in kmajor:
+        if weights is None:
+            return "no weights store to transpose its weight in"
+        kmajor[m.b] = weights.transposed(g.constants[m.b], f"{m.b}~kmajor")
+    config = generated.Config(m.dtype, m.activation, m.bias is not None, m.residual is not None,
+                              generated.tile_n(_rows(g, m), m.n, gen.sm_count))
+    return dataclasses.replace(m, generated=config, kmajor=None if m.trans_b else kmajor[m.b])
+
+
+def find(g: FusionGraph, weights: Any = None, gen: Generating | None = None) -> Found:
+    """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals. With
+    `gen`, float32 chains carry a generated GEMM beside cuBLASLt and (`gen.exact`) exact-GELU
+    chains are generated GEMMs (module docstring); `weights`: the store their transposed
+    weights are made in."""
     matches: list[Match] = []
     refusals: list[str] = []
+    kmajor: dict[str, Any] = {}  # one transposed copy per weight
     for n in g.nodes:
         if n.op_type not in ("MatMul", "Gemm") or n.domain not in ("", "ai.onnx"):
             continue
-        got, why = _chain(g, n.index)
-        matches += got
+        got, why = _chain(g, n.index, exact=gen is not None and gen.exact)
+        for m in got:
+            if gen is None or (m.dtype != TP.FLOAT and m.activation != "gelu_erf"):
+                matches.append(m)  # (in half, cuBLASLt beat the generated kernels at BERT's shapes)
+                continue
+            made = _generated(g, m, weights, gen, kmajor)
+            if isinstance(made, Match):
+                matches.append(made)
+            elif m.activation == "gelu_erf":
+                refusals.append(f"GEMM epilogue at '{m.product}': the exact GELU stays a stitched kernel: {made}")
+            else:
+                matches.append(m)
         refusals += why
     return Found(tuple(matches), tuple(refusals))
 
@@ -323,8 +404,7 @@ def _tflops(dtype: int) -> float:
 def roofline_us(g: FusionGraph, cost: CostModel, m: Match, epilogue: bool = True) -> float:
     """The GEMM's roofline in µs (no launch): 2·M·K·N flops at the tensor rate of its dtype
     against A, B and Y (and with `epilogue` the bias and residual) at cost's bandwidth."""
-    rows = g.tensor_bytes(m.output) // (np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize * m.n)
-    flops = 2.0 * rows * m.k * m.n
+    flops = 2.0 * _rows(g, m) * m.k * m.n
     moved = [m.a, m.b, m.output] + ([m.bias] + ([m.residual] if m.residual else []) if epilogue else [])
     nbytes = sum(g.tensor_bytes(t) for t in moved)
     return max(flops / (_tflops(m.dtype) * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))

@@ -1,5 +1,6 @@
-"""The gemm scheme behind the common interface (schemes/base.py): a library call, so its
-KernelSource has no code (compile.py builds no image for it, rewrite.py writes none)."""
+"""The gemm scheme behind the common interface (schemes/base.py): a library call, whose
+KernelSource has no code (compile.py builds no image for it, rewrite.py writes none), or, where
+the node carries a generated GEMM (generated.py), that GEMM's CUDA C++, built by nvcc."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,13 +13,52 @@ from ...planned import Group
 from .. import GEMM
 from ..base import Matcher
 from ..source import BROADCAST, KernelSource
-from . import match
-from .match import Match
+from . import generated, match
+from .match import Generating, Match
+
+
+def generating(options: Any) -> Generating | str | None:
+    """What optimize's options (pipeline.Options: `generated_gemms` "auto", "on" or "off";
+    `archs`) and this machine offer as generated GEMMs: the exact-GELU ones only where every
+    target is sm_90; "auto" only where this machine's GPU runs them (compute capability 9.0:
+    the plan is measured there). None where they are not asked for, or why they cannot be."""
+    mode = getattr(options, "generated_gemms", "off")
+    sms = generated.local_sm_count()
+    if mode == "off" or (mode == "auto" and sms is None):
+        return None
+    tools = generated.toolchain()
+    if isinstance(tools, str):
+        return f"generated GEMMs are off: {tools}"
+    archs = {a.rstrip("a") for a in options.archs}
+    return Generating(exact=archs == {"sm_90"}, sm_count=sms or 132)
+
+
+def _find(g: FusionGraph, weights: Any, options: Any) -> match.Found:
+    gen = generating(options)
+    found = match.find(g, weights, gen if isinstance(gen, Generating) else None)
+    if isinstance(gen, str):
+        return match.Found(found.matches, found.refusals + (gen,))
+    return found
+
 
 # (Looked up at each call, so that what the match module holds is what runs.)
 MATCHER = Matcher(
     stage="epilogues", prefix="e", enabled=lambda o: o.epilogues,
-    find=lambda g, _weights: match.find(g), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
+    find=lambda *a: _find(*a), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
+
+
+def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
+    """The function body of a node that reads its weight transposed: the weight back as the
+    product reads it, the constants the nodes read (a function sees no initializers), the nodes
+    as they were."""
+    body = [helper.make_node("Transpose", [m.weight], [m.b], perm=[1, 0])]
+    nodes = [graph.nodes[i] for i in m.nodes]
+    given = set(m.inputs)
+    for t in sorted({t for n in nodes for t in n.inputs if t and t not in given and t in graph.constants}):
+        body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
+    body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
+             for n in nodes]
+    return tuple(body)
 
 
 class Gemm:
@@ -34,14 +74,22 @@ class Gemm:
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         m: Match = group.payload
         spec = m.spec
+        inputs = m.node_inputs
+        kinds = (BROADCAST,) * len(inputs)
+        if spec.generated is not None:  # the generated GEMM's source (named after its code)
+            return KernelSource(name, generated.source(spec.generated), 1, inputs, (m.output,), kinds, (m.dtype,), spec,
+                                fallback=fallback(graph, m) if m.kmajor is not None else (),
+                                constants=(m.kmajor,) if m.kmajor is not None else ())
         # Named after what it runs (there is no code to hash): the runtime's messages name it.
         kernel = f"cublaslt_{spec.epilogue}{'_residual' if spec.residual else ''}_" \
                  f"{'f16' if spec.dtype == onnx.TensorProto.FLOAT16 else 'tf32' if spec.tf32 else 'f32'}"
-        return KernelSource(kernel, "", 1, m.inputs, (m.output,), (BROADCAST,) * len(m.inputs), (m.dtype,), spec)
+        return KernelSource(kernel, "", 1, inputs, (m.output,), kinds, (m.dtype,), spec)
 
     def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
         spec, m = src.spec, group.payload
-        return {"scheme": self.name, "library": "cuBLASLt", "epilogue": spec.epilogue, "residual": spec.residual,
+        library = "cuBLASLt" if spec.generated is None else \
+            f"CUTLASS ({spec.generated.name})" + ("" if spec.epilogue.startswith("gelu_erf") else " or cuBLASLt")
+        return {"scheme": self.name, "library": library, "epilogue": spec.epilogue, "residual": spec.residual,
                 "k": m.k, "n": m.n, "trans_a": spec.trans_a, "trans_b": spec.trans_b, "tf32": spec.tf32}
 
     def attributes(self, src: KernelSource) -> list[onnx.AttributeProto]:
