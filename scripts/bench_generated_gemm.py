@@ -100,9 +100,10 @@ def case(m: int, k: int, n: int, dtype: int, epilogue: str, copies: int, config:
     providers = bench._provider_list(config)
     stock = stock_model(m, k, n, dtype, copies, epilogue)
     plain = stock_model(m, k, n, dtype, copies, None)
-    made = {}
+    made: dict = {}
     for label, gen in (("off", "off"), ("on", "on")):
-        res = optimize(stock, Options(archs=("sm_90",), generated_gemms=gen, gate=False, verify=False))
+        # (merge off: the copies' products of one A would be joined into one GEMM)
+        res = optimize(stock, Options(archs=("sm_90",), generated_gemms=gen, gate=False, verify=False, merge=False))
         made[label] = (res.model, res.report.to_json())
     models = {"off": made["off"][0], "chosen": made["on"][0]}
     if epilogue != "gelu_erf":

@@ -254,10 +254,12 @@ def test_stitched_chain_runs_anywhere_through_its_function(c: Chain) -> None:
     assert attrs["shape_rule"] == b"gemm" and not {"images", "ptx", "image_archs"} & set(attrs)
     spec = grp.payload.spec
     assert {k: attrs[k] for k in spec.attributes()} == spec.attributes()
-    assert list(node.input) == list(grp.payload.inputs)
+    assert list(node.input) == list(grp.payload.node_inputs)
+    # float32 reads its weight K-major (a transposed copy), which the function transposes back
+    assert (node.input[1] == f"{grp.payload.b}~kmajor") == (c.dtype == TP.FLOAT and not c.gemm)
     (fn,) = res.model.functions
     originals = {n.name for n in model.graph.node if n.op_type not in ("Constant",)}
-    assert {n.name for n in fn.node if n.op_type != "Constant"} == originals  # the chain, verbatim
+    assert {n.name for n in fn.node if n.op_type not in ("Constant", "Transpose")} == originals  # the chain, verbatim
     lead = tuple(4 if isinstance(d, str) else d for d in c.lead)
     given = feeds(c, lead, np.random.default_rng(fresh_seed()))
     (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)

@@ -1,6 +1,6 @@
-"""Generated GEMMs (schemes/gemm/generated.py; issue 38) on the CPU machine: their
-configurations and sources, the matcher's generated variants and refusals, the weights store's
-transposed weights, the runtime's checks of the node, and (where nvcc and CUTLASS are here) an
+"""Generated GEMMs (schemes/gemm/generated.py; issue 38) and K-major weights on the CPU machine:
+their configurations and sources, the matcher's generated chains and refusals, the weights
+store's transposed weights, the runtime's checks of the node, and (where nvcc and CUTLASS are here) an
 optimize that builds one and verifies the node's fallback function against the original.
 Their numerics on a GPU: tests/gpu/test_generated_gemm_gpu.py."""
 from __future__ import annotations
@@ -46,19 +46,20 @@ def test_narrow_tiles_where_wide_ones_leave_multiprocessors_idle(m: int, n: int,
     assert generated.tile_n(m, n, 132) == tile
 
 
-def test_a_float32_chain_carries_a_generated_gemm_on_its_weight_transposed() -> None:
+def test_float32_chains_read_their_weight_transposed() -> None:
     c = Chain(lead=("b", "s"), k=64, n=96, residual="before")
     model = chain_model(c)
     store = Weights()
-    found = gemm.find(from_model(model), store, GEN)
+    found = gemm.find(from_model(model), store)
     longest = found.matches[-1]
-    assert longest.generated == generated.Config(TP.FLOAT, "", True, True, generated.NARROW)
+    assert longest.generated is None
     assert longest.node_inputs[1] == f"{longest.b}~kmajor" and longest.inputs[1] == longest.b
-    assert longest.spec.trans_b and longest.spec.generated is longest.generated
+    assert longest.spec.trans_b
     w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == longest.b))
     np.testing.assert_array_equal(store.value(longest.kmajor), w.T)
-    # Every prefix reads the one transposed copy.
+    # Every prefix reads the one transposed copy; without a store, the weight as it is.
     assert len({id(x.kmajor) for x in found.matches}) == 1
+    assert all(m.kmajor is None for m in gemm.find(from_model(model)).matches)
 
 
 def test_the_exact_gelu_is_a_generated_gemm_only_for_sm90_alone() -> None:
@@ -69,12 +70,11 @@ def test_the_exact_gelu_is_a_generated_gemm_only_for_sm90_alone() -> None:
     assert erf.spec.epilogue == "gelu_erf_bias" and erf.generated.activation == "gelu_erf"
 
 
-def test_half_chains_stay_cublaslt_but_the_exact_gelu() -> None:
-    plain = gemm.find(from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16))), Weights(), GEN)
-    assert plain.matches and all(m.generated is None for m in plain.matches)
+def test_half_chains_stay_cublaslt_and_say_why_for_the_exact_gelu() -> None:
     erf = gemm.find(from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16,
                                                  activation="gelu_erf"))), Weights(), GEN)
-    assert [m.generated.dtype for m in erf.matches if m.activation == "gelu_erf"] == [TP.FLOAT16]
+    assert erf.matches and all(m.generated is None and m.kmajor is None for m in erf.matches)
+    assert any("lost to cuBLASLt and the GELU kernel in float16" in r for r in erf.refusals)
 
 
 def test_unaligned_widths_keep_cublaslt_and_say_why_for_the_exact_gelu() -> None:
@@ -88,13 +88,13 @@ def test_generated_gemms_follow_the_option_and_the_machine(monkeypatch: pytest.M
     opts = onnxstitch.Options(generated_gemms="off")
     assert gemm_scheme.generating(opts) is None
     monkeypatch.setattr(generated, "local_sm_count", lambda: None)
-    assert gemm_scheme.generating(onnxstitch.Options()) is None  # auto, no Hopper here
+    assert gemm_scheme.generating(onnxstitch.Options(archs=("sm_90",))) is None  # auto, no Hopper here
     monkeypatch.setattr(generated, "toolchain", lambda: "nvcc is not found (CUDA_HOME, /usr/local/cuda, PATH)")
-    assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on")) == \
+    assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on", archs=("sm_90",))) == \
         "generated GEMMs are off: nvcc is not found (CUDA_HOME, /usr/local/cuda, PATH)"
     monkeypatch.setattr(generated, "toolchain", lambda: generated.Toolchain("nvcc", (), "v"))
     assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on", archs=("sm_90a",))).exact
-    assert not gemm_scheme.generating(onnxstitch.Options(generated_gemms="on")).exact  # sm_80 too
+    assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on")) is None  # sm_80 too: they would not run
     with pytest.raises(BadInputError, match="auto, on or off"):
         onnxstitch.Options(generated_gemms="yes")
 

@@ -186,9 +186,9 @@ def _summary(report, out: Path) -> Table:
                    "time in worker processes and cached), and MatMul/Gemm + bias [+ ReLU or tanh GELU] "
                    "[+ residual] as one cuBLASLt call, where the plan and the measured costs find it cheaper.")
 @click.option("--generated-gemms", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-              help="Also generate GEMMs with their epilogue inside (CUTLASS, built by nvcc: about a minute per "
-                   "configuration, cached), each timed against cuBLASLt at its first run; with --arch sm_90 alone, "
-                   "the exact GELU inside too. auto: where this machine's GPU is a Hopper (compute capability 9.0).")
+              help="With --arch sm_90 alone: MatMul + bias + exact (erf) GELU as one generated GEMM (CUTLASS, built by "
+                   "nvcc: about a minute per configuration, cached; it runs on compute capability 9.0 only). auto: "
+                   "where this machine's GPU is a Hopper.")
 @value_option
 @custom_ops_option
 @verbosity

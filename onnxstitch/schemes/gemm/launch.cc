@@ -90,7 +90,8 @@ struct Generated {
 };
 
 // The shared object in `image`, loaded once per process (by its digest) from memory: written to
-// a memfd and opened through /proc (it is never unloaded: its CUDA runtime is static).
+// a memfd and opened through /proc (it is never unloaded: its CUDA runtime is static; nor is the
+// memfd closed, see below).
 Error LoadGenerated(const std::string& image, const Generated** out) {
   static std::mutex* mu = new std::mutex;
   static auto* loaded = new std::map<std::string, std::pair<Generated, std::string>>;  // digest → (it, error)
@@ -115,7 +116,9 @@ Error LoadGenerated(const std::string& image, const Generated** out) {
       if (done != image.size()) why = "writing it to a memfd failed";
       void* h = why.empty() ? dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
       if (why.empty() && h == nullptr) why = std::string("dlopen failed: ") + dlerror();
-      close(fd);
+      // The memfd stays open while the process lives: closed, its number (and so the path) would
+      // come back for the next module, and dlopen returns the library already loaded under a name.
+      if (h == nullptr) close(fd);
       if (h != nullptr) {
         auto abi = reinterpret_cast<int (*)()>(dlsym(h, "onnxstitch_gemm_abi"));
         g.run = reinterpret_cast<decltype(g.run)>(dlsym(h, "onnxstitch_gemm_run"));

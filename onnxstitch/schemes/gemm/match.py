@@ -39,13 +39,17 @@ GEMM plus what the epilogue adds to the roofline: compute-bound GEMMs hide their
 memory-bound ones pay for the residual's read. The ILP weighs it against ORT's GEMM with the
 elementwise or rows kernel over the same nodes.
 
-Generated GEMMs (generated.py, issue 38): where `find` is given a `Generating` (nvcc and
-CUTLASS here, the plan for a Hopper GPU), each float32 chain's node also carries a CUTLASS
-kernel of the same epilogue, which the runtime times against cuBLASLt at its first call and
-keeps where faster; and chains ending in the exact (erf) GELU, which cuBLASLt cannot run,
-become generated GEMMs alone (float32 and float16) when every target is sm_90, since they run
-nowhere else. A generated GEMM reads its weight K-major ([N, K]): a transposed copy made by the
-weights store where it is read (`Weights.transposed`), the original left to the fallback.
+Float32 chains read their weight K-major ([N, K]): a transposed copy made by the weights store
+where it is read (`Weights.transposed`; the fused node's function transposes it back), as
+cuBLASLt's TF32 kernels run faster so (`_kmajor`).
+
+Generated GEMMs (generated.py, issue 38): where `find` is given a `Generating` whose targets are
+all sm_90 (nvcc and CUTLASS here), float32 chains ending in the exact (erf) GELU, which cuBLASLt
+cannot run, become CUTLASS kernels with the GELU inside (they run only on compute capability
+9.0). Measured on an H200 (scripts/bench_generated_gemm.py): 0.86-0.99× of cuBLASLt's bias
+epilogue plus the stitched GELU at BERT's and a LLaMA layer's shapes in float32; in float16 they
+lost at two of BERT's four (1.08-1.16×), and for the epilogues cuBLASLt runs they were no faster
+than cuBLASLt on K-major weights, so neither is offered.
 
 Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
 (`chosen`).
@@ -368,11 +372,23 @@ def _generated(g: FusionGraph, m: Match, weights: Any, gen: Generating, kmajor: 
     return dataclasses.replace(m, generated=config, kmajor=None if m.trans_b else kmajor[m.b])
 
 
+def _kmajor(g: FusionGraph, m: Match, weights: Any, kmajor: dict[str, Any]) -> Match:
+    """A float32 chain `m` reading its weight K-major ([N, K], a copy the store transposes) where
+    `weights` is given: cuBLASLt's TF32 kernels are faster so (TN), 2-18% at BERT's and a LLaMA
+    layer's 16 shapes and epilogues (bench/results/nvidia-h200/wave3k, scripts/bench_generated_gemm.py:
+    the `cublaslt` rows against `off`), as Hopper's TF32 wgmma reads both operands K-major."""
+    if weights is None or m.dtype != TP.FLOAT or m.trans_b or m.trans_a:
+        return m
+    if m.b not in kmajor:
+        kmajor[m.b] = weights.transposed(g.constants[m.b], f"{m.b}~kmajor")
+    return dataclasses.replace(m, kmajor=kmajor[m.b])
+
+
 def find(g: FusionGraph, weights: Any = None, gen: Generating | None = None) -> Found:
-    """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals. With
-    `gen`, float32 chains carry a generated GEMM beside cuBLASLt and (`gen.exact`) exact-GELU
-    chains are generated GEMMs (module docstring); `weights`: the store their transposed
-    weights are made in."""
+    """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals; with
+    `weights` (the store transposed weights are made in), float32 chains read their weight
+    K-major (`_kmajor`). With `gen` (`gen.exact`: every target sm_90), exact-GELU chains too, as
+    generated GEMMs (module docstring)."""
     matches: list[Match] = []
     refusals: list[str] = []
     kmajor: dict[str, Any] = {}  # one transposed copy per weight
@@ -381,16 +397,19 @@ def find(g: FusionGraph, weights: Any = None, gen: Generating | None = None) -> 
             continue
         got, why = _chain(g, n.index, exact=gen is not None and gen.exact)
         for m in got:
-            if gen is None or (m.dtype != TP.FLOAT and m.activation != "gelu_erf"):
-                matches.append(m)  # (in half, cuBLASLt beat the generated kernels at BERT's shapes)
+            if m.activation != "gelu_erf":
+                matches.append(_kmajor(g, m, weights, kmajor))
+                continue
+            assert gen is not None  # (only asked for with it)
+            if m.dtype != TP.FLOAT:
+                refusals.append(f"GEMM epilogue at '{m.product}': the exact GELU stays a stitched kernel: "
+                                "generated GEMMs lost to cuBLASLt and the GELU kernel in float16")
                 continue
             made = _generated(g, m, weights, gen, kmajor)
             if isinstance(made, Match):
                 matches.append(made)
-            elif m.activation == "gelu_erf":
-                refusals.append(f"GEMM epilogue at '{m.product}': the exact GELU stays a stitched kernel: {made}")
             else:
-                matches.append(m)
+                refusals.append(f"GEMM epilogue at '{m.product}': the exact GELU stays a stitched kernel: {made}")
         refusals += why
     return Found(tuple(matches), tuple(refusals))
 

@@ -18,19 +18,21 @@ from .match import Generating, Match
 
 
 def generating(options: Any) -> Generating | str | None:
-    """What optimize's options (pipeline.Options: `generated_gemms` "auto", "on" or "off";
-    `archs`) and this machine offer as generated GEMMs: the exact-GELU ones only where every
-    target is sm_90; "auto" only where this machine's GPU runs them (compute capability 9.0:
-    the plan is measured there). None where they are not asked for, or why they cannot be."""
+    """Whether optimize's options (pipeline.Options: `generated_gemms` "auto", "on" or "off";
+    `archs`) and this machine offer generated GEMMs (the exact-GELU chains, match.py): only where
+    every target is sm_90 (they run nowhere else); with "auto" only where this machine's GPU
+    runs them (compute capability 9.0: the plan is measured there). None where they are not
+    asked for, or why they cannot be."""
     mode = getattr(options, "generated_gemms", "off")
+    if mode == "off" or {a.rstrip("a") for a in options.archs} != {"sm_90"}:
+        return None
     sms = generated.local_sm_count()
-    if mode == "off" or (mode == "auto" and sms is None):
+    if mode == "auto" and sms is None:
         return None
     tools = generated.toolchain()
     if isinstance(tools, str):
         return f"generated GEMMs are off: {tools}"
-    archs = {a.rstrip("a") for a in options.archs}
-    return Generating(exact=archs == {"sm_90"}, sm_count=sms or 132)
+    return Generating(exact=True, sm_count=sms or 132)
 
 
 def _find(g: FusionGraph, weights: Any, options: Any) -> match.Found:
@@ -83,12 +85,15 @@ class Gemm:
         # Named after what it runs (there is no code to hash): the runtime's messages name it.
         kernel = f"cublaslt_{spec.epilogue}{'_residual' if spec.residual else ''}_" \
                  f"{'f16' if spec.dtype == onnx.TensorProto.FLOAT16 else 'tf32' if spec.tf32 else 'f32'}"
-        return KernelSource(kernel, "", 1, inputs, (m.output,), kinds, (m.dtype,), spec)
+        return KernelSource(kernel, "", 1, inputs, (m.output,), kinds, (m.dtype,), spec,
+                            fallback=fallback(graph, m) if m.kmajor is not None else (),
+                            constants=(m.kmajor,) if m.kmajor is not None else ())
 
     def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
         spec, m = src.spec, group.payload
         library = "cuBLASLt" if spec.generated is None else \
             f"CUTLASS ({spec.generated.name})" + ("" if spec.epilogue.startswith("gelu_erf") else " or cuBLASLt")
+        library += ", weight K-major" if m.kmajor is not None else ""
         return {"scheme": self.name, "library": library, "epilogue": spec.epilogue, "residual": spec.residual,
                 "k": m.k, "n": m.n, "trans_a": spec.trans_a, "trans_b": spec.trans_b, "tf32": spec.tf32}
 
