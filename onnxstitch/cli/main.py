@@ -113,7 +113,9 @@ def _summary(report, out: Path) -> Table:
         detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
         t.add_row("attention kernels", "", f"{len(report.attention)} ({detail or 'tensor cores'})")
     if report.epilogues:
-        t.add_row("GEMM epilogues", "", f"{len(report.epilogues)} (cuBLASLt)")
+        made = sum(", generated (" in e for e in report.epilogues)
+        t.add_row("GEMM epilogues", "",
+                  f"{len(report.epilogues) - made} (cuBLASLt)" + (f", {made} generated (CUTLASS)" if made else ""))
     if report.conv_epilogues:
         t.add_row("conv epilogues", "", f"{len(report.conv_epilogues)} (cuDNN, NHWC)")
     t.add_row("solver", "", f"{p.status} in {p.solve_seconds:.2f} s ({p.num_candidates} candidates)")
