@@ -715,7 +715,8 @@ def structural_problems(original: onnx.ModelProto, stitched: onnx.ModelProto,
     for key, f in funcs.items():
         if key in used:
             for n in f.node:
-                if n.op_type != "Constant":
+                # (nodes a scheme puts in the function, source.HELPER_PREFIX: a weight transposed back)
+                if n.op_type != "Constant" and not n.name.startswith("onnxstitch~"):
                     remaining[key_of(n)] = remaining.get(key_of(n), 0) + 1
     # (a model nothing fuses goes out as it came in, not in its rewritten form)
     base = rewritten if rewritten is not None and any(True for _ in fused_nodes(stitched)) else original

@@ -93,7 +93,11 @@ def _function(model: onnx.ModelProto, graph: FusionGraph, group: FusedGroup) -> 
     # (Expand's shape input is not read: _expand_fallback takes the shape from the inputs.)
     read = [t for i in computes for n in [nodes[i]]
             for t in (n.input if chain or i in layout else ops.data_inputs(n.op_type, n.domain, n.input))]
-    local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs}
+    before = list(src.fallback_before)
+    made_before = {t for n in before for t in n.output}
+    local = {t for t in read if t and graph.producer.get(t) not in members and t not in src.inputs
+             and t not in made_before}
+    body += before
     for t in sorted(local) if not src.fallback else ():
         body.append(helper.make_node("Constant", [], [t], value=graph.constants.get(t) or inits.get(t) or made[t]))
     # Boxed inputs (folded Slice/Split): the function receives their sources and slices them.

@@ -52,7 +52,7 @@ class Found:
     refusals: tuple[str, ...] = ()
 
 
-def _find(g: FusionGraph, _weights: Any) -> Found:
+def _find(g: FusionGraph, _weights: Any, _options: Any) -> Found:
     nodes = tuple(NegMatch(n.index, n.label) for n in g.nodes if n.op_type == "Neg")
     return Found(nodes, tuple(f"{n.label}: not a Neg" for n in g.nodes if n.op_type == "MatMul"))
 

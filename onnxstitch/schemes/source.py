@@ -22,6 +22,7 @@ from ..folds import concats, slices
 from ..graph import MAX_INPUTS, MAX_OUTPUTS, MAX_RANK, FusionGraph, constant_value
 
 FULL, BROADCAST = 0, 1
+HELPER_PREFIX = "onnxstitch~"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class KernelSource:
     # The fused function's body when the scheme writes it itself (an attention chain reading
     # un-expanded K and V or applying its causal mask); empty: the group's nodes (rewrite.py).
     fallback: tuple[onnx.NodeProto, ...] = ()
+    # Nodes the scheme puts before the group's own nodes in the fused function, whose outputs
+    # those nodes read (a weight the kernel reads transposed, transposed back); named
+    # HELPER_PREFIX + …: the scheme's, not the model's.
+    fallback_before: tuple[onnx.NodeProto, ...] = ()
     # Constants the fused node reads that the model did not have (a conv chain's weights with its
     # BatchNormalization folded in): the rewrite adds them as initializers.
     constants: tuple[onnx.TensorProto, ...] = ()

@@ -12,7 +12,7 @@ from ...graph import FusionGraph
 from ...planned import Group
 from .. import GEMM
 from ..base import Matcher
-from ..source import BROADCAST, KernelSource
+from ..source import BROADCAST, HELPER_PREFIX, KernelSource
 from . import generated, match
 from .match import Generating, Match
 
@@ -49,18 +49,12 @@ MATCHER = Matcher(
     find=lambda *a: _find(*a), group_of=lambda *a: match.group_of(*a), chosen=lambda *a: match.chosen(*a))
 
 
-def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
-    """The function body of a node that reads its weight transposed: the weight back as the
-    product reads it, the constants the nodes read (a function sees no initializers), the nodes
-    as they were."""
-    body = [helper.make_node("Transpose", [m.weight], [m.b], perm=[1, 0])]
-    nodes = [graph.nodes[i] for i in m.nodes]
-    given = set(m.inputs)
-    for t in sorted({t for n in nodes for t in n.inputs if t and t not in given and t in graph.constants}):
-        body.append(helper.make_node("Constant", [], [t], value=graph.constants[t]))
-    body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
-             for n in nodes]
-    return tuple(body)
+def transposed_back(m: Match) -> tuple[onnx.NodeProto, ...]:
+    """Before the chain's own nodes in the fused function, where the node reads its weight
+    transposed: the weight back as the product reads it."""
+    if m.kmajor is None:
+        return ()
+    return (helper.make_node("Transpose", [m.weight], [m.b], name=f"{HELPER_PREFIX}transpose~{m.b}", perm=[1, 0]),)
 
 
 class Gemm:
@@ -80,14 +74,12 @@ class Gemm:
         kinds = (BROADCAST,) * len(inputs)
         if spec.generated is not None:  # the generated GEMM's source (named after its code)
             return KernelSource(name, generated.source(spec.generated), 1, inputs, (m.output,), kinds, (m.dtype,), spec,
-                                fallback=fallback(graph, m) if m.kmajor is not None else (),
-                                constants=(m.kmajor,) if m.kmajor is not None else ())
+                                fallback_before=transposed_back(m), constants=(m.kmajor,) if m.kmajor is not None else ())
         # Named after what it runs (there is no code to hash): the runtime's messages name it.
         kernel = f"cublaslt_{spec.epilogue}{'_residual' if spec.residual else ''}_" \
                  f"{'f16' if spec.dtype == onnx.TensorProto.FLOAT16 else 'tf32' if spec.tf32 else 'f32'}"
         return KernelSource(kernel, "", 1, inputs, (m.output,), kinds, (m.dtype,), spec,
-                            fallback=fallback(graph, m) if m.kmajor is not None else (),
-                            constants=(m.kmajor,) if m.kmajor is not None else ())
+                            fallback_before=transposed_back(m), constants=(m.kmajor,) if m.kmajor is not None else ())
 
     def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:
         spec, m = src.spec, group.payload
