@@ -274,7 +274,9 @@ def rewrite(model: onnx.ModelProto, graph: FusionGraph, groups: Sequence[FusedGr
     # Constants the graph stage derived (channel_params) and fused nodes now read.
     have = {t.name for t in g.initializer}
     g.initializer.extend(graph.constants[t] for t in sorted(used) if t in graph.constants and t not in have)
-    g.initializer.extend(c for grp in groups for c in grp.kernel.source.constants if c.name not in have)
+    # (once each: groups over one weight share its transposed copy)
+    g.initializer.extend({c.name: c for grp in groups for c in grp.kernel.source.constants
+                          if c.name not in have}.values())
     keep_init = [t for t in g.initializer if t.name in used or t.name in {x.name for x in g.input}]
     del g.initializer[:]
     g.initializer.extend(keep_init)

