@@ -196,3 +196,26 @@ def test_products_sharing_a_weight_share_its_transposed_copy() -> None:
     for i in range(2):
         want = feeds_[f"x{i}"] @ numpy_helper.to_array(w) + numpy_helper.to_array(bias[i])
         np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_join_is_made_where_read(tmp_path: Path) -> None:
+    # Merged sibling weights (Q, K and V: a join) read K-major: a Transpose of a Concat in sessions.
+    rng = np.random.default_rng(fresh_seed())
+    parts = [rng.standard_normal((256, 300)).astype(np.float32) for _ in range(3)]
+    store = Weights()
+    joined = store.concat([store.add(p, f"w{i}") for i, p in enumerate(parts)], 1, "wqkv")
+    t = store.transposed(joined, "wqkv~kmajor")
+    want = np.concatenate(parts, axis=1).T
+    np.testing.assert_array_equal(store.value(t), want)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", [t.name], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", TP.FLOAT, list(want.shape))], [t]), ir_version=10,
+        opset_imports=[helper.make_opsetid("", 17)])
+    session = store.session_model(model)
+    assert sorted(n.op_type for n in session.graph.node) == ["Concat", "Identity", "Transpose"]
+    sess = ort.InferenceSession(session.SerializeToString(), store.session_options(session),
+                                providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(sess.run(None, {})[0], want)
+    store.save(model, tmp_path / "m.onnx", external=True)
+    got = numpy_helper.to_array(onnx.load(str(tmp_path / "m.onnx")).graph.initializer[0], base_dir=str(tmp_path))
+    np.testing.assert_array_equal(got, want)
