@@ -198,9 +198,9 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
         return []
     archs, ptx_arch = _targets(archs)
     # Kernels their scheme builds itself (nvcc: a minute each) start first, beside NVRTC's.
-    own = _unique(s for s in sources if s.spec.builds_own_image)
+    own = {code_of(s.source): s for s in _unique(s for s in sources if s.spec.builds_own_image)}
     own_pool = ThreadPoolExecutor(max_workers=max(1, min(len(own), _cores())), thread_name_prefix="onnxstitch-own")
-    own_built = {code_of(s.source): own_pool.submit(s.spec.build_image, s.source, s.name, cache_dir()) for s in own}
+    own_built = {code: own_pool.submit(s.spec.build_image, s.source, s.name, cache_dir()) for code, s in own.items()}
     own_pool.shutdown(wait=False)
     sources_all, sources = sources, [s for s in sources if not s.spec.builds_own_image]
     unique = _unique(sources)
@@ -228,6 +228,6 @@ def compile_all(sources: Iterable[KernelSource], archs: Sequence[str] = DEFAULT_
             for code, s in ((code_of(s.source), s) for s in unique)}
     for code, future in own_built.items():
         target, image = future.result()
-        done[code] = CompiledKernel(next(s for s in own if code_of(s.source) == code), (target,), (image,), b"", "")
+        done[code] = CompiledKernel(own[code], (target,), (image,), b"", "")
     return [dataclasses.replace(done[code_of(s.source)], source=s) if s.source else CompiledKernel(s, (), (), b"", "")
             for s in sources_all]

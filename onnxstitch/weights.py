@@ -112,7 +112,7 @@ class _Concat:
 @dataclass(frozen=True)
 class _Transposed:
     """A payload made when it is read: the 2-D `part` (a stub of the same store or an inline
-    initializer) transposed (a generated GEMM's weight, read K-major)."""
+    initializer) transposed (a float32 GEMM's weight, read K-major: schemes/gemm/match.py)."""
 
     part: TensorProto
     nbytes: int

@@ -1,5 +1,6 @@
 """The gemm scheme's generated GEMMs (issue 38): CUTLASS 3.x SM90 kernels with the epilogue
-inside, for what cuBLASLt's epilogues cannot run (the exact GELU) and where they are faster.
+inside, for what cuBLASLt's epilogues cannot run: the exact GELU (match.py offers nothing else:
+measured, the kernels were no faster than cuBLASLt on a K-major weight for the rest).
 
 Why CUTLASS (docs/perf-notes.md, "Decision: CUTLASS"): in TF32 its warp-specialized kernel
 matches cuBLAS at BERT's and LLaMA's shapes, and with the exact GELU inside it beats cuBLAS plus
@@ -7,9 +8,9 @@ a separate GELU kernel at all eight (1.01–1.27×, H200). Its host side builds 
 set of pointers, so a kernel is not a bare cubin: each configuration is built by nvcc, with the
 nvidia-cutlass wheel's headers, into a small shared object (cutlass_gemm.cu.in) that exports
 three C functions; the fused node carries it as its image and the runtime loads it from memory
-(docs/abi.md, "Generated GEMMs"). It runs only on compute capability 9.0 (sm_90a code): on any
-other GPU the node runs its product through cuBLASLt, and the plan offers only epilogues
-cuBLASLt can also run unless every target is sm_90.
+(docs/abi.md, "Generated GEMMs"). It runs only on compute capability 9.0 (sm_90a code), so the
+plan offers one only when every target is sm_90. (A node whose epilogue cuBLASLt also runs may
+carry one too: the runtime then times both; the optimizer writes none such now.)
 
 Building takes nvcc about a minute per configuration on two cores; objects are cached on disk by
 what they are built from (the source with its #defines, nvcc's version, CUTLASS's), and built

@@ -357,26 +357,26 @@ def _rows(g: FusionGraph, m: Match) -> int:
 
 
 def _generated(g: FusionGraph, m: Match, weights: Any, gen: Generating, kmajor: dict[str, Any]) -> Match | str:
-    """`m` as a node that carries a generated GEMM, or why it cannot."""
+    """The float32 chain `m` as a node that carries a generated GEMM (its weight K-major), or why
+    it cannot."""
     align = GENERATED_ALIGN[m.dtype]
     if m.trans_a or len(g.shape(m.a) or ()) not in (2, 3):
         return "a generated GEMM reads A as [.., M, K] rows"
     if m.k % align or m.n % align:
         return f"K {m.k} and N {m.n} must be multiples of {align} for a generated GEMM"
-    if not m.trans_b and m.b not in kmajor:
-        if weights is None:
-            return "no weights store to transpose its weight in"
-        kmajor[m.b] = weights.transposed(g.constants[m.b], f"{m.b}~kmajor")
+    m = _kmajor(g, m, weights, kmajor)
+    if not m.trans_b and m.kmajor is None:
+        return "no weights store to transpose its weight in"
     config = generated.Config(m.dtype, m.activation, m.bias is not None, m.residual is not None,
                               generated.tile_n(_rows(g, m), m.n, gen.sm_count))
-    return dataclasses.replace(m, generated=config, kmajor=None if m.trans_b else kmajor[m.b])
+    return dataclasses.replace(m, generated=config)
 
 
 def _kmajor(g: FusionGraph, m: Match, weights: Any, kmajor: dict[str, Any]) -> Match:
     """A float32 chain `m` reading its weight K-major ([N, K], a copy the store transposes) where
     `weights` is given: cuBLASLt's TF32 kernels are faster so (TN), 2-18% at BERT's and a LLaMA
-    layer's 16 shapes and epilogues (bench/results/nvidia-h200/wave3k, scripts/bench_generated_gemm.py:
-    the `cublaslt` rows against `off`), as Hopper's TF32 wgmma reads both operands K-major."""
+    layer's 16 shapes and epilogues (bench/results/nvidia-h200/wave3k: its `cublaslt` column against
+    `off`), as Hopper's TF32 wgmma reads both operands K-major."""
     if weights is None or m.dtype != TP.FLOAT or m.trans_b or m.trans_a:
         return m
     if m.b not in kmajor:

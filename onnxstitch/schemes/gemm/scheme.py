@@ -70,15 +70,14 @@ class Gemm:
     def generate(self, graph: FusionGraph, name: str, group: Group) -> KernelSource:
         m: Match = group.payload
         spec = m.spec
-        inputs = m.node_inputs
-        kinds = (BROADCAST,) * len(inputs)
         if spec.generated is not None:  # the generated GEMM's source (named after its code)
-            return KernelSource(name, generated.source(spec.generated), 1, inputs, (m.output,), kinds, (m.dtype,), spec,
-                                fallback_before=transposed_back(m), constants=(m.kmajor,) if m.kmajor is not None else ())
-        # Named after what it runs (there is no code to hash): the runtime's messages name it.
-        kernel = f"cublaslt_{spec.epilogue}{'_residual' if spec.residual else ''}_" \
-                 f"{'f16' if spec.dtype == onnx.TensorProto.FLOAT16 else 'tf32' if spec.tf32 else 'f32'}"
-        return KernelSource(kernel, "", 1, inputs, (m.output,), kinds, (m.dtype,), spec,
+            kernel, code = name, generated.source(spec.generated)
+        else:  # named after what it runs (there is no code to hash): the runtime's messages name it
+            kernel = f"cublaslt_{spec.epilogue}{'_residual' if spec.residual else ''}_" \
+                     f"{'f16' if spec.dtype == onnx.TensorProto.FLOAT16 else 'tf32' if spec.tf32 else 'f32'}"
+            code = ""
+        inputs = m.node_inputs
+        return KernelSource(kernel, code, 1, inputs, (m.output,), (BROADCAST,) * len(inputs), (m.dtype,), spec,
                             fallback_before=transposed_back(m), constants=(m.kmajor,) if m.kmajor is not None else ())
 
     def describe(self, graph: FusionGraph, group: Group, src: KernelSource) -> dict[str, Any]:

@@ -21,7 +21,6 @@ ATTRIBUTE_PREFIX = "gemm_"
 EPILOGUES = ("none", "bias", "relu_bias", "gelu_bias", "relu", "gelu", "gelu_erf_bias", "gelu_erf")
 BIASED = ("bias", "relu_bias", "gelu_bias", "gelu_erf_bias")
 LIBRARY_EPILOGUES = EPILOGUES[:6]
-LIBRARIES = ("timed", "cublaslt", "generated")  # gemm_library's codes
 DTYPES = (TP.FLOAT, TP.FLOAT16)
 
 
@@ -45,9 +44,6 @@ class GemmSpec(Spec):
     # the heuristic's first (the benchmark's baseline).
     timed: bool = True
     generated: Config | None = None
-    # Where both can run a shape: "timed" (the faster at the first call), "cublaslt" or
-    # "generated" (benchmarks and tests).
-    library: str = "timed"
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -58,8 +54,6 @@ class GemmSpec(Spec):
             raise ValueError(f"gemm epilogue {self.epilogue!r} runs only as a generated GEMM")
         if self.generated is not None and (self.trans_a or not self.trans_b):
             raise ValueError("a generated GEMM reads A [M, K] and B [N, K] (trans_a off, trans_b on)")
-        if self.library not in LIBRARIES:
-            raise ValueError(f"gemm library {self.library!r}: one of {', '.join(LIBRARIES)}")
 
     @property
     def builds_own_image(self) -> bool:
@@ -84,5 +78,4 @@ class GemmSpec(Spec):
         return {ATTRIBUTE_PREFIX + "epilogue": EPILOGUES.index(self.epilogue),
                 ATTRIBUTE_PREFIX + "residual": int(self.residual), ATTRIBUTE_PREFIX + "tf32": int(self.tf32),
                 ATTRIBUTE_PREFIX + "trans_a": int(self.trans_a), ATTRIBUTE_PREFIX + "trans_b": int(self.trans_b),
-                ATTRIBUTE_PREFIX + "timed": int(self.timed),
-                **({ATTRIBUTE_PREFIX + "library": LIBRARIES.index(self.library)} if self.library != "timed" else {})}
+                ATTRIBUTE_PREFIX + "timed": int(self.timed)}
