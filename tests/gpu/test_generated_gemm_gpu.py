@@ -3,8 +3,9 @@ tests/gemm_models.py (as exporters write it and as the Gelu op) optimized with -
 --generated-gemms on (verified there against stock ORT CUDA), run through the custom op with
 poisoned outputs against a float64 reference on fresh random inputs: row counts that are a
 multiple of nothing, rank-3 A, BERT's and a LLaMA layer's widths, and CUDA graphs. (The
-runtime's choice between a generated GEMM and cuBLASLt, gemm_library, is exercised by
-scripts/bench_generated_gemm.py.) Skipped where the GPU is not of compute
+runtime's timed choice between a generated GEMM and cuBLASLt, gemm_library, was exercised at
+1fbcc67 by these tests and scripts/bench_generated_gemm.py; the optimizer writes no such node
+now.) Skipped where the GPU is not of compute
 capability 9.0 or nvcc and CUTLASS are not here. Tolerances as tests/gpu/test_gemm_gpu.py's."""
 from __future__ import annotations
 
