@@ -129,14 +129,19 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
   generated)
     # Issue 38's generated GEMMs; carry .carry/gcache (objects built here: scripts/prebuild_gemms.py),
     # .carry/cutlass (the nvidia-cutlass wheel, for nvcc there when one is missing) and build/bertc.
-    # GEN_STEPS: tests, bench (scripts/bench_generated_gemm.py), bert (BERT-base float32 with and
-    # without them, stock in the same call), default all three.
+    # GEN_STEPS: configs (scripts/bench_cutlass_configs.py: each configuration against cuBLAS),
+    # tests, bench (scripts/bench_generated_gemm.py), bert (BERT-base float32 with and without
+    # them, then float16, stock in the same call), default all four.
     { for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
       mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
       nvcc --version | tail -2
       python3 -c "from onnxstitch.schemes.gemm import generated as g; print(g.toolchain(), g.local_sm_count())"
     } 2>&1 | tee "$log"
-    steps=${GEN_STEPS:-tests,bench,bert}
+    steps=${GEN_STEPS:-configs,tests,bench,bert}
+    if [[ $steps == *configs* ]]; then
+      python3 scripts/bench_cutlass_configs.py --out "$OUT/cutlass_configs.json" ${GEN_SHAPES:+--shapes "$GEN_SHAPES"} \
+        2>&1 | tee -a "$log"
+    fi
     if [[ $steps == *tests* ]]; then
       python3 -m pytest -q -n 4 -m gpu tests/gpu/test_generated_gemm_gpu.py tests/gpu/test_gemm_gpu.py \
         -p no:cacheprovider 2>&1 | tail -15 | tee -a "$log"
@@ -155,9 +160,13 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
           --report "$OUT/bert-$v-report.json" -q "${flags[@]}"
         echo "$v optimize: rc $? $(python3 -c "import time; print(round(time.time() - $t0, 2))") s wall"
       done 2>&1 | tee -a "$log"
-      for v in default generated; do
+      [ -f /tmp/zoo/bert-base-float16.onnx ] && python3 -m onnxstitch.cli optimize /tmp/zoo/bert-base-float16.onnx \
+        -o /tmp/zoo/bert.f16.onnx --shape batch=8,sequence=128 --report "$OUT/bert-f16-report.json" -q 2>&1 | tee -a "$log"
+      for v in default generated f16; do
         echo "== $v, CUDA graphs"
-        python3 -m onnxstitch.cli bench "$m" --stitched /tmp/zoo/bert.$v.onnx --shape batch=8,sequence=128 \
+        src=$m; [ $v = f16 ] && src=/tmp/zoo/bert-base-float16.onnx
+        [ -f /tmp/zoo/bert.$v.onnx ] || continue
+        python3 -m onnxstitch.cli bench "$src" --stitched /tmp/zoo/bert.$v.onnx --shape batch=8,sequence=128 \
           --cuda-graph --json -q > "$OUT/bench-bert-$v.json"
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in r if 'ms' in k or 'speed' in k})" \
           "$OUT/bench-bert-$v.json"

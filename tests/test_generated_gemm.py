@@ -70,6 +70,18 @@ def test_the_exact_gelu_is_a_generated_gemm_only_for_sm90_alone() -> None:
     assert erf.spec.epilogue == "gelu_erf_bias" and erf.generated.activation == "gelu_erf"
 
 
+def test_float32_chains_cublaslt_runs_carry_a_stream_k_kernel_beside_it() -> None:
+    g = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, residual="before")))
+    found = gemm.find(g, Weights(), GEN)
+    assert found.matches and all(m.generated is not None and m.generated.stream_k for m in found.matches)
+    longest = found.matches[-1]
+    assert longest.generated == generated.Config(TP.FLOAT, "", True, True, generated.NARROW, stream_k=True)
+    assert longest.spec.epilogue == "bias" and longest.kmajor is not None  # cuBLASLt's epilogue, timed against it
+    assert all(m.generated is None for m in gemm.find(g, Weights(), gemm.Generating(exact=True, beside=False)).matches)
+    half = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16)))
+    assert all(m.generated is None for m in gemm.find(half, Weights(), GEN).matches)
+
+
 def test_half_chains_stay_cublaslt_and_say_why_for_the_exact_gelu() -> None:
     erf = gemm.find(from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16,
                                                  activation="gelu_erf"))), Weights(), GEN)

@@ -27,6 +27,8 @@ typedef struct CUfunc_st* Function;
 typedef struct CUstream_st* Stream;
 typedef struct CUgreenCtx_st* GreenCtx;
 typedef struct CUevent_st* Event;
+typedef struct CUgraph_st* Graph;
+typedef struct CUgraphExec_st* GraphExec;
 
 constexpr Result kSuccess = 0;
 
@@ -76,6 +78,13 @@ struct Driver {
   Result (*ThreadExchangeStreamCaptureMode)(int*) = nullptr;                // @10010
   Result (*DeviceGet)(Device*, int) = nullptr;                              // @2000, optional
   Result (*DevicePrimaryCtxRetain)(Context*, Device) = nullptr;             // @7000, optional
+  // Optional: candidates timed as CUDA graphs of their runs (Fastest's `graphed`).
+  Result (*StreamBeginCapture)(Stream, int) = nullptr;                      // @10010 (_v2)
+  Result (*StreamEndCapture)(Stream, Graph*) = nullptr;                     // @10000
+  Result (*GraphInstantiate)(GraphExec*, Graph, unsigned long long) = nullptr;  // @11040 (WithFlags)
+  Result (*GraphLaunch)(GraphExec, Stream) = nullptr;                       // @10000
+  Result (*GraphExecDestroy)(GraphExec) = nullptr;                          // @10000
+  Result (*GraphDestroy)(Graph) = nullptr;                                  // @10000
 
   // Loads libcuda.so.1 and resolves every entry point. Returns "" on success, else why not.
   std::string Load() {
@@ -144,6 +153,12 @@ struct Driver {
         {"cuThreadExchangeStreamCaptureMode", 10010, reinterpret_cast<void**>(&ThreadExchangeStreamCaptureMode), false},
         {"cuDeviceGet", 2000, reinterpret_cast<void**>(&DeviceGet), false},
         {"cuDevicePrimaryCtxRetain", 7000, reinterpret_cast<void**>(&DevicePrimaryCtxRetain), false},
+        {"cuStreamBeginCapture", 10010, reinterpret_cast<void**>(&StreamBeginCapture), false},
+        {"cuStreamEndCapture", 10000, reinterpret_cast<void**>(&StreamEndCapture), false},
+        {"cuGraphInstantiateWithFlags", 11040, reinterpret_cast<void**>(&GraphInstantiate), false},
+        {"cuGraphLaunch", 10000, reinterpret_cast<void**>(&GraphLaunch), false},
+        {"cuGraphExecDestroy", 10000, reinterpret_cast<void**>(&GraphExecDestroy), false},
+        {"cuGraphDestroy", 10000, reinterpret_cast<void**>(&GraphDestroy), false},
         {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050,
          reinterpret_cast<void**>(&OccupancyMaxActiveBlocksPerMultiprocessor), false},
     };

@@ -19,7 +19,8 @@ from .match import Generating, Match
 
 def generating(options: Any) -> Generating | str | None:
     """Whether optimize's options (pipeline.Options: `generated_gemms` "auto", "on" or "off";
-    `archs`) and this machine offer generated GEMMs (the exact-GELU chains, match.py): only where
+    `archs`) and this machine offer generated GEMMs (the exact-GELU chains, and stream-K kernels
+    beside cuBLASLt's: match.py): only where
     every target is sm_90 (they run nowhere else); with "auto" only where this machine's GPU
     runs them (compute capability 9.0: the plan is measured there). None where they are not
     asked for, or why they cannot be."""
