@@ -42,6 +42,7 @@ constexpr int kFuncMaxDynamicSharedBytes = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_
 constexpr int kJitErrorLogBuffer = 5;
 constexpr int kJitErrorLogBufferSizeBytes = 6;
 constexpr int kStreamCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+constexpr unsigned int kStreamNonBlocking = 1;  // CU_STREAM_NON_BLOCKING
 
 // Driver entry points, each with the prototype of the version it was fetched at.
 struct Driver {
@@ -79,6 +80,8 @@ struct Driver {
   Result (*DeviceGet)(Device*, int) = nullptr;                              // @2000, optional
   Result (*DevicePrimaryCtxRetain)(Context*, Device) = nullptr;             // @7000, optional
   // Optional: candidates timed as CUDA graphs of their runs (Fastest's `graphed`).
+  Result (*StreamCreate)(Stream*, unsigned int) = nullptr;                  // @2000
+  Result (*StreamDestroy)(Stream) = nullptr;                                // @4000 (_v2)
   Result (*StreamBeginCapture)(Stream, int) = nullptr;                      // @10010 (_v2)
   Result (*StreamEndCapture)(Stream, Graph*) = nullptr;                     // @10000
   Result (*GraphInstantiate)(GraphExec*, Graph, unsigned long long) = nullptr;  // @11040 (WithFlags)
@@ -153,6 +156,8 @@ struct Driver {
         {"cuThreadExchangeStreamCaptureMode", 10010, reinterpret_cast<void**>(&ThreadExchangeStreamCaptureMode), false},
         {"cuDeviceGet", 2000, reinterpret_cast<void**>(&DeviceGet), false},
         {"cuDevicePrimaryCtxRetain", 7000, reinterpret_cast<void**>(&DevicePrimaryCtxRetain), false},
+        {"cuStreamCreate", 2000, reinterpret_cast<void**>(&StreamCreate), false},
+        {"cuStreamDestroy", 4000, reinterpret_cast<void**>(&StreamDestroy), false},
         {"cuStreamBeginCapture", 10010, reinterpret_cast<void**>(&StreamBeginCapture), false},
         {"cuStreamEndCapture", 10000, reinterpret_cast<void**>(&StreamEndCapture), false},
         {"cuGraphInstantiateWithFlags", 11040, reinterpret_cast<void**>(&GraphInstantiate), false},

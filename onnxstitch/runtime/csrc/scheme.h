@@ -149,19 +149,17 @@ inline Error GetEntry(const cu::Driver& d, const Loaded* l, const std::string& e
   return Fail(ORT_FAIL, "the kernel image has no entry '" + entry + "': " + d.ErrorText(r));
 }
 
-// `reps` runs of candidate i captured into one CUDA graph on `stream` (relaxed mode), instantiated;
-// nullptr where the driver cannot or a run fails under capture.
-inline cu::GraphExec CapturedRuns(const cu::Driver& d, cu::Stream stream, int reps, size_t i,
-                                  const std::function<bool(size_t)>& run) {
-  if (d.StreamBeginCapture == nullptr || d.StreamEndCapture == nullptr || d.GraphInstantiate == nullptr ||
-      d.GraphLaunch == nullptr || d.GraphExecDestroy == nullptr || d.GraphDestroy == nullptr) {
-    return nullptr;
-  }
-  if (d.StreamBeginCapture(stream, cu::kStreamCaptureModeRelaxed) != cu::kSuccess) return nullptr;
+// `reps` runs of candidate i captured into one CUDA graph on `side`, a stream of our own, in
+// relaxed mode, instantiated; nullptr where the driver cannot or a run fails under capture.
+// (Not on ORT's stream: while a blocking stream captures, another thread's work on the legacy
+// stream fails — an ORT session loading beside this one did, in the gate.)
+inline cu::GraphExec CapturedRuns(const cu::Driver& d, cu::Stream side, int reps, size_t i,
+                                  const std::function<bool(size_t, cu::Stream)>& run) {
+  if (d.StreamBeginCapture(side, cu::kStreamCaptureModeRelaxed) != cu::kSuccess) return nullptr;
   bool ok = true;
-  for (int k = 0; k < reps && ok; ++k) ok = run(i);
+  for (int k = 0; k < reps && ok; ++k) ok = run(i, side);
   cu::Graph graph = nullptr;
-  const bool ended = d.StreamEndCapture(stream, &graph) == cu::kSuccess && graph != nullptr;  // (always ends it)
+  const bool ended = d.StreamEndCapture(side, &graph) == cu::kSuccess && graph != nullptr;  // (always ends it)
   cu::GraphExec exec = nullptr;
   if (ok && ended && d.GraphInstantiate(&exec, graph, 0) != cu::kSuccess) exec = nullptr;
   if (graph != nullptr) d.GraphDestroy(graph);
@@ -169,9 +167,10 @@ inline cu::GraphExec CapturedRuns(const cu::Driver& d, cu::Stream stream, int re
 }
 
 // The index of the fastest of `count` candidates on `stream`: each runs once to warm up (one whose
-// run(i) fails is skipped), then `rounds` times `reps` runs timed with events, the rounds
-// interleaved across candidates so a clock change does not favour one. With `graphed`, each
-// candidate's `reps` runs are captured into a CUDA graph and the graph's launch is timed: what the
+// run(i, s) — candidate i enqueued on s — fails is skipped), then `rounds` times `reps` runs timed
+// with events, the rounds interleaved across candidates so a clock change does not favour one.
+// With `graphed`, each candidate's `reps` runs are captured into a CUDA graph (`CapturedRuns`) and
+// the graph's launch on `stream` is timed: what the
 // GPU spends, not what enqueueing costs the host (a generated GEMM builds its TMA descriptors per
 // call; in CUDA graphs, as models are run for speed, that host work is gone), as long as every
 // candidate captures (else they are timed as runs). 0 (the library heuristic's first) where
@@ -180,7 +179,8 @@ inline cu::GraphExec CapturedRuns(const cu::Driver& d, cu::Stream stream, int re
 // *timed says whether the choice was timed. The conv and gemm schemes choose among their
 // library's top candidates with it.
 inline size_t Fastest(const cu::Driver& d, cu::Stream stream, size_t count, int rounds, int reps,
-                      const std::function<bool(size_t)>& run, bool* timed = nullptr, bool graphed = false) {
+                      const std::function<bool(size_t, cu::Stream)>& run, bool* timed = nullptr,
+                      bool graphed = false) {
   if (timed != nullptr) *timed = false;
   if (count < 2 || d.StreamIsCapturing == nullptr || d.EventCreate == nullptr || d.EventRecord == nullptr ||
       d.EventSynchronize == nullptr || d.EventElapsedTime == nullptr || d.EventDestroy == nullptr) {
@@ -196,11 +196,15 @@ inline size_t Fastest(const cu::Driver& d, cu::Stream stream, size_t count, int 
   }
   std::vector<float> total(count, 0.0f);
   std::vector<bool> ok(count, false);
-  for (size_t i = 0; i < count; ++i) ok[i] = run(i);
+  for (size_t i = 0; i < count; ++i) ok[i] = run(i, stream);
   std::vector<cu::GraphExec> graphs(count, nullptr);
-  bool all_graphed = graphed;
+  cu::Stream side = nullptr;
+  bool all_graphed = graphed && d.StreamCreate != nullptr && d.StreamDestroy != nullptr &&
+                     d.StreamBeginCapture != nullptr && d.StreamEndCapture != nullptr && d.GraphInstantiate != nullptr &&
+                     d.GraphLaunch != nullptr && d.GraphExecDestroy != nullptr && d.GraphDestroy != nullptr &&
+                     d.StreamCreate(&side, cu::kStreamNonBlocking) == cu::kSuccess;
   for (size_t i = 0; i < count && all_graphed; ++i) {
-    if (ok[i]) all_graphed = (graphs[i] = CapturedRuns(d, stream, reps, i, run)) != nullptr;
+    if (ok[i]) all_graphed = (graphs[i] = CapturedRuns(d, side, reps, i, run)) != nullptr;
   }
   for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < count; ++i) {
@@ -209,7 +213,7 @@ inline size_t Fastest(const cu::Driver& d, cu::Stream stream, size_t count, int 
       if (all_graphed) {
         ok[i] = d.GraphLaunch(graphs[i], stream) == cu::kSuccess;
       } else {
-        for (int k = 0; k < reps; ++k) ok[i] = run(i) && ok[i];
+        for (int k = 0; k < reps; ++k) ok[i] = run(i, stream) && ok[i];
       }
       d.EventRecord(stop, stream);
       float ms = 0;
@@ -223,6 +227,7 @@ inline size_t Fastest(const cu::Driver& d, cu::Stream stream, size_t count, int 
   for (cu::GraphExec g : graphs) {
     if (g != nullptr) d.GraphExecDestroy(g);
   }
+  if (side != nullptr) d.StreamDestroy(side);
   d.EventDestroy(start);
   d.EventDestroy(stop);
   size_t best = 0;

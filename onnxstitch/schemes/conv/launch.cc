@@ -822,7 +822,8 @@ class Conv final : public Scheme {
           // (bench_conv.py, H200: one-pixel 1×1 convolutions alike in shape 0.8× and 1.9× of plain).
           // (A preparing worker shares the GPU with others: its timings would be noise.)
           bool timed = false;
-          const size_t best = Preparing() ? 0 : Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i) {
+          const size_t best = Preparing() ? 0 : Fastest(call.Driver(), stream, plans.size(), kRounds, kReps, [&](size_t i, cu::Stream) {
+            // (on `stream`, the handle's: these are timed as runs)
             return dnn::Execute(api, handle, plans[i], uids, ptrs, *workspace).empty();
           }, &timed);
           // Saved only when it was a choice by time (or the only one): an untimed first pick

@@ -310,13 +310,13 @@ class Gemm final : public Scheme {
                                       Alignment(residual), Alignment(out)}};
     const lt::Api& api = lib.api;
     const float alpha = 1.0f, beta = residual_ ? 1.0f : 0.0f;
-    // One product with `algo` on this call's tensors (the descriptor's bias pointer is set per call).
-    auto matmul = [&](const Plan& plan, const lt::MatmulAlgo& algo, size_t algo_workspace) {
+    // One product with `algo` on this call's tensors, on `on` (the descriptor's bias pointer is set per call).
+    auto matmul = [&](const Plan& plan, const lt::MatmulAlgo& algo, size_t algo_workspace, cu::Stream on) {
       lt::Status s = lt::kSuccess;
       if (bias != nullptr) s = api.MatmulDescSetAttribute(plan.desc, lt::kDescBiasPointer, &bias, sizeof(bias));
       if (s != lt::kSuccess) return s;
       return api.Matmul(handle, plan.desc, &alpha, b->args.in[1], plan.a, b->args.in[0], plan.b, &beta, residual,
-                        plan.c, out, plan.c, &algo, reinterpret_cast<void*>(workspace), algo_workspace, stream);
+                        plan.c, out, plan.c, &algo, reinterpret_cast<void*>(workspace), algo_workspace, on);
     };
     const Generated* gen = nullptr;
     if (!generated_image_.empty() && l->cc == kGeneratedArch) {
@@ -327,10 +327,10 @@ class Gemm final : public Scheme {
                   "generated GEMM, on compute capability 9.0 (this GPU's is " + std::to_string(l->cc / 10) + "." +
                   std::to_string(l->cc % 10) + (generated_image_.empty() ? "; the node carries none)" : ")"));
     }
-    // One generated product on this call's tensors; its error in *why.
-    const GeneratedRun generated = [&](std::string* why) {
+    // One generated product on this call's tensors, on `on`; its error in *why.
+    const GeneratedRun generated = [&](std::string* why, cu::Stream on) {
       GeneratedArgs x{m, n, k, b->args.in[0], b->args.in[1], bias, residual_ ? residual : nullptr, out,
-                      reinterpret_cast<void*>(workspace), kWorkspaceBytes, stream};
+                      reinterpret_cast<void*>(workspace), kWorkspaceBytes, on};
       char error[256] = {0};
       if (gen->run(&x, error, sizeof(error)) == 0) return true;
       if (why != nullptr) *why = error;
@@ -341,10 +341,10 @@ class Gemm final : public Scheme {
     if (Error e = PlanFor(d, api, handle, key, stream, matmul, gen ? &generated : nullptr, &plan)) return e;
     if (plan->generated) {
       std::string why;
-      if (!generated(&why)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
+      if (!generated(&why, stream)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
       return {};
     }
-    const lt::Status s = matmul(*plan, plan->algo, plan->workspace);
+    const lt::Status s = matmul(*plan, plan->algo, plan->workspace, stream);
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatmul", s, &key);
     return {};
   }
@@ -423,8 +423,8 @@ class Gemm final : public Scheme {
     return {};
   }
 
-  using Matmul = std::function<lt::Status(const Plan&, const lt::MatmulAlgo&, size_t)>;
-  using GeneratedRun = std::function<bool(std::string*)>;
+  using Matmul = std::function<lt::Status(const Plan&, const lt::MatmulAlgo&, size_t, cu::Stream)>;
+  using GeneratedRun = std::function<bool(std::string*, cu::Stream)>;
 
   // What, besides its shape, makes nodes' algorithms interchangeable.
   int Kind() const {
@@ -445,7 +445,7 @@ class Gemm final : public Scheme {
     p->api = &api;
     if (epilogue_ > kLastLibraryEpilogue) {  // only generated (Run checked that it is loaded)
       std::string why;
-      if (!(*generated)(&why)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
+      if (!(*generated)(&why, stream)) return Fail(ORT_FAIL, "the generated GEMM failed (" + What(&key) + "): " + why);
       p->generated = true;
       *out = p.get();
       plans_.emplace(key, std::move(p));
@@ -471,14 +471,14 @@ class Gemm final : public Scheme {
     if (s != lt::kSuccess) return Failed(api, "cublasLtMatrixLayoutCreate", s, &key);
     if (Error e = Choose(d, api, handle, key, stream, matmul, p.get())) return e;
     if (generated != nullptr && library_ == kGeneratedOnly) {
-      p->generated = (*generated)(nullptr);
+      p->generated = (*generated)(nullptr, stream);
     } else if (generated != nullptr && library_ == kTimed) {
       // cuBLASLt's choice first: where nothing can be timed (a capture), it stays. Timed as CUDA
       // graphs: the generated GEMM's per-call host work (its TMA descriptors) is not the GPU's.
       const Plan& q = *p;
       bool timed = false;
-      const size_t best = Fastest(d, stream, 2, 3, 10, [&](size_t i) {
-        return i == 0 ? matmul(q, q.algo, q.workspace) == lt::kSuccess : (*generated)(nullptr);
+      const size_t best = Fastest(d, stream, 2, 3, 10, [&](size_t i, cu::Stream on) {
+        return i == 0 ? matmul(q, q.algo, q.workspace, on) == lt::kSuccess : (*generated)(nullptr, on);
       }, &timed, /*graphed=*/true);
       p->generated = timed && best == 1;
     }
@@ -523,8 +523,8 @@ class Gemm final : public Scheme {
     if (candidates.empty()) return Fail(ORT_NOT_IMPLEMENTED, "cuBLASLt has no algorithm for " + What(&key));
     // 2 rounds of 5: a product takes 5-50 µs here, and the candidates differ by a few percent.
     bool timed = false;
-    const size_t best = Fastest(d, stream, candidates.size(), 2, 5, [&](size_t i) {
-      return matmul(*p, candidates[i].algo, candidates[i].workspace) == lt::kSuccess;
+    const size_t best = Fastest(d, stream, candidates.size(), 2, 5, [&](size_t i, cu::Stream on) {
+      return matmul(*p, candidates[i].algo, candidates[i].workspace, on) == lt::kSuccess;
     }, &timed);
     p->algo = candidates[best].algo;
     p->workspace = candidates[best].workspace;
