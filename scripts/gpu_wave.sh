@@ -131,7 +131,8 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
     # .carry/cutlass (the nvidia-cutlass wheel, for nvcc there when one is missing) and build/bertc.
     # GEN_STEPS: configs (scripts/bench_cutlass_configs.py: each configuration against cuBLAS),
     # tests, bench (scripts/bench_generated_gemm.py), bert (BERT-base float32 with and without
-    # them, then float16, stock in the same call), default all four.
+    # them, then float16 with and without, stock in the same call), default all four; llama (carry
+    # build/llamac: the LLaMA layer's prefill with and without them).
     { for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
       mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
       nvcc --version | tail -2
@@ -160,16 +161,36 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
           --report "$OUT/bert-$v-report.json" -q "${flags[@]}"
         echo "$v optimize: rc $? $(python3 -c "import time; print(round(time.time() - $t0, 2))") s wall"
       done 2>&1 | tee -a "$log"
-      [ -f /tmp/zoo/bert-base-float16.onnx ] && python3 -m onnxstitch.cli optimize /tmp/zoo/bert-base-float16.onnx \
-        -o /tmp/zoo/bert.f16.onnx --shape batch=8,sequence=128 --report "$OUT/bert-f16-report.json" -q 2>&1 | tee -a "$log"
-      for v in default generated f16; do
+      if [ -f /tmp/zoo/bert-base-float16.onnx ]; then
+        for v in f16 f16gen; do
+          flags=(); [ $v = f16gen ] && flags=(--arch sm_90 --generated-gemms on)
+          python3 -m onnxstitch.cli optimize /tmp/zoo/bert-base-float16.onnx -o /tmp/zoo/bert.$v.onnx \
+            --shape batch=8,sequence=128 --report "$OUT/bert-$v-report.json" -q "${flags[@]}"
+          echo "$v optimize: rc $?"
+        done 2>&1 | tee -a "$log"
+      fi
+      for v in default generated f16 f16gen; do
         echo "== $v, CUDA graphs"
-        src=$m; [ $v = f16 ] && src=/tmp/zoo/bert-base-float16.onnx
+        src=$m; [[ $v == f16* ]] && src=/tmp/zoo/bert-base-float16.onnx
         [ -f /tmp/zoo/bert.$v.onnx ] || continue
         python3 -m onnxstitch.cli bench "$src" --stitched /tmp/zoo/bert.$v.onnx --shape batch=8,sequence=128 \
           --cuda-graph --json -q > "$OUT/bench-bert-$v.json"
-        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in r if 'ms' in k or 'speed' in k})" \
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: round(v['median_ms'], 4) for k, v in r['configs'].items()}, r['speedup'])" \
           "$OUT/bench-bert-$v.json"
+      done 2>&1 | tee -a "$log"
+    fi
+    if [[ $steps == *llama* ]]; then  # carry build/llamac: the LLaMA layer's prefill, float16, batch 4 × 512
+      mkdir -p /tmp/llama && python3 scripts/carry_weights.py fill build/llamac/llama-prefill-dynamo.onnx /tmp/llama/ >/dev/null
+      m=/tmp/llama/llama-prefill-dynamo.onnx
+      for v in default generated; do
+        flags=(); [ $v = generated ] && flags=(--arch sm_90 --generated-gemms on)
+        python3 -m onnxstitch.cli optimize "$m" -o /tmp/llama/$v.onnx --shape batch=4,sequence=512 \
+          --report "$OUT/llama-$v-report.json" -q "${flags[@]}"
+        echo "llama $v optimize: rc $?"
+        python3 -m onnxstitch.cli bench "$m" --stitched /tmp/llama/$v.onnx --shape batch=4,sequence=512 \
+          --cuda-graph --json -q > "$OUT/bench-llama-$v.json"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: round(v['median_ms'], 4) for k, v in r['configs'].items()}, r['speedup'])" \
+          "$OUT/bench-llama-$v.json"
       done 2>&1 | tee -a "$log"
     fi
     ;;

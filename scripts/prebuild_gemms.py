@@ -7,7 +7,7 @@ versions, so an object built here is used there only where nvcc's release and CU
 
     python3 scripts/prebuild_gemms.py [--cache .carry/gcache] [--jobs 2] [--set default|stream-k|persistent|extra]
 
-Sets: `default` what the optimizer generates; `stream-k` bias and bias + residual (float32 and
+Sets: `default` what the optimizer generates for BERT-base and a LLaMA layer; `stream-k` bias and bias + residual (float32 and
 float16) and float32 bias + exact GELU with the stream-K scheduler in both tiles; `persistent`
 the bias epilogues on the persistent scheduler (scripts/bench_cutlass_configs.py compares the
 three); `extra` the other epilogues in both dtypes (for benchmarks that force them).
@@ -25,8 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnxstitch.schemes.gemm import generated as g  # noqa: E402
 
-# What the optimizer generates (schemes/gemm/match.py): float32 bias + exact GELU, both tiles.
-DEFAULT = [g.Config(TP.FLOAT, "gelu_erf", True, False, t) for t in (g.WIDE, g.NARROW)]
+# What the optimizer generates (schemes/gemm/match.py), both tiles: float32 bias + exact GELU; beside
+# cuBLASLt, float32 bias and bias + residual (K-major weights), and half products with and without
+# a bias and a residual (weights as stored), the ones BERT-base and a LLaMA layer use first.
+DEFAULT = [g.Config(TP.FLOAT16, "", b, r, t, b_kmajor=False)
+           for b, r, t in ((True, False, g.NARROW), (True, True, g.NARROW), (False, False, g.WIDE), (False, True, g.WIDE))]
+DEFAULT += [g.Config(TP.FLOAT, "gelu_erf", True, False, t) for t in (g.WIDE, g.NARROW)]
+DEFAULT += [g.Config(TP.FLOAT, "", True, r, t) for t in (g.WIDE, g.NARROW) for r in (False, True)]
+DEFAULT += [g.Config(TP.FLOAT16, "", b, r, t, b_kmajor=False) for t in (g.WIDE, g.NARROW) for b in (True, False)
+            for r in (False, True)]
+DEFAULT = list(dict.fromkeys(DEFAULT))
 SETS = {
     "default": DEFAULT,
     "stream-k": [g.Config(d, a, True, r, t, stream_k=True) for d in (TP.FLOAT, TP.FLOAT16) for t in (g.WIDE, g.NARROW)

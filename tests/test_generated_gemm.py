@@ -41,8 +41,9 @@ def test_configurations_name_and_define_what_they_build() -> None:
         generated.Config(TP.FLOAT, "", True, False, 32)
 
 
-@pytest.mark.parametrize("m,n,tile", [(1024, 768, 64), (1024, 2304, 128), (2048, 2048, 128), (64, 96, 64)])
-def test_narrow_tiles_where_wide_ones_leave_multiprocessors_idle(m: int, n: int, tile: int) -> None:
+@pytest.mark.parametrize("m,n,tile", [(1024, 768, 64), (1024, 2304, 64), (1024, 3072, 64), (2048, 2048, 128),
+                                     (2048, 11264, 128), (64, 96, 64)])
+def test_narrow_tiles_where_wide_ones_are_under_one_and_a_half_waves(m: int, n: int, tile: int) -> None:
     assert generated.tile_n(m, n, 132) == tile
 
 
@@ -70,29 +71,35 @@ def test_the_exact_gelu_is_a_generated_gemm_only_for_sm90_alone() -> None:
     assert erf.spec.epilogue == "gelu_erf_bias" and erf.generated.activation == "gelu_erf"
 
 
-def test_float32_chains_cublaslt_runs_carry_a_stream_k_kernel_beside_it() -> None:
+def test_chains_cublaslt_runs_carry_a_cutlass_kernel_beside_it() -> None:
     g = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, residual="before")))
     found = gemm.find(g, Weights(), GEN)
-    assert found.matches and all(m.generated is not None and m.generated.stream_k for m in found.matches)
+    assert found.matches and all(m.generated is not None and not m.generated.stream_k for m in found.matches)
     longest = found.matches[-1]
-    assert longest.generated == generated.Config(TP.FLOAT, "", True, True, generated.NARROW, stream_k=True)
+    assert longest.generated == generated.Config(TP.FLOAT, "", True, True, generated.NARROW)
     assert longest.spec.epilogue == "bias" and longest.kmajor is not None  # cuBLASLt's epilogue, timed against it
     assert all(m.generated is None for m in gemm.find(g, Weights(), gemm.Generating(exact=True, beside=False)).matches)
-    half = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16)))
-    assert all(m.generated is None for m in gemm.find(half, Weights(), GEN).matches)
+    # In half the weight stays as stored, [K, N], for both.
+    half = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16, residual="before")))
+    (*_, h) = gemm.find(half, Weights(), GEN).matches
+    assert h.generated == generated.Config(TP.FLOAT16, "", True, True, generated.NARROW, b_kmajor=False)
+    assert h.kmajor is None and not h.spec.trans_b
+    with pytest.raises(ValueError, match="K-major"):
+        generated.Config(TP.FLOAT, "", True, False, b_kmajor=False)
+    assert "#define STITCH_B_KMAJOR 0" in generated.source(h.generated) and h.generated.name.endswith("_kn")
 
 
-def test_half_chains_stay_cublaslt_and_say_why_for_the_exact_gelu() -> None:
+def test_half_chains_say_why_the_exact_gelu_stays_a_kernel_of_its_own() -> None:
     erf = gemm.find(from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16,
                                                  activation="gelu_erf"))), Weights(), GEN)
-    assert erf.matches and all(m.generated is None and m.kmajor is None for m in erf.matches)
+    assert erf.matches and all(m.activation != "gelu_erf" and m.kmajor is None for m in erf.matches)
     assert any("lost to cuBLASLt and the GELU kernel in float16" in r for r in erf.refusals)
 
 
 def test_unaligned_widths_keep_cublaslt_and_say_why_for_the_exact_gelu() -> None:
     g = from_model(chain_model(Chain(lead=("m",), k=33, n=75, activation="gelu_erf")))
     found = gemm.find(g, Weights(), GEN)
-    assert found.matches and all(m.generated is None for m in found.matches)
+    assert found.matches and all(m.generated is None for m in found.matches)  # (beside ones too)
     assert any("multiples of 4 for a generated GEMM" in r for r in found.refusals)
 
 

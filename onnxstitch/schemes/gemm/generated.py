@@ -38,7 +38,7 @@ TEMPLATE = Path(__file__).with_name("cutlass_gemm.cu.in")
 ARCH = "sm_90a"  # the only target: wgmma and TMA are Hopper's (compute capability 9.0 exactly)
 # Activations by the code the template reads (STITCH_ACT).
 ACTIVATIONS = ("", "relu", "gelu", "gelu_erf")
-# The tile's N: 128, or 64 where 128-wide tiles would leave multiprocessors idle.
+# The tile's N: 128, or 64 where 128-wide tiles are too few for the multiprocessors (`tile_n`).
 TILE_M = 128
 WIDE, NARROW = 128, 64
 # Build time cap per object: nvcc takes ~60 s for one on two cores.
@@ -57,6 +57,8 @@ class Config:
     residual: bool
     tile_n: int = WIDE
     stream_k: bool = False
+    # The weight [N, K] (K-major; TF32 needs it) or, in half, [K, N] as the model stores it.
+    b_kmajor: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in (TP.FLOAT, TP.FLOAT16):
@@ -65,26 +67,31 @@ class Config:
             raise ValueError(f"generated GEMM activation {self.activation!r}: one of {ACTIVATIONS}")
         if self.tile_n not in (WIDE, NARROW):
             raise ValueError(f"generated GEMM tile N {self.tile_n}: {WIDE} or {NARROW}")
+        if not self.b_kmajor and self.dtype != TP.FLOAT16:
+            raise ValueError("a float32 generated GEMM reads its weight K-major (TF32 wgmma reads only that)")
 
     @property
     def name(self) -> str:
         """What the kernel is, for reports and the runtime's messages."""
         parts = ["cutlass", "f16" if self.dtype == TP.FLOAT16 else "tf32", f"n{self.tile_n}"]
         parts += ["bias"] * self.bias + [self.activation] * bool(self.activation) + ["residual"] * self.residual
-        return "_".join(parts + ["sk"] * self.stream_k)
+        return "_".join(parts + ["sk"] * self.stream_k + ["kn"] * (not self.b_kmajor))
 
     def defines(self) -> str:
         return "".join(f"#define {k} {int(v)}\n" for k, v in (
             ("STITCH_HALF", self.dtype == TP.FLOAT16), ("STITCH_ACT", ACTIVATIONS.index(self.activation)),
             ("STITCH_BIAS", self.bias), ("STITCH_RESIDUAL", self.residual), ("STITCH_TILE_N", self.tile_n),
-            ("STITCH_STREAM_K", self.stream_k)))
+            ("STITCH_STREAM_K", self.stream_k), ("STITCH_B_KMAJOR", self.b_kmajor)))
 
 
 def tile_n(m: int, n: int, sm_count: int = 132) -> int:
     """The tile's N for a product of M × N at the planning sizes: 64 where 128-wide tiles would
-    number fewer than the multiprocessors (BERT's N = 768 at M = 1024: 48 tiles for 132)."""
+    number fewer than one and a half waves of the multiprocessors. Measured on an H200
+    (scripts/bench_cutlass_configs.py, bench/results/nvidia-h200/wave3l): 64-wide tiles were
+    faster at all of BERT's M = 1024 products (48, 144 and 192 tiles of 128: 0.70-0.96×), slower
+    at a LLaMA layer's M = 2048 ones (256 tiles and more: 1.4-1.6×)."""
     tiles = -(-m // TILE_M) * -(-n // WIDE)
-    return NARROW if tiles < sm_count else WIDE
+    return NARROW if tiles < 1.5 * sm_count else WIDE
 
 
 def source(config: Config) -> str:

@@ -282,8 +282,9 @@ class Gemm final : public Scheme {
     for (size_t i = 0; i < archs.size() && i < images.size(); ++i) {
       if (archs[i] == kGeneratedArch) generated_image_ = images[i];
     }
-    if (!generated_image_.empty() && (trans_a_ || !trans_b_)) {
-      return Fail(ORT_INVALID_ARGUMENT, "a generated GEMM reads A [M, K] and B [N, K]: gemm_trans_a 0, gemm_trans_b 1");
+    if (!generated_image_.empty() && (trans_a_ || (!trans_b_ && !half_))) {
+      return Fail(ORT_INVALID_ARGUMENT, "a generated GEMM reads A [M, K] and B [N, K] (in half also [K, N]): "
+                                        "gemm_trans_a 0, gemm_trans_b 1");
     }
     return {};
   }

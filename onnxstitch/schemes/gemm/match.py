@@ -49,10 +49,10 @@ cannot run, become CUTLASS kernels with the GELU inside (they run only on comput
 9.0). Measured on an H200 (scripts/bench_generated_gemm.py): 0.86-0.99× of cuBLASLt's bias
 epilogue plus the stitched GELU at BERT's and a LLaMA layer's shapes in float32; in float16 they
 lost at two of BERT's four (1.08-1.16×), so they are not offered there. With `beside`, the
-float32 chains cuBLASLt runs carry a stream-K CUTLASS kernel too (`generated.Config.stream_k`:
-tiles split over K where they are too few for the multiprocessors, as at BERT's N = 768): the
-runtime times both at a shape's first call and keeps the faster, so neither can make a node
-slower (on the persistent scheduler they were no faster than cuBLASLt on a K-major weight).
+chains cuBLASLt runs carry a CUTLASS kernel too, in either dtype: the runtime times both, as
+CUDA graphs, at a shape's first call and keeps the faster, so neither can make a node slower.
+(Its stream-K scheduler was measured too, for tiles too few for the multiprocessors, and was no
+faster than the persistent one at any of the eight shapes: `generated.Config.stream_k`.)
 
 Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
 (`chosen`).
@@ -101,9 +101,9 @@ GENERATED_ALIGN = {TP.FLOAT: 4, TP.FLOAT16: 8}
 @dataclass(frozen=True)
 class Generating:
     """What `find` may offer as generated GEMMs: with `exact` (every target sm_90) the
-    exact-GELU chains as generated GEMMs alone; with `beside`, float32 chains cuBLASLt runs with
-    a stream-K CUTLASS kernel beside it (module docstring). `sm_count`: the GPU's
-    multiprocessors, for the tile (generated.tile_n)."""
+    exact-GELU chains as generated GEMMs alone; with `beside`, chains cuBLASLt runs with a
+    CUTLASS kernel beside it (module docstring). `sm_count`: the GPU's multiprocessors, for the
+    tile (generated.tile_n)."""
 
     exact: bool
     sm_count: int = 132
@@ -361,20 +361,22 @@ def _rows(g: FusionGraph, m: Match) -> int:
     return g.tensor_bytes(m.output) // (np.dtype(helper.tensor_dtype_to_np_dtype(m.dtype)).itemsize * m.n)
 
 
-def _generated(g: FusionGraph, m: Match, weights: Any, gen: Generating, kmajor: dict[str, Any],
-               stream_k: bool = False) -> Match | str:
-    """The float32 chain `m` as a node that carries a generated GEMM (its weight K-major; with
-    `stream_k`, on the stream-K scheduler), or why it cannot."""
+def _generated(g: FusionGraph, m: Match, weights: Any, gen: Generating, kmajor: dict[str, Any]) -> Match | str:
+    """The chain `m` as a node that carries a generated GEMM (a float32 one's weight K-major, a
+    half one's as stored), or why it cannot."""
     align = GENERATED_ALIGN[m.dtype]
     if m.trans_a or len(g.shape(m.a) or ()) not in (2, 3):
         return "a generated GEMM reads A as [.., M, K] rows"
     if m.k % align or m.n % align:
         return f"K {m.k} and N {m.n} must be multiples of {align} for a generated GEMM"
+    half = m.dtype == TP.FLOAT16
+    if half and m.trans_b:
+        return "a half generated GEMM reads its weight as stored, [K, N]"
     m = _kmajor(g, m, weights, kmajor)
-    if not m.trans_b and m.kmajor is None:
+    if not half and not m.trans_b and m.kmajor is None:
         return "no weights store to transpose its weight in"
     config = generated.Config(m.dtype, m.activation, m.bias is not None, m.residual is not None,
-                              generated.tile_n(_rows(g, m), m.n, gen.sm_count), stream_k=stream_k)
+                              generated.tile_n(_rows(g, m), m.n, gen.sm_count), b_kmajor=not half)
     return dataclasses.replace(m, generated=config)
 
 
@@ -394,8 +396,8 @@ def find(g: FusionGraph, weights: Any = None, gen: Generating | None = None) -> 
     """Every MatMul/Gemm chain of `g` cuBLASLt can run with an epilogue, and the refusals; with
     `weights` (the store transposed weights are made in), float32 chains read their weight
     K-major (`_kmajor`). With `gen` (`gen.exact`: every target sm_90), exact-GELU chains too, as
-    generated GEMMs, and (`gen.beside`) float32 chains with a generated GEMM beside cuBLASLt
-    (module docstring)."""
+    generated GEMMs, and (`gen.beside`) chains with a generated GEMM beside cuBLASLt (module
+    docstring)."""
     matches: list[Match] = []
     refusals: list[str] = []
     kmajor: dict[str, Any] = {}  # one transposed copy per weight
@@ -405,8 +407,7 @@ def find(g: FusionGraph, weights: Any = None, gen: Generating | None = None) -> 
         got, why = _chain(g, n.index, exact=gen is not None and gen.exact)
         for m in got:
             if m.activation != "gelu_erf":
-                beside = _generated(g, m, weights, gen, kmajor, stream_k=True) \
-                    if gen is not None and gen.beside and m.dtype == TP.FLOAT else None
+                beside = _generated(g, m, weights, gen, kmajor) if gen is not None and gen.beside else None
                 # (where none can be built the chain is cuBLASLt's alone: nothing is refused)
                 matches.append(beside if isinstance(beside, Match) else _kmajor(g, m, weights, kmajor))
                 continue

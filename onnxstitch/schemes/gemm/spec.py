@@ -52,8 +52,9 @@ class GemmSpec(Spec):
             raise ValueError(f"gemm dtype {self.dtype}: float32 or float16")
         if self.epilogue not in LIBRARY_EPILOGUES and self.generated is None:
             raise ValueError(f"gemm epilogue {self.epilogue!r} runs only as a generated GEMM")
-        if self.generated is not None and (self.trans_a or not self.trans_b):
-            raise ValueError("a generated GEMM reads A [M, K] and B [N, K] (trans_a off, trans_b on)")
+        if self.generated is not None and (self.trans_a or self.trans_b != self.generated.b_kmajor):
+            raise ValueError("a generated GEMM reads A [M, K] and its weight as its configuration says: [N, K] "
+                             "(trans_b on) or, in half, [K, N] (trans_b off); trans_a off")
 
     @property
     def builds_own_image(self) -> bool:
