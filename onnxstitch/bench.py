@@ -17,7 +17,7 @@ import os
 import statistics
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -480,18 +480,24 @@ def _built_together(makers: Mapping[str, Callable],
                     reference: Callable | None) -> tuple[dict[str, Callable], Callable | None]:
     """`makers` and the reference's maker (None: no reference), whose sessions are being built
     at once in threads: each maker's first plain call (the reference's first call with
-    graphs=False) takes its session from the threads (raising what building raised); any other
-    call builds anew."""
+    graphs=False) takes its session from the threads (raising what building raised), once all
+    of them are built; any other call builds anew. (Not before: a session run while another is
+    built may capture a CUDA graph, in ORT's global mode, and the other's external-data loader
+    synchronizing a stream then fails both — seen in BERT's gate on an H200.)"""
     pool = ThreadPoolExecutor(len(makers) + 1, thread_name_prefix="onnxstitch-bench")
     built = {label: pool.submit(make) for label, make in makers.items()}
     if reference is not None:
         built[None] = pool.submit(reference, graphs=False)
     pool.shutdown(wait=False)
+    building = list(built.values())
 
     def first(label: str | None, make: Callable, plain: dict[str, Any]) -> Callable:
         def maker(so=None, **kw):
             future = built.pop(label, None) if so is None and kw == plain else None
-            return future.result() if future is not None else make(so, **kw)
+            if future is None:
+                return make(so, **kw)
+            wait(building)
+            return future.result()
         return maker
 
     return ({label: first(label, make, {}) for label, make in makers.items()},
