@@ -280,7 +280,8 @@ class Options:
     epilogues: bool = True
     # GEMMs generated with their epilogue inside (CUTLASS, built by nvcc; schemes/gemm/generated.py):
     # "auto" where this machine's GPU runs them (compute capability 9.0), "on" wherever nvcc
-    # and CUTLASS are here (a plan for a Hopper GPU made elsewhere), "off".
+    # and CUTLASS are here (a plan for a Hopper GPU made elsewhere), "all" as "on" with one beside
+    # every cuBLASLt GEMM too (the faster kept, as timed), "off".
     generated_gemms: str = "auto"
     # Custom-op libraries the model's own ops need (onnxruntime-extensions, the user's own),
     # registered in every session verification opens.
@@ -308,8 +309,8 @@ class Options:
         object.__setattr__(self, "shapes", dict(self.shapes or {}))
         object.__setattr__(self, "values", dict(self.values or {}))
         object.__setattr__(self, "archs", tuple(self.archs))
-        if self.generated_gemms not in ("auto", "on", "off"):
-            raise BadInputError(f"generated GEMMs: auto, on or off, not {self.generated_gemms!r}")
+        if self.generated_gemms not in ("auto", "on", "all", "off"):
+            raise BadInputError(f"generated GEMMs: auto, on, all or off, not {self.generated_gemms!r}")
         object.__setattr__(self, "custom_op_libraries", tuple(str(x) for x in self.custom_op_libraries))
 
     @property

@@ -26,6 +26,7 @@ from .stitching import fresh_seed
 from .test_gemm import from_model, node_model
 
 GEN = gemm.Generating(exact=True)
+ALL = gemm.Generating(exact=True, beside=True)  # --generated-gemms all
 
 
 def test_configurations_name_and_define_what_they_build() -> None:
@@ -73,15 +74,15 @@ def test_the_exact_gelu_is_a_generated_gemm_only_for_sm90_alone() -> None:
 
 def test_chains_cublaslt_runs_carry_a_cutlass_kernel_beside_it() -> None:
     g = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, residual="before")))
-    found = gemm.find(g, Weights(), GEN)
+    found = gemm.find(g, Weights(), ALL)
     assert found.matches and all(m.generated is not None and not m.generated.stream_k for m in found.matches)
     longest = found.matches[-1]
     assert longest.generated == generated.Config(TP.FLOAT, "", True, True, generated.NARROW)
     assert longest.spec.epilogue == "bias" and longest.kmajor is not None  # cuBLASLt's epilogue, timed against it
-    assert all(m.generated is None for m in gemm.find(g, Weights(), gemm.Generating(exact=True, beside=False)).matches)
+    assert all(m.generated is None for m in gemm.find(g, Weights(), GEN).matches)  # not by default
     # In half the weight stays as stored, [K, N], for both.
     half = from_model(chain_model(Chain(lead=("b", "s"), k=64, n=96, dtype=TP.FLOAT16, residual="before")))
-    (*_, h) = gemm.find(half, Weights(), GEN).matches
+    (*_, h) = gemm.find(half, Weights(), ALL).matches
     assert h.generated == generated.Config(TP.FLOAT16, "", True, True, generated.NARROW, b_kmajor=False)
     assert h.kmajor is None and not h.spec.trans_b
     with pytest.raises(ValueError, match="K-major"):
@@ -98,7 +99,7 @@ def test_half_chains_say_why_the_exact_gelu_stays_a_kernel_of_its_own() -> None:
 
 def test_unaligned_widths_keep_cublaslt_and_say_why_for_the_exact_gelu() -> None:
     g = from_model(chain_model(Chain(lead=("m",), k=33, n=75, activation="gelu_erf")))
-    found = gemm.find(g, Weights(), GEN)
+    found = gemm.find(g, Weights(), ALL)
     assert found.matches and all(m.generated is None for m in found.matches)  # (beside ones too)
     assert any("multiples of 4 for a generated GEMM" in r for r in found.refusals)
 
@@ -112,9 +113,11 @@ def test_generated_gemms_follow_the_option_and_the_machine(monkeypatch: pytest.M
     assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on", archs=("sm_90",))) == \
         "generated GEMMs are off: nvcc is not found (CUDA_HOME, /usr/local/cuda, PATH)"
     monkeypatch.setattr(generated, "toolchain", lambda: generated.Toolchain("nvcc", (), "v"))
-    assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on", archs=("sm_90a",))).exact
+    on = gemm_scheme.generating(onnxstitch.Options(generated_gemms="on", archs=("sm_90a",)))
+    assert on.exact and not on.beside
+    assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="all", archs=("sm_90",))).beside
     assert gemm_scheme.generating(onnxstitch.Options(generated_gemms="on")) is None  # sm_80 too: they would not run
-    with pytest.raises(BadInputError, match="auto, on or off"):
+    with pytest.raises(BadInputError, match="auto, on, all or off"):
         onnxstitch.Options(generated_gemms="yes")
 
 

@@ -187,10 +187,12 @@ def _summary(report, out: Path) -> Table:
                    "1.39x over stock ORT with CUDA graphs on an H200; cuDNN's engines are compiled at optimize "
                    "time in worker processes and cached), and MatMul/Gemm + bias [+ ReLU or tanh GELU] "
                    "[+ residual] as one cuBLASLt call, where the plan and the measured costs find it cheaper.")
-@click.option("--generated-gemms", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+@click.option("--generated-gemms", type=click.Choice(["auto", "on", "all", "off"]), default="auto", show_default=True,
               help="With --arch sm_90 alone: MatMul + bias + exact (erf) GELU as one generated GEMM (CUTLASS, built by "
                    "nvcc: about a minute per configuration, cached; it runs on compute capability 9.0 only). auto: "
-                   "where this machine's GPU is a Hopper.")
+                   "where this machine's GPU is a Hopper. all: also a generated GEMM beside every cuBLASLt one, the "
+                   "faster of the two kept per shape as timed at its first run (on an H200 it gained nothing at "
+                   "BERT's or a LLaMA layer's shapes, and costs more nvcc builds).")
 @value_option
 @custom_ops_option
 @verbosity

@@ -39,9 +39,10 @@ def hopper() -> None:
         pytest.skip(why)
 
 
-def stitched(c: Chain):
-    """The chain optimized with generated GEMMs: one gemm group carrying one, verified on the GPU."""
-    res = stitch(chain_model(c), archs=("sm_90",), generated_gemms="on", shapes={"m": [64], "b": [4], "s": [16]})
+def stitched(c: Chain, mode: str = "on"):
+    """The chain optimized with generated GEMMs (`mode`: on or all): one gemm group carrying one,
+    verified on the GPU."""
+    res = stitch(chain_model(c), archs=("sm_90",), generated_gemms=mode, shapes={"m": [64], "b": [4], "s": [16]})
     groups = res.report.plan.groups
     assert [g.scheme for g in groups] == ["gemm"] and groups[0].payload.generated is not None, res.report.epilogues
     assert res.report.verification is not None and res.report.verification.device == "gpu"
@@ -84,7 +85,7 @@ def forced(model: onnx.ModelProto, library: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("library", [0, 1, 2], ids=["timed", "cublaslt", "generated"])
 @pytest.mark.parametrize("lead,c", BESIDE, ids=[f"{c.id}@{'x'.join(map(str, lead))}" for lead, c in BESIDE])
 def test_a_generated_gemm_beside_cublaslt_matches_float64(lead: tuple[int, ...], c: Chain, library: int) -> None:
-    model = forced(stitched(c).model, library)
+    model = forced(stitched(c, "all").model, library)
     given = feeds(c, lead, np.random.default_rng(fresh_seed()))
     want = reference(c, chain_model(c), given)
     (got,) = run_gpu(model, given, [want.astype(given["a"].dtype)])

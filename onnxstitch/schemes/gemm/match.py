@@ -48,11 +48,14 @@ all sm_90 (nvcc and CUTLASS here), float32 chains ending in the exact (erf) GELU
 cannot run, become CUTLASS kernels with the GELU inside (they run only on compute capability
 9.0). Measured on an H200 (scripts/bench_generated_gemm.py): 0.86-0.99× of cuBLASLt's bias
 epilogue plus the stitched GELU at BERT's and a LLaMA layer's shapes in float32; in float16 they
-lost at two of BERT's four (1.08-1.16×), so they are not offered there. With `beside`, the
-chains cuBLASLt runs carry a CUTLASS kernel too, in either dtype: the runtime times both, as
-CUDA graphs, at a shape's first call and keeps the faster, so neither can make a node slower.
-(Its stream-K scheduler was measured too, for tiles too few for the multiprocessors, and was no
-faster than the persistent one at any of the eight shapes: `generated.Config.stream_k`.)
+lost at two of BERT's four (1.08-1.16×), so they are not offered there. With `beside`
+(--generated-gemms all), the chains cuBLASLt runs carry a CUTLASS kernel too, in either dtype
+(float16 on the weight as stored): the runtime times both, as CUDA graphs, at a shape's first
+call and keeps the faster, so neither can make a node slower. Not by default: on an H200 it
+moved BERT-base 1.786× → 1.793× in float32 and 1.935× → 1.915× in float16, a LLaMA layer's
+prefill 2.33× → 2.36× (bench/results/nvidia-h200/wave3l), for more nvcc builds. (Its stream-K
+scheduler was measured too, for tiles too few for the multiprocessors, and was no faster than
+the persistent one at any of the eight shapes: `generated.Config.stream_k`.)
 
 Legality only here; taking a chain is the plan's choice, and an untaken one is reported with why
 (`chosen`).
@@ -107,7 +110,7 @@ class Generating:
 
     exact: bool
     sm_count: int = 132
-    beside: bool = True
+    beside: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,11 @@ from .match import Generating, Match
 
 
 def generating(options: Any) -> Generating | str | None:
-    """Whether optimize's options (pipeline.Options: `generated_gemms` "auto", "on" or "off";
-    `archs`) and this machine offer generated GEMMs (the exact-GELU chains, and stream-K kernels
-    beside cuBLASLt's: match.py): only where
-    every target is sm_90 (they run nowhere else); with "auto" only where this machine's GPU
-    runs them (compute capability 9.0: the plan is measured there). None where they are not
-    asked for, or why they cannot be."""
+    """Whether optimize's options (pipeline.Options: `generated_gemms` "auto", "on", "all" or
+    "off"; `archs`) and this machine offer generated GEMMs (the exact-GELU chains; with "all",
+    kernels beside cuBLASLt's too: match.py): only where every target is sm_90 (they run nowhere
+    else); with "auto" only where this machine's GPU runs them (compute capability 9.0: the plan
+    is measured there). None where they are not asked for, or why they cannot be."""
     mode = getattr(options, "generated_gemms", "off")
     if mode == "off" or {a.rstrip("a") for a in options.archs} != {"sm_90"}:
         return None
@@ -33,7 +32,7 @@ def generating(options: Any) -> Generating | str | None:
     tools = generated.toolchain()
     if isinstance(tools, str):
         return f"generated GEMMs are off: {tools}"
-    return Generating(exact=True, sm_count=sms or 132)
+    return Generating(exact=True, sm_count=sms or 132, beside=mode == "all")
 
 
 def _find(g: FusionGraph, weights: Any, options: Any) -> match.Found:
