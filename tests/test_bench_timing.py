@@ -59,6 +59,31 @@ def test_sessions_built_together_are_each_used_once() -> None:
     assert sorted(label for label, _ in calls) == ["broken", "broken", "ref", "stock", "stock"]
 
 
+def test_no_session_built_together_is_handed_out_before_all_are_built() -> None:
+    """A session handed out is run at once (its CUDA graph captured, in ORT's global mode): one
+    still being built beside it then fails (its external-data loader synchronizes a stream). So
+    the first session handed out waits for the slowest build."""
+    import threading
+    import time
+
+    done: set[str] = set()
+    lock = threading.Lock()
+
+    def maker(label: str, seconds: float):
+        def make(so=None, **kw):
+            time.sleep(seconds)
+            with lock:
+                done.add(label)
+            return label
+        return make
+
+    makers, reference = bench._built_together({"fast": maker("fast", 0.0), "slow": maker("slow", 0.3)},
+                                              maker("ref", 0.0))
+    assert reference(graphs=False) == "ref"
+    assert done == {"fast", "slow", "ref"}
+    assert makers["fast"]() == "fast" and makers["slow"]() == "slow"
+
+
 def test_known_output_shapes_spare_the_reference_session(tmp_path, monkeypatch) -> None:
     """With the outputs' shapes given (optimize's gate), no plain stock session is made for
     reference outputs: one session a model, and no error figures."""
