@@ -3,13 +3,15 @@
 
 Each configuration of schemes/gemm/generated.py (tile, scheduler, epilogue) is loaded from its
 shared object and called through its C ABI (docs/abi.md, "Generated GEMMs") at BERT-base's and a
-LLaMA layer's shapes, beside cuBLAS's plain product of the same operands (CuPy's matmul: TF32
-in float32, float32 accumulation in float16; the weight K-major as the gemm nodes read it). Every generated call is captured in a CUDA graph,
-`--reps` calls a graph, the graphs launched round by round in turn, so that what is timed is the
-kernels alone (as in a stitched model run in CUDA graphs); CuPy cannot capture cuBLAS, whose
-`--reps` calls are timed as they are enqueued (its host work is a few µs a call, under the
-kernels' time). µs per product: the median round. Each
-configuration's output is checked against a float64 product first.
+LLaMA layer's shapes, beside cuBLAS's plain product of the same operands (CuPy's matmul: TF32 in
+float32, float32 accumulation in float16; the weight K-major as float32 gemm nodes read it, or
+[K, N] for half configurations that read it as stored). Every generated call is captured in a
+CUDA graph, `--reps` calls a graph, the graphs launched round by round in turn, so that what is
+timed is the kernels alone (as in a stitched model run in CUDA graphs); CuPy cannot capture
+cuBLAS, whose `--reps` calls are timed as they are enqueued. (CuPy's cuBLAS is no baseline: at
+BERT's shapes it ran 2-3× slower than ORT's cuBLASLt node, bench/results/nvidia-h200/wave3l; read
+the configurations against each other.) µs per product: the median round. Each configuration's
+output is checked against a float64 product first.
 
     python3 scripts/bench_cutlass_configs.py [--set stream-k] [--out cutlass_configs.json]
 
@@ -105,6 +107,7 @@ def main() -> int:
             bias_h = (rng.standard_normal(n) * 0.5).astype(np_dtype)
             r_h = rng.standard_normal((m, n)).astype(np_dtype)
             a, w, bias, r = (cp.asarray(x) for x in (a_h, w_h, bias_h, r_h))
+            w_kn = cp.ascontiguousarray(w.T)  # [K, N], for half configurations that read it as stored
             ref = a_h.astype(np.float64) @ w_h.T.astype(np.float64)
             graphs, outs = {}, {}
             plain_out = cp.empty((m, n), np_dtype)
@@ -118,8 +121,8 @@ def main() -> int:
                 d = cp.empty((m, n), np_dtype)
                 ws_bytes = int(lib.onnxstitch_gemm_workspace(m, n, k))
                 ws = cp.empty(max(ws_bytes, 1), cp.uint8)
-                x = Args(m, n, k, a.data.ptr, w.data.ptr, bias.data.ptr, r.data.ptr if c.residual else None, d.data.ptr,
-                         ws.data.ptr, ws_bytes, stream.ptr)
+                x = Args(m, n, k, a.data.ptr, (w if c.b_kmajor else w_kn).data.ptr, bias.data.ptr,
+                         r.data.ptr if c.residual else None, d.data.ptr, ws.data.ptr, ws_bytes, stream.ptr)
                 err = ctypes.create_string_buffer(512)
 
                 def call(x=x, lib=lib, err=err, what=f"{c.name} at {m}×{k}×{n}"):
@@ -148,7 +151,7 @@ def main() -> int:
             print(f"{dt} {m}×{k}×{n}: cuBLAS plain {plain:.2f} µs ({flops / plain / 1e6:.0f} TFLOP/s)", flush=True)
             rows.append(dict(dtype=dt, m=m, k=k, n=n, kernel="cublas_plain", us=plain, tflops=flops / plain / 1e6))
             for name, (d, _, _, c) in outs.items():
-                want = ref + bias_h.astype(np.float64) + (r_h.astype(np.float64) if c.residual else 0)
+                want = ref + (bias_h.astype(np.float64) if c.bias else 0) + (r_h.astype(np.float64) if c.residual else 0)
                 if c.activation == "gelu_erf":
                     from scipy.special import erf
                     want = 0.5 * want * (1 + erf(want / np.sqrt(2)))
