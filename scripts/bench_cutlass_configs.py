@@ -65,7 +65,7 @@ def load(config: g.Config, image: bytes, folder: Path) -> ctypes.CDLL:
     return lib
 
 
-def graph_of(cp, stream, reps: int, call):
+def graph_of(stream, reps: int, call):
     """`call` captured `reps` times in one CUDA graph on `stream`."""
     with stream:
         call()  # (outside capture: lazy initialisation)
@@ -129,7 +129,7 @@ def main() -> int:
                     if lib.onnxstitch_gemm_run(ctypes.byref(x), err, 512) != 0:
                         raise SystemExit(f"{what}: {err.value.decode()}")
 
-                graphs[c.name] = graph_of(cp, stream, args.reps, call)
+                graphs[c.name] = graph_of(stream, args.reps, call)
                 outs[c.name] = (d, ws, x, c)
             times: dict[str, list[float]] = {name: [] for name in ("cublas", *graphs)}
             start, end = cp.cuda.Event(), cp.cuda.Event()

@@ -170,10 +170,10 @@ inline cu::GraphExec CapturedRuns(const cu::Driver& d, cu::Stream side, int reps
 // run(i, s) — candidate i enqueued on s — fails is skipped), then `rounds` times `reps` runs timed
 // with events, the rounds interleaved across candidates so a clock change does not favour one.
 // With `graphed`, each candidate's `reps` runs are captured into a CUDA graph (`CapturedRuns`) and
-// the graph's launch on `stream` is timed: what the
-// GPU spends, not what enqueueing costs the host (a generated GEMM builds its TMA descriptors per
-// call; in CUDA graphs, as models are run for speed, that host work is gone), as long as every
-// candidate captures (else they are timed as runs). 0 (the library heuristic's first) where
+// the graph's launch on `stream` is timed: what the GPU spends, not what enqueueing costs the
+// host (a generated GEMM builds its TMA descriptors per call; in CUDA graphs, as models are run
+// for speed, that host work is gone), as long as every candidate captures (else they are timed
+// as runs). 0 (the library heuristic's first) where
 // timing is not possible: the stream is being captured into a CUDA graph (ORT's warm-up runs
 // come before the capture, so plans are made then), the driver lacks events, or nothing ran;
 // *timed says whether the choice was timed. The conv and gemm schemes choose among their
