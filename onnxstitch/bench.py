@@ -361,14 +361,16 @@ class OutputLike:
 def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, config: BenchConfig = BenchConfig(),
         shapes: sizes_mod.Given | None = None, peers: Mapping[str, str | os.PathLike] | None = None,
         progress: Callable[[str], None] | None = None,
-        outputs: Mapping[str, OutputLike] | None = None) -> BenchResult:
+        outputs: Mapping[str, OutputLike] | None = None,
+        stitched_peers: Mapping[str, str | os.PathLike] | None = None) -> BenchResult:
     """Benchmark the stock model (ORT, default graph optimizations) against the stitched model
     (the onnxstitch library registered) and any `peers` (label → model path, run stock), at
     the input sizes `shapes` gives (read as optimize reads them: sizes.py). Without the CUDA
     EP in `config.providers` everything runs on ORT's CPU EP, the stitched model through its
     fallback functions. `outputs`: every output's shape at these sizes, where the caller knows
     them (optimize's gate, after verification): no plain stock session is made for reference
-    outputs, and the rows carry no error figures (0)."""
+    outputs, and the rows carry no error figures (0). `stitched_peers`: other stitched models
+    (label → path), run as the stitched one is (optimize's gate choosing between plans)."""
     import onnxruntime as ort
 
     from .version import __version__
@@ -395,14 +397,20 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             return ort.InferenceSession(str(path), sess_options=options(so), providers=_provider_list(cfg))
         return make
 
-    def stitched_maker(so=None, graphs: bool = config.cuda_graph):
-        cfg = config if graphs else dataclasses.replace(config, cuda_graph=False)
-        return stitch_session(str(stitched_path), sess_options=options(so), providers=_provider_list(cfg))
+    def stitched_maker(path: str | os.PathLike):
+        if not config.on_gpu:  # on the CPU the library is not registered (CUDA kernels only): the fallbacks run
+            return stock_maker(path)
+
+        def make(so=None, graphs: bool = config.cuda_graph):
+            cfg = config if graphs else dataclasses.replace(config, cuda_graph=False)
+            return stitch_session(str(path), sess_options=options(so), providers=_provider_list(cfg))
+        return make
 
     stock = STOCK if config.on_gpu else STOCK_CPU
-    # On the CPU the library is not registered (it has CUDA kernels only): the fallbacks run.
-    makers = {stock: stock_maker(model_path), STITCHED: stitched_maker if config.on_gpu else stock_maker(stitched_path)}
+    makers = {stock: stock_maker(model_path), STITCHED: stitched_maker(stitched_path)}
+    makers.update({label: stitched_maker(p) for label, p in (stitched_peers or {}).items()})
     makers.update({label: stock_maker(p) for label, p in (peers or {}).items()})
+    paths = {stock: model_path, STITCHED: stitched_path, **(stitched_peers or {}), **(peers or {})}
     # Reference outputs (and output shapes for CUDA-graph binding) from a plain stock run, unless
     # the caller knows the shapes and no profile is taken (a session less: the gate's time and
     # memory).
@@ -427,7 +435,7 @@ def run(model_path: str | os.PathLike, stitched_path: str | os.PathLike, *, conf
             graphs[label] = config.cuda_graph
         except Exception as failed:
             err = failed
-            where = stitched_path if label == STITCHED else (peers or {}).get(label, model_path)
+            where = paths[label]
             if config.cuda_graph and reference is None:
                 # The caller's output shapes may not be what this run gives: bind what a plain
                 # stock run gives, and try once more before taking it for a model ORT cannot capture.

@@ -23,7 +23,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
@@ -77,6 +77,9 @@ class GroupCost:
     stock_us: float | None = None
     source: str = ""  # "measured", "cache" or "" (not measured)
     why: str = ""
+    # Why the group stays although it measured slower alone ("" where it does not): the whole
+    # model ran faster with it (timed in the model, the standalone figure is overruled).
+    overruled: str = ""
 
     @property
     def measured(self) -> bool:
@@ -92,7 +95,7 @@ class GroupCost:
     def pays(self) -> bool:
         """Whether the group is worth fusing by its measured figures (True where they are not
         resolved: the plan's prediction stands)."""
-        if not self.resolved:
+        if not self.resolved or self.overruled:
             return True
         return self.ours_us < self.stock_us * (1 - MARGIN)  # type: ignore[operator]
 
@@ -911,6 +914,8 @@ class ModelTiming:
     # Both timed plain as well, where the gain through CUDA graphs is small (PLAIN_CHECK_BELOW).
     plain_stock_ms: float | None = None
     plain_stitched_ms: float | None = None
+    # Other stitched models timed in the same rounds, by label (compare_models' alternatives).
+    alternatives_ms: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -973,16 +978,19 @@ def capture_refusal(stitched: str | os.PathLike, libraries: Sequence[str] = ()) 
 
 def compare_models(original: str | os.PathLike, stitched: str | os.PathLike, shapes: Mapping[str, Sequence[int]],
                    libraries: Sequence[str] = (), values: Mapping[str, float] | None = None,
-                   iters: int = 40, cuda_graph: bool = True, outputs: Mapping[str, Any] | None = None) -> ModelTiming:
+                   iters: int = 40, cuda_graph: bool = True, outputs: Mapping[str, Any] | None = None,
+                   alternatives: Mapping[str, str | os.PathLike] | None = None) -> ModelTiming:
     """Stock ORT's CUDA EP against the stitched model at the planning sizes (bench.py's
     interleaved rounds, no profile), through CUDA graphs where ORT captures each (`cuda_graph`;
     else both plain), sessions made as `_gate_config` says. `outputs`: the outputs' shapes at
-    these sizes where known (bench.OutputLike by name): no reference session."""
+    these sizes where known (bench.OutputLike by name): no reference session. `alternatives`:
+    other stitched models (label → path) timed in the same rounds (`ModelTiming.alternatives_ms`)."""
     from .bench import STITCHED, run
 
     config = _gate_config(libraries, warmup=5, iters=iters, cuda_graph=cuda_graph, profile_runs=0,
                           values=dict(values or {}), time_budget_s=GATE_TIME_BUDGET_S, build_together=True)
     with timing_lock():
-        res = run(original, stitched, config=config, shapes=shapes, outputs=outputs)
+        res = run(original, stitched, config=config, shapes=shapes, outputs=outputs, stitched_peers=alternatives)
     return ModelTiming(res.stock.median_ms, res.configs[STITCHED].median_ms, res.stock.cuda_graph,
-                       res.configs[STITCHED].cuda_graph)
+                       res.configs[STITCHED].cuda_graph,
+                       alternatives_ms={k: res.configs[k].median_ms for k in alternatives or {}})

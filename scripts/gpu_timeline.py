@@ -27,6 +27,7 @@ import onnx  # noqa: E402
 
 from onnxstitch import bench, profile  # noqa: E402
 from onnxstitch.inputs import random_feeds  # noqa: E402
+from scripts.kernel_profile import kind as kernel_kind  # noqa: E402
 from scripts.zoo_report import symbol_values  # noqa: E402
 
 
@@ -78,6 +79,9 @@ def _timeline(bound, runs: int) -> dict:
         copy_kinds[kind]["count"] += 1
         copy_kinds[kind]["bytes"] += int(e.get("args", {}).get("bytes", 0))
         copy_kinds[kind]["us"] += e.get("dur", 0.0)
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for e in kernels:
+        kinds[kernel_kind(e["name"])].append(e.get("dur", 0.0))
     span = 0.0
     if kernels:
         span = (max(e["ts"] + e.get("dur", 0) for e in kernels) - min(e["ts"] for e in kernels)) / runs
@@ -86,6 +90,7 @@ def _timeline(bound, runs: int) -> dict:
         "kernels_per_run": len(kernels) / runs,
         "kernel_us_per_run": round(sum(e.get("dur", 0) for e in kernels) / runs, 2),
         "kernel_span_us_per_run": round(span, 2),
+        "by_kind": {k: {"count": len(d) / runs, "us_per_run": round(sum(d) / runs, 2)} for k, d in kinds.items()},
         "copies_per_run": {k: {"count": v["count"] / runs, "bytes": v["bytes"] / runs, "us": round(v["us"] / runs, 2)}
                            for k, v in copy_kinds.items()},
         "runtime_calls_per_run": {k: v / runs for k, v in runtime.most_common(12)},
@@ -128,7 +133,8 @@ def show(name: str, result: dict) -> None:
         print(f"  wall {r['wall_ms_per_run']} ms, kernels {r['kernels_per_run']} ({r['kernel_us_per_run']} us, span "
               f"{r['kernel_span_us_per_run']} us), copies {json.dumps(r['copies_per_run'])}")
         print(f"  runtime {json.dumps(r['runtime_calls_per_run'])}")
-        for k in r["top_kernels"][:12]:
+        print(f"  by kind {json.dumps(r['by_kind'])}")
+        for k in r["top_kernels"][:25]:
             print(f"    {k['us_per_run']:9.2f} us  x{k['count']:<5g} {k['name'][:100]}")
 
 

@@ -25,12 +25,15 @@
 #            times logged), then their first inference and speed in CUDA graphs
 #   capture  CAPTURE="dir/name:shape ...": why ORT cannot capture a stitched model in a CUDA graph
 #            (optimized --no-gate; scripts/capture_probe.py at ORT's verbose log)
+#   plans    carry build/bertc: BERT-base (PLAN_DTYPES, default float16,float32) optimized with the gate
+#            and with --no-gate (PLAN_FLAGS added to both), the groups of each report
+#            (scripts/report_groups.py: predicted against measured), both benched in CUDA graphs
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, plans, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
@@ -193,6 +196,23 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
           "$OUT/bench-llama-$v.json"
       done 2>&1 | tee -a "$log"
     fi
+    ;;
+  plans)
+    fill build/bertc /tmp/zoo >/dev/null
+    for dt in $(echo "${PLAN_DTYPES:-float16,float32}" | tr , ' '); do
+      m=/tmp/zoo/bert-base-$dt.onnx
+      for v in gate nogate; do
+        flags=(${PLAN_FLAGS:-}); [ $v = nogate ] && flags+=(--no-gate)
+        python3 -m onnxstitch.cli optimize "$m" -o /tmp/zoo/bert-$dt-$v.onnx --shape batch=8,sequence=128 \
+          --report "$OUT/report-$dt-$v.json" -q "${flags[@]}"
+        echo "== $dt $v (${flags[*]}): optimize rc $?"
+        python3 scripts/report_groups.py "$OUT/report-$dt-$v.json"
+        python3 -m onnxstitch.cli bench "$m" --stitched /tmp/zoo/bert-$dt-$v.onnx --shape batch=8,sequence=128 \
+          --cuda-graph --json -q > "$OUT/bench-$dt-$v.json"
+        python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: round(v['median_ms'], 4) for k, v in r['configs'].items()}, round(r['speedup'], 3))" \
+          "$OUT/bench-$dt-$v.json"
+      done
+    done 2>&1 | tee "$log"
     ;;
   gemm)
     python3 scripts/bench_triton_gemm.py --out "$OUT/triton_gemm.json" ${SHAPES:+--shapes "$SHAPES"} 2>&1 | tee "$log"

@@ -110,3 +110,25 @@ def test_known_output_shapes_spare_the_reference_session(tmp_path, monkeypatch) 
     made.clear()
     bench.run(path, path, config=cpu)
     assert len(made) == 3  # the reference's too
+
+
+def test_other_stitched_models_are_timed_in_the_same_rounds(tmp_path) -> None:
+    """`stitched_peers` (optimize's gate choosing between plans): each is loaded as the stitched
+    model is and gets a row of its own; a peer that does not run is named in the error."""
+    import onnx
+    import pytest
+
+    from models.elementwise import chain
+    from onnxstitch.errors import StitchError
+
+    path, other = tmp_path / "m.onnx", tmp_path / "other.onnx"
+    onnx.save(chain(3, shape=(4, 8)), path)
+    onnx.save(chain(5, shape=(4, 8)), other)
+    cpu = bench.BenchConfig(warmup=1, iters=3, providers=("CPUExecutionProvider",), profile_runs=0)
+    res = bench.run(path, path, config=cpu, stitched_peers={"other plan": other})
+    assert set(res.configs) == {bench.STOCK_CPU, bench.STITCHED, "other plan"}
+    assert all(t.median_ms > 0 for t in res.configs.values())
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    with pytest.raises(StitchError, match="broken.onnx"):
+        bench.run(path, path, config=cpu, stitched_peers={"broken": broken})

@@ -78,6 +78,53 @@ def test_a_group_measured_slower_is_planned_again_without_it(fake_gpu: FakeTimer
     assert not kept and rep.fused_groups == len([n for n in res.model.graph.node if n.op_type == "FusedKernel"]) > 0
 
 
+def _timed_whole(timings: dict[str, float], seen: list) -> object:
+    """A compare_models that times each alternative stitched model as `timings` says (the
+    replanned one, passed as the stitched model, at timings["replanned"]), and records the
+    alternatives' labels and files."""
+    def compare(original, stitched, *a, alternatives=None, **k):
+        if alternatives:
+            seen.append({label: Path(p).is_file() for label, p in alternatives.items()})
+        return measure.ModelTiming(1.0, timings["replanned"] if alternatives else 0.8, True, True,
+                                   alternatives_ms={label: timings[label] for label in alternatives or {}})
+    return compare
+
+
+def test_a_replanned_model_is_timed_whole_against_the_first_plan(fake_gpu: FakeTimer,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Tanh group measures 30 µs alone against ORT's 10, so the model is planned again; but
+    a group alone is not the model: the plans are timed whole, and where the first plan as
+    planned runs faster it is written, the slow group's figures marked overruled and kept."""
+    seen: list = []
+    monkeypatch.setattr(measure, "compare_models",
+                        _timed_whole({"replanned": 0.8, "as planned": 0.6, "given back": 0.7}, seen))
+    res = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]})
+    rep = res.report
+    assert seen == [{"as planned": True, "given back": True}]
+    assert "as planned 0.600 ms" in rep.plan_choice and "the plan as planned is written" in rep.plan_choice
+    (slow,) = [c for c in rep.costs if c.ours_us == 30.0]
+    assert slow.pays and "0.600 ms" in slow.overruled and not rep.given_back
+    fused = {n.overload for n in res.model.graph.node if n.op_type == "FusedKernel"}
+    assert slow.group in fused
+    assert any(n.op_type == "Tanh" for fn in res.model.functions for n in fn.node)
+    assert rep.to_json()["measured"]["plan_choice"] == rep.plan_choice
+
+
+@pytest.mark.parametrize("best", ["replanned", "given back"])
+def test_a_plan_timed_whole_is_kept_only_where_faster(fake_gpu: FakeTimer, monkeypatch: pytest.MonkeyPatch,
+                                                      best: str) -> None:
+    """The replanned model stands unless another plan runs faster by CHOICE_MARGIN; the first
+    plan with its slow group given back writes no kernel over the Tanh either way."""
+    times = {"replanned": 0.8, "as planned": 0.8 * (1 - pipeline.CHOICE_MARGIN / 2), "given back": 0.9}
+    if best == "given back":
+        times["given back"] = 0.5
+    monkeypatch.setattr(measure, "compare_models", _timed_whole(times, []))
+    res = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]})
+    assert f"the plan {best} is written" in res.report.plan_choice
+    assert not any(c.overruled for c in res.report.costs)
+    assert not any(n.op_type == "Tanh" for fn in res.model.functions for n in fn.node)
+
+
 def test_a_small_loss_is_given_back_without_planning_again() -> None:
     """Planning again costs a compile and a measuring round (2 s of BERT-base's cold optimize):
     worth it where the slow groups lose REPLAN_MIN_LOSS of the fused nodes' time, not for 24
@@ -180,7 +227,8 @@ def test_groups_saving_next_to_nothing_of_a_long_model_go_back(fake_gpu: FakeTim
 def test_a_model_slower_as_a_whole_gives_back_what_gains_least(fake_gpu: FakeTimer,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     timings = iter([measure.ModelTiming(1.0, 1.2, True, True), measure.ModelTiming(1.0, 1.1, False, False)])
-    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: next(timings))
+    monkeypatch.setattr(measure, "compare_models", lambda *a, alternatives=None, **k:
+                        measure.ModelTiming(1.0, 0.8, True, True) if alternatives else next(timings))
     res = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]})
     rep = res.report
     rounds = [d for d in rep.given_back if d.get("round") == "gate"]
@@ -195,7 +243,8 @@ def test_groups_that_keep_ort_from_capturing_go_back_and_the_rest_stay(fake_gpu:
     placed on the CPU): the groups with which ORT refuses go back, found by halving with
     sessions made (not run), and the others keep their gain in CUDA graphs."""
     timings = iter([measure.ModelTiming(1.0, 1.3, True, False), measure.ModelTiming(1.0, 0.8, True, True)])
-    monkeypatch.setattr(measure, "compare_models", lambda *a, **k: next(timings))
+    monkeypatch.setattr(measure, "compare_models", lambda *a, alternatives=None, **k:
+                        measure.ModelTiming(1.0, 0.8, True, True) if alternatives else next(timings))
     probed: list[int] = []
 
     def refusal(path, libraries=()) -> str:
@@ -322,7 +371,9 @@ def test_a_small_gain_through_cuda_graphs_is_checked_plain(fake_gpu: FakeTimer, 
     through graphs is timed once."""
     calls: list[bool] = []
 
-    def compare(*a, cuda_graph: bool = True, **k) -> measure.ModelTiming:
+    def compare(*a, cuda_graph: bool = True, alternatives=None, **k) -> measure.ModelTiming:
+        if alternatives:  # the plans timed whole (the Tanh group replanned): not the gate's timing
+            return measure.ModelTiming(1.0, 0.95, True, True)
         calls.append(cuda_graph)
         return measure.ModelTiming(1.0, 0.95, True, True) if cuda_graph else measure.ModelTiming(2.0, 2.2, False, False)
 
@@ -334,9 +385,13 @@ def test_a_small_gain_through_cuda_graphs_is_checked_plain(fake_gpu: FakeTimer, 
         in rounds[0]["reason"]
     assert rep.timing is not None and rep.timing.plain_stitched_ms == 2.2
 
+    def fast(*a, cuda_graph: bool = True, alternatives=None, **k) -> measure.ModelTiming:
+        if not alternatives:
+            calls.append(cuda_graph)
+        return measure.ModelTiming(1.0, 0.5, True, True)
+
     calls.clear()
-    monkeypatch.setattr(measure, "compare_models",
-                        lambda *a, cuda_graph=True, **k: calls.append(cuda_graph) or measure.ModelTiming(1.0, 0.5, True, True))
+    monkeypatch.setattr(measure, "compare_models", fast)
     rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}).report
     assert calls == [True] and not [d for d in rep.given_back if d.get("round") == "gate"]
     assert rep.timing is not None and rep.timing.plain_stitched_ms is None

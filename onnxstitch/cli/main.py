@@ -129,6 +129,8 @@ def _summary(report, out: Path) -> Table:
         replanned = f"; planned again after {len(again.rewrites)} did not pay" if again and again.rewrites else ""
         t.add_row("measured groups", "", f"{len(measured)} of {len(report.costs)} ({fresh} timed now): "
                   f"{got:,.1f} µs against stock ORT's {stock:,.1f} µs (predicted {pred:,.1f}){replanned}")
+    if report.plan_choice:
+        t.add_row("plans timed whole", "", report.plan_choice.removeprefix("plans timed whole: "))
     if report.timing is not None:
         tm = report.timing
         t.add_row("measured model", f"{tm.stock_ms:.3f} ms", f"{tm.stitched_ms:.3f} ms ({tm.speedup:.2f}×, {tm.mode})")
