@@ -578,6 +578,9 @@ class _Round:
 # The first plan replaces the one made again at measured prices only where the whole model runs
 # at least this much faster with it (else the replanned one, whose groups each pay, stands).
 CHOICE_MARGIN = 0.01
+# ... and only for models of at most this many bytes of weights: each plan timed is a model
+# written out and loaded (a 2 GB decoder took 13 s to write on the CPU machine).
+CHOICE_MAX_WEIGHTS = 1 << 30
 
 
 def _chosen_plan(given: _Given, first: _Round, last: _Round, opts: Options, stage: _Stages,
@@ -592,6 +595,10 @@ def _chosen_plan(given: _Given, first: _Round, last: _Round, opts: Options, stag
     was timed, for the report ("" where nothing could be)."""
     if meas.timer is None:
         return last, ""
+    weights = given.weights.bytes_in(given.loaded)
+    if weights > CHOICE_MAX_WEIGHTS:
+        return last, (f"plans not timed whole: {weights / 2**30:.1f} GiB of weights, three more models to write "
+                      f"and load (at most {CHOICE_MAX_WEIGHTS / 2**30:.0f} GiB)")
     slow_first = measure_mod.not_paying(first.costs, _linked(first.built))
     slow_last = measure_mod.not_paying(last.costs, _linked(last.built))
     candidates = {"replanned": (last, [b for b in last.built if b[0].name not in slow_last]),

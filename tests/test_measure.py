@@ -125,6 +125,17 @@ def test_a_plan_timed_whole_is_kept_only_where_faster(fake_gpu: FakeTimer, monke
     assert not any(n.op_type == "Tanh" for fn in res.model.functions for n in fn.node)
 
 
+def test_plans_of_a_model_with_large_weights_are_not_timed_whole(fake_gpu: FakeTimer,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+    monkeypatch.setattr(measure, "compare_models", _timed_whole({"replanned": 0.8, "as planned": 0.1,
+                                                                 "given back": 0.1}, seen))
+    monkeypatch.setattr(pipeline, "CHOICE_MAX_WEIGHTS", -1)
+    rep = onnxstitch.optimize(parser.parse_model(LAYERS), shapes={"B": [64]}).report
+    assert not seen and rep.plan_choice.startswith("plans not timed whole: 0.0 GiB of weights")
+    assert not any(c.overruled for c in rep.costs)
+
+
 def test_a_small_loss_is_given_back_without_planning_again() -> None:
     """Planning again costs a compile and a measuring round (2 s of BERT-base's cold optimize):
     worth it where the slow groups lose REPLAN_MIN_LOSS of the fused nodes' time, not for 24
