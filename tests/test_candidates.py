@@ -4,7 +4,7 @@ from __future__ import annotations
 from onnxstitch.candidates import enumerate_candidates, legality, reachability
 from onnxstitch.graph import MAX_INPUTS
 
-from tests._graphs import CHAIN, DIAMOND, from_text, node, nodes
+from tests._graphs import CHAIN, DIAMOND, from_model, from_text, node, nodes
 
 
 def test_chain_is_legal_and_one_maximal_candidate():
@@ -119,6 +119,44 @@ def test_single_node_is_legal_but_offered_only_where_ort_is_slow():
     assert (0,) in enumerate_candidates(ln).groups
 
 
+def _bn_model(shape: list, flatten: bool):
+    """x [·] (→ MatMul → Flatten(axis 2)) → BatchNormalization (constant parameters) → y."""
+    import numpy as np
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    c = shape[-1] if flatten else shape[1]
+    params = [numpy_helper.from_array(np.full(c, v, np.float32), k) for k, v in
+              (("s", 1.5), ("b", 0.1), ("m", 0.2), ("v", 2.0))]
+    nodes, bn_in = [], "x"
+    if flatten:
+        params.append(numpy_helper.from_array(np.eye(c, dtype=np.float32), "w"))
+        nodes += [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Flatten", ["p"], ["f"], axis=2)]
+        bn_in = "f"
+    nodes.append(helper.make_node("BatchNormalization", [bn_in, "s", "b", "m", "v"], ["n"]))
+    nodes.append(helper.make_node("Relu", ["n"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, [None, c] if flatten else shape)], params)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_flatten_keeps_its_input_dims_and_a_flat_batchnorm_is_offered_alone():
+    """Flatten's output is written in its input's dims ([196*B, 128]: onnxruntime's inference
+    named both anew, and nothing after it could be proved to broadcast with its channels), and a
+    BatchNormalization with no spatial extent is offered alone: ORT runs it as cuDNN's N×C×1×1
+    kernel, measured 111 µs a call on LeViT (cost.ORT_FLAT_BATCHNORM_SHARE)."""
+    from onnxstitch import cost
+
+    g = from_model(_bn_model(["B", 196, 128], flatten=True))
+    assert g.tensors["f"].shape == ("196*B", 128)
+    bn = node(g, "n")
+    assert legality(g, frozenset({bn})) is None
+    assert cost.ort_share(g, bn) == cost.ORT_FLAT_BATCHNORM_SHARE
+    assert any(bn in c for c in enumerate_candidates(g).groups)
+    spatial = from_model(_bn_model([8, 16, 4, 4], flatten=False))
+    assert cost.ort_share(spatial, node(spatial, "n")) == 1.0
+
+
 def test_baked_constant_that_widens_the_shape_is_refused():
     # The kernel derives its iteration shape from its runtime inputs ([16]); the baked [1,1]
     # scalar would make the outputs [1,16].
@@ -213,3 +251,15 @@ def test_group_of_constants_only_is_refused() -> None:
       y2 = Identity(b)
     }"""))
     assert "constant" in (legality(g, frozenset(nodes(g, "a", "b"))) or "")
+
+
+def test_a_flat_batchnorm_after_flatten_is_fused_and_verified():
+    """End to end on the CPU: LeViT's MatMul → Flatten → BatchNorm1d → activation form gets a
+    fused kernel over the BatchNormalization, checked through its fallback function against
+    stock ORT on fresh random inputs."""
+    import onnxstitch
+
+    res = onnxstitch.optimize(_bn_model(["B", 196, 128], flatten=True), shapes={"B": [8]})
+    fused = [fn for fn in res.model.functions if any(n.op_type == "BatchNormalization" for n in fn.node)]
+    assert fused and res.report.verification is not None and res.report.verification.tensors_checked > 0
+    assert not res.report.dropped
