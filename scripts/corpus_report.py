@@ -147,7 +147,7 @@ def child(job: Mapping[str, Any]) -> dict[str, Any]:
                kernels_before=rep.plan.kernels_before, kernels_after=rep.plan.kernels_after,
                fused_kernels=len(rep.kernels), attention_kernels=len(rep.attention),
                verification=ver.to_json() if ver else None,
-               dropped=list(rep.dropped), given_back=list(rep.given_back),
+               dropped=list(rep.dropped), given_back=list(rep.given_back), plan_choice=rep.plan_choice,
                gate=rep.timing.to_json() if rep.timing else rep.gate_note or None,
                measured=measure_summary(rep.costs), measured_groups=_measured_groups(rep),
                # Written with generated kernels that no check compared against the original.
