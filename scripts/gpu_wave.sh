@@ -8,7 +8,8 @@
 #   unseen   carry build/unseenc: corpus_report --gpu over the models nobody here wrote
 #            (MODELS=a,b to choose), default flags: measured costs, the gate, GPU verification
 #   ab       the same (MODELS) with the gate and with --no-gate, one after the other
-#   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones);
+#   tests    the gpu-marked tests of the files named in TESTS (default the measure/verify ones;
+#            carry .carry whole so that the generated-GEMM ones run);
 #            TEST_WORKERS xdist workers (8), spread over ONNXSTITCH_TEST_GPUS GPUs (tests/conftest.py)
 #   opt      BERT-base optimize cold and warm (time, peak RSS, stages), then a cold run under
 #            cProfile (the top of it in $OUT/opt-profile.txt); carry build/bertc
@@ -333,6 +334,10 @@ for k, v in r['configs'].items(): print(k, v.get('median_ms'), v.get('cuda_graph
     done 2>&1 | tee "$log"
     ;;
   tests)
+    # The generated-GEMM tests need CUTLASS's headers (the wheel carried in .carry/cutlass) and
+    # find the objects built on the CPU machine in .carry/gcache; without them they skip.
+    for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
+    mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \
       $(python3 -c "import xdist" 2>/dev/null && printf -- "-n %s" "${TEST_WORKERS:-8}") --junitxml="$OUT/tests.xml" 2>&1 \
       | tee "$log" | tail -30
