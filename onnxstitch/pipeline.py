@@ -902,9 +902,10 @@ def _gate_timing(given: _Given, stitched: onnx.ModelProto, opts: Options, stage:
             own = bool(given.path) and given.weights.inside_bytes < GATE_EXTERNAL_FROM
             paths: list[str | Path] = [given.path] if own else []
             others = list((alternatives or {}).items())
-            models = [("original", given.loaded), ("stitched", stitched)] + others
-            for i, (_, model) in enumerate(models[len(paths):], start=len(paths)):
-                path = Path(tmp) / (f"{models[i][0]}.onnx" if i < 2 else f"alternative{i - 1}.onnx")
+            models = [("original.onnx", given.loaded), ("stitched.onnx", stitched)] + \
+                [(f"alternative{k}.onnx", m) for k, (_, m) in enumerate(others, start=1)]
+            for name, model in models[len(paths):]:
+                path = Path(tmp) / name
                 weights = given.weights.bytes_in(model)
                 big = model.ByteSize() + weights > load.PROTOBUF_LIMIT
                 given.weights.save(model, path, big or weights >= GATE_EXTERNAL_FROM)

@@ -7,6 +7,7 @@ fills in symbolic dims where it can. The result is a plain map from tensor name 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -292,14 +293,9 @@ def _infer_flatten(sym: Any, module: Any, node: onnx.NodeProto) -> None:
     it could be proved to broadcast with its channels (LeViT's BatchNorm1d after each Linear
     stayed with ORT, 89% of the model's time on an H200)."""
     shape = sym._get_sympy_shape(node, 0)
-    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
-    axis = axis + len(shape) if axis < 0 else axis
-    left, right = 1, 1
-    for d in shape[:axis]:
-        left = left * d
-    for d in shape[axis:]:
-        right = right * d
-    dims = [left, right]
+    axis = module.get_attribute(node, "axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis  # (0..rank: not handle_negative_axis, which stops at rank - 1)
+    dims = [math.prod(shape[:axis]), math.prod(shape[axis:])]
     sym._update_computed_dims(dims)
     elem = sym.known_vi_[node.input[0]].type.tensor_type.elem_type
     sym.known_vi_[node.output[0]].CopyFrom(

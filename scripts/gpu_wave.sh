@@ -37,6 +37,11 @@ source scripts/gpu_env.sh
 part=${1:?part: bert, unseen, ab, quick, opt, plans, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
+carried_gemms() {  # CUTLASS's headers (the wheel in .carry/cutlass) and the generated GEMMs built
+  # on the CPU machine (.carry/gcache, scripts/prebuild_gemms.py) where this machine looks for them
+  for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
+  mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
+}
 fill() {  # fill DIR_FROM DIR_TO: every stripped model of a folder, given seeded weights
   mkdir -p "$2"
   for m in "$1"/*.onnx; do python3 scripts/carry_weights.py fill "$m" "$2/" >/dev/null || echo "fill failed: $m"; done
@@ -137,8 +142,7 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
     # tests, bench (scripts/bench_generated_gemm.py), bert (BERT-base float32 with and without
     # them, then float16 with and without, stock in the same call), default all four; llama (carry
     # build/llamac: the LLaMA layer's prefill with and without them).
-    { for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
-      mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
+    { carried_gemms
       nvcc --version | tail -2
       python3 -c "from onnxstitch.schemes.gemm import generated as g; print(g.toolchain(), g.local_sm_count())"
     } 2>&1 | tee "$log"
@@ -334,10 +338,7 @@ for k, v in r['configs'].items(): print(k, v.get('median_ms'), v.get('cuda_graph
     done 2>&1 | tee "$log"
     ;;
   tests)
-    # The generated-GEMM tests need CUTLASS's headers (the wheel carried in .carry/cutlass) and
-    # find the objects built on the CPU machine in .carry/gcache; without them they skip.
-    for w in .carry/cutlass/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site/; done
-    mkdir -p "$ONNXSTITCH_CACHE/gemm" && cp .carry/gcache/gemm/*.so "$ONNXSTITCH_CACHE/gemm/" 2>/dev/null
+    carried_gemms  # (without CUTLASS's headers the generated-GEMM tests skip)
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore ${TESTS:-tests/gpu/test_stitched_gpu.py} \
       $(python3 -c "import xdist" 2>/dev/null && printf -- "-n %s" "${TEST_WORKERS:-8}") --junitxml="$OUT/tests.xml" 2>&1 \
       | tee "$log" | tail -30
