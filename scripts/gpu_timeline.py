@@ -165,13 +165,14 @@ def main() -> int:
         path = args.corpus / entry["file"]
         stitched = args.out / f"{name}.stitched.onnx"
         t0 = time.perf_counter()
-        res = onnxstitch.optimize(path, shapes=entry["shapes"], epilogues=args.epilogues)
+        values = entry.get("values") or {}  # inputs the manifest fixes (silero-vad's sr)
+        res = onnxstitch.optimize(path, shapes=entry["shapes"], values=values, epilogues=args.epilogues)
         res.save(stitched)
         print(f"{name}: optimized in {time.perf_counter() - t0:.1f} s, {len(res.report.kernels)} kernels", flush=True)
         names = {i["name"] for i in entry["inputs"]}
         dims = {k: v[0] for k, v in entry["shapes"].items() if k not in names}
         overrides = {k: tuple(v) for k, v in entry["shapes"].items() if k in names}
-        feeds = random_feeds(onnx.load(str(path), load_external_data=False), 0, dims, overrides)
+        feeds = random_feeds(onnx.load(str(path), load_external_data=False), 0, dims, overrides, values=values)
         results[name] = profile_pair(path, stitched, feeds, args.runs)
         show(name, results[name])
         (args.out / "timeline.json").write_text(json.dumps(results, indent=1))

@@ -29,12 +29,16 @@
 #   plans    carry build/bertc: BERT-base (PLAN_DTYPES, default float16,float32) optimized with the gate
 #            and with --no-gate (PLAN_FLAGS added to both), the groups of each report
 #            (scripts/report_groups.py: predicted against measured), both benched in CUDA graphs
+#   versus   carry build/bertc and build/old (the package of an earlier commit:
+#            `git archive REV onnxstitch | tar -x -C build/old`): BERT-base (VERSUS_DTYPES, default
+#            float16) optimized by this tree and by the old one, each benched in CUDA graphs against
+#            stock, VERSUS_ROUNDS times in turn (same call: a change's effect on one machine)
 #   zoo      issue 40, carry build/zoosub (a manifest): `onnxstitch zoo --local` on GPU 0 alone
 #            (CUDA_VISIBLE_DEVICES=0), then on every GPU of the machine, each with a cold cache
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, plans, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, plans, versus, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 carried_gemms() {  # CUTLASS's headers (the wheel in .carry/cutlass) and the generated GEMMs built
@@ -216,6 +220,27 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
           --cuda-graph --json -q > "$OUT/bench-$dt-$v.json"
         python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: round(v['median_ms'], 4) for k, v in r['configs'].items()}, round(r['speedup'], 3))" \
           "$OUT/bench-$dt-$v.json"
+      done
+    done 2>&1 | tee "$log"
+    ;;
+  versus)
+    fill build/bertc /tmp/zoo >/dev/null
+    for dt in $(echo "${VERSUS_DTYPES:-float16}" | tr , ' '); do
+      m=/tmp/zoo/bert-base-$dt.onnx
+      for v in new old; do
+        # (the old tree's package first on the path; the library and everything else as carried)
+        PYTHONPATH=$([ $v = old ] && echo "$PWD/build/old:")$PYTHONPATH ONNXSTITCH_CACHE=/tmp/onnxstitch-$v \
+          python3 -m onnxstitch.cli optimize "$m" -o /tmp/zoo/bert-$dt-$v.onnx --shape batch=8,sequence=128 \
+          --report "$OUT/report-$dt-$v.json" -q
+        echo "== $dt $v: optimize rc $?"
+      done
+      for r in $(seq "${VERSUS_ROUNDS:-2}"); do
+        for v in new old; do
+          python3 -m onnxstitch.cli bench "$m" --stitched /tmp/zoo/bert-$dt-$v.onnx --shape batch=8,sequence=128 \
+            --cuda-graph --json -q > "$OUT/bench-$dt-$v-$r.json"
+          python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], {k: round(v['median_ms'], 4) for k, v in r['configs'].items()}, round(r['speedup'], 3))" \
+            "$OUT/bench-$dt-$v-$r.json" "$dt $v round $r"
+        done
       done
     done 2>&1 | tee "$log"
     ;;

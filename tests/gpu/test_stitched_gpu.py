@@ -246,3 +246,47 @@ def test_sign_of_log_keeps_nan_and_infinities(dtype: int) -> None:
     _, got = run_gpu(res.model, {"x": v}, [v, v])
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)].astype(npd))
+
+
+def _erf64(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+@pytest.mark.parametrize("form", ["Erf", "Gelu", "erf-chain"])
+def test_half_erf_and_gelu_match_float64(form: str) -> None:
+    """float16 kernels take erf from a short fit of log2 erfc (ops.PRELUDE, stitch_fast): Erf,
+    Gelu and the exporters' Div → Erf → Add → Mul → Mul chain stay within one float16 ulp
+    (2^-10 relative) of the float64 result plus a few of float16's least subnormals, over
+    [-12, 12], at ±0, ±inf and NaN (kept)."""
+    h = onnx.helper
+    c = {"r2": 1.4142135, "one": 1.0, "half": 0.5}
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float16), k) for k, v in c.items()]
+    if form == "erf-chain":
+        nodes = [h.make_node("Div", ["x", "r2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+                 h.make_node("Add", ["e", "one"], ["f"]), h.make_node("Mul", ["x", "f"], ["g"]),
+                 h.make_node("Mul", ["g", "half"], ["y"])]
+    else:
+        nodes = [h.make_node(form, ["x"], ["y"])]
+    model = h.make_model(h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT16, [8192])],
+                                      [h.make_tensor_value_info("y", TP.FLOAT16, [8192])], inits),
+                         opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+    fused = stitch_nodes(model, [tuple(range(len(nodes)))])
+    assert [n.op_type for n in fused.graph.node] == ["FusedKernel"]
+    rng = np.random.default_rng(fresh_seed())
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-7, -1e-7, 6e-5, -6e-5]
+    x = np.concatenate([rng.uniform(-12, 12, 8192 - len(special)), special]).astype(np.float16)
+    (got,) = run_gpu(fused, {"x": x}, [x])
+    xd = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        if form == "Erf":
+            want = _erf64(xd)
+        else:
+            xs = xd / 1.4142135 if form == "Gelu" else xd / np.float64(np.float16(1.4142135))
+            want = 0.5 * xd * (1 + _erf64(xs))
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    g, w = got[~nan].astype(np.float64), want[~nan]
+    bad = np.abs(g - w) > 2.0 ** -10 * np.abs(w) + 4 * 2.0 ** -24
+    assert not bad.any(), f"{form}: {x[~nan][bad][:8]} -> {g[bad][:8]}, want {w[bad][:8]}"
