@@ -537,7 +537,9 @@ def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[s
         # five dims at DEFAULT_SYMBOLIC_DIM made "before" 68 GB and 26.8 ms, a 22x gain).
         before = graph_mod.build(given.model, {**given.tensors, **given.simple.tensors},
                                  {**given.dim_values, **g.dim_values}, opts.reductions, opts.clusters)
-        plan = dataclasses.replace(plan, **unfused_totals(before, opts.cost))
+        totals = unfused_totals(before, opts.cost)
+        totals["kernels_before"] += given.simple.inlined_nodes  # (what inlined Ifs ran)
+        plan = dataclasses.replace(plan, **totals)
     return dataclasses.replace(planned, plan=plan, undone=tuple(undone))
 
 

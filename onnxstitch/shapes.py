@@ -202,6 +202,39 @@ def _unknowns(info: TensorInfo) -> int:
     return 1_000 if info.shape is None else sum(d is None for d in info.shape)
 
 
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Every name the nodes of `node`'s subgraphs read (outer-scope tensors among them)."""
+    found: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                found.update(t for t in n.input if t)
+                found |= _subgraph_reads(n)
+    return found
+
+
+def _after_unsettled_ifs(graph: onnx.GraphProto, checked: Mapping[str, TensorInfo],
+                         symbolic: Mapping[str, TensorInfo]) -> set[str]:
+    """Tensors whose symbolic record cannot be trusted: the outputs of If nodes to which ORT's
+    symbolic inference gives a rank that onnx's (which unions both branches) does not, and all
+    computed from them. ORT keeps the then-branch's rank where the branches' ranks differ
+    (`_fuse_tensor_type` zips the dims), so silero-vad's `x.squeeze(-1) if x.size(-1) == 1 else x`
+    came out rank 2 whichever branch runs, and a Size of its Shape folded to a wrong 2."""
+    bad: set[str] = set()
+    for n in graph.node:
+        if n.op_type == "If" and n.domain in ("", "ai.onnx"):
+            for o in n.output:
+                a, b = checked.get(o), symbolic.get(o)
+                if b is not None and b.shape is not None and (a is None or a.shape is None or len(a.shape) != len(b.shape)):
+                    bad.add(o)
+    if not bad:
+        return bad
+    for n in graph.node:
+        if any(t in bad for t in n.input) or (bad & _subgraph_reads(n)):
+            bad.update(o for o in n.output if o)
+    return bad
+
+
 def _more_precise(a: TensorInfo | None, b: TensorInfo) -> TensorInfo:
     """Of two records of one tensor, the one with fewer unknown dims (ties: `b`)."""
     return b if a is None or _unknowns(b) <= _unknowns(a) else a
@@ -465,8 +498,11 @@ def infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, TensorInfo
         log.warning("onnx shape inference failed: %s", e)
     infos = _collect(inferred.graph)
     try:
-        for name, info in _collect(_symbolic(inferred).graph).items():
-            infos[name] = _more_precise(infos.get(name), info)
+        symbolic = _collect(_symbolic(inferred).graph)
+        unsettled = _after_unsettled_ifs(inferred.graph, infos, symbolic)
+        for name, info in symbolic.items():
+            if name not in unsettled:
+                infos[name] = _more_precise(infos.get(name), info)
     except Exception as e:  # custom domains and exotic ops defeat it; onnx's result stands
         log.info("symbolic shape inference skipped: %s", e)
     fills = reshape_fills(model, infos)

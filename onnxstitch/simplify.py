@@ -74,6 +74,16 @@ rewrites keep the values and drop the work:
   of them, and `re² + im²` then adds a [b, 129, unk__4] to a [b, 129, unk__5], which no group
   could prove alike); its input keeps the dim it has.
 
+- **An If on a condition known by construction.** TorchScript writes Python's branches on sizes
+  as If nodes: silero-vad's `if state.size(0)` (a state of a fixed 2 layers) and
+  `if out.size(1) == 1` (a convolution of one output channel) each wrap part of the network in a
+  branch that ONNX Runtime runs as a subgraph, at a host cost per run. Where the condition folds
+  to a constant (fixed dims of a Shape, arithmetic and comparisons on constants, the Size of a
+  tensor whose shape is fixed), the If is the branch it takes: its nodes join the graph (its
+  Constant nodes as constants), its outputs named as the If's where anything outside reads them
+  (an Identity where a graph output or another subgraph does). A branch making a name the graph
+  already has stays an If. Rewrites repeat over what they inline (nested Ifs), a few rounds.
+
 Nodes left without readers are removed. Anything else is left as it was.
 """
 from __future__ import annotations
@@ -99,6 +109,9 @@ class Simplified:
     model: onnx.ModelProto
     tensors: Mapping[str, TensorInfo]
     rewrites: tuple[str, ...] = ()
+    # Nodes that inlined If branches brought, less the Ifs they replace: what ONNX Runtime ran
+    # inside those Ifs, which a count of the given graph's own nodes misses.
+    inlined_nodes: int = 0
 
 
 class _Graph:
@@ -220,7 +233,10 @@ def _all_true(g: _Graph, t: str, depth: int = 0) -> bool:
 # each Pad's pads from constants through them, which the conv scheme folds into the Conv.)
 FOLDABLE = frozenset({"Cast", "Sqrt", "Reciprocal", "Div", "Mul", "Add", "Sub", "Pow", "Neg", "Abs", "Floor", "Ceil",
                       "Unsqueeze", "Squeeze", "Concat", "Gather", "Slice", "Reshape", "Identity", "Max", "Min",
-                      "ConstantOfShape", "Transpose"})
+                      "ConstantOfShape", "Transpose", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                      "Not", "And", "Or", "Xor"})
+# Rounds of rewrites over the nodes an inlined If brings (its nested Ifs fold in the next).
+INLINE_ROUNDS = 4
 FOLD_MAX_ELEMENTS = 64
 
 
@@ -693,7 +709,58 @@ def _window_attention(g: _Graph, n: onnx.NodeProto, extra: list[onnx.TensorProto
     return nodes
 
 
-def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simplified:
+def _fixed_size(g: _Graph, n: onnx.NodeProto) -> np.ndarray | None:
+    """The value of Size `n` when its input's shape is fixed (the Size of a Shape: a rank)."""
+    shape = g.shape(n.input[0]) if n.input else None
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return np.array(int(np.prod(shape, dtype=np.int64)), np.int64)
+
+
+def _taken_branch(g: _Graph, n: onnx.NodeProto, known: Mapping[str, np.ndarray]) -> tuple[str, onnx.GraphProto] | None:
+    """(attribute name, graph) of the branch If `n` takes when its condition is known, else None."""
+    cond = known.get(n.input[0]) if n.input else None
+    if cond is None and n.input:
+        cond = g.value(n.input[0])
+    if cond is None or np.size(cond) != 1:
+        return None
+    name = "then_branch" if bool(np.ravel(cond)[0]) else "else_branch"
+    body = next((a.g for a in n.attribute if a.name == name), None)
+    return None if body is None else (name, body)
+
+
+def _inlined_branch(g: _Graph, n: onnx.NodeProto, body: onnx.GraphProto, nested: set[str],
+                    rename: dict[str, str], extra: list[onnx.TensorProto]) -> list[onnx.NodeProto] | None:
+    """The nodes of If `n`'s branch `body` in the graph's place of `n` (module docstring), or None
+    where the branch makes a name the graph has or has outputs other than the If's count."""
+    if len(body.output) != len(n.output):
+        return None
+    made = {o for m in body.node for o in m.output if o} | {t.name for t in body.initializer}
+    taken = set(g.index.producer) | set(g.index.inputs) | set(g.constants)
+    if made & taken:
+        return None
+    nodes: list[onnx.NodeProto] = []
+    extra.extend(body.initializer)
+    for m in body.node:
+        value = next((a.t for a in m.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+        if m.op_type == "Constant" and m.domain in ("", "ai.onnx") and value is not None and len(m.attribute) == 1:
+            t = onnx.TensorProto()
+            t.CopyFrom(value)
+            t.name = m.output[0]
+            extra.append(t)
+        else:
+            nodes.append(m)
+    for inner, outer in zip((o.name for o in body.output), n.output):
+        if not outer:
+            continue
+        if outer in g.outputs or outer in nested:  # (names that must stay)
+            nodes.append(helper.make_node("Identity", [inner], [outer], name=f"{n.name or outer}~{outer}"))
+        else:
+            rename[outer] = inner
+    return nodes
+
+
+def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], rounds: int = INLINE_ROUNDS) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
     g = _Graph(model, tensors)
@@ -706,6 +773,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     nested = {t for n in g.nodes for t in edit.implicit_inputs(n)}
     known: dict[str, np.ndarray] = {}  # values folded so far (fixed dims, then what they feed)
     folded: list[str] = []
+    inlines = brought = 0
     for i, n in enumerate(g.nodes):
         if n.domain not in ("", "ai.onnx") or i in replace:  # (a Shape a lifted product moved)
             continue
@@ -732,10 +800,22 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
             if n.input[0] in known:
                 known[n.output[0]] = known[n.input[0]]
             continue
+        if n.op_type == "If" and (taken := _taken_branch(g, n, known)) is not None:
+            inlined = _inlined_branch(g, n, taken[1], nested, rename, extra)
+            if inlined is not None:
+                replace[i] = inlined
+                inlines += 1
+                brought += len(inlined) - 1
+                done.append(f"{n.name or n.output[0]} (an If on a condition known by construction) is its "
+                            f"{taken[0].split('_')[0]} branch, {len(taken[1].node)} nodes")
+                continue
         if len(n.output) == 1 and n.output[0] not in g.outputs and n.output[0] not in nested:
             value = _fixed_dims(g, n) if n.op_type in ("Gather", "Slice") else None
             if value is not None:
                 done.append(f"{n.name or n.output[0]} ({n.op_type} of fixed dims of a Shape) is the constant "
+                            f"{value.tolist()}")
+            elif n.op_type == "Size" and (value := _fixed_size(g, n)) is not None:
+                done.append(f"{n.name or n.output[0]} (the Size of a tensor of fixed shape) is the constant "
                             f"{value.tolist()}")
             elif n.op_type in FOLDABLE and n.input and all(not t or t in known or _small(g, t) for t in n.input):
                 value = _folded(g, n, known, opset)
@@ -798,4 +878,8 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> Simpl
     if not done:
         return Simplified(model, tensors)
     out = edit.spliced(g.index, replace, initializers=extra, rename=rename, prune=True)
-    return Simplified(out, infer(out)[1], tuple(done))
+    result = Simplified(out, infer(out)[1], tuple(done), brought)
+    if inlines and rounds > 1:  # (the inlined nodes have not been looked at)
+        again = simplify(result.model, result.tensors, rounds - 1)
+        result = Simplified(again.model, again.tensors, result.rewrites + again.rewrites, brought + again.inlined_nodes)
+    return result

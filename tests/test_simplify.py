@@ -269,9 +269,10 @@ def _aliased_batchnorms(rng: np.random.Generator, nested: bool = False) -> onnx.
         branch = lambda name: helper.make_graph(  # noqa: E731
             [mk("Identity", ["scale2"], [f"{name}_out"])], name, [], [helper.make_tensor_value_info(f"{name}_out", TP.FLOAT, [ch])])
         nodes.append(mk("If", ["flag"], ["picked"], then_branch=branch("then"), else_branch=branch("else")))
-        inits.append(numpy_helper.from_array(np.array(True), "flag"))
         outputs.append(helper.make_tensor_value_info("picked", TP.FLOAT, [ch]))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", ch, 8, 8])], outputs, inits)
+    # (the If's flag a runtime input: an If on a constant is its branch, and the alias would go)
+    flag = [helper.make_tensor_value_info("flag", TP.BOOL, [])] if nested else []
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", ch, 8, 8])] + flag, outputs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -554,3 +555,67 @@ def test_windows_counted_at_run_time_stay_rank_5() -> None:
     res = onnxstitch.optimize(_window_attention("w"), shapes={"b": [4], "w": [3]})
     assert not any("attention over windows" in r for r in res.report.notes["simplify"].rewrites)
     assert any("rank 5" in r for r in res.report.notes["attention"].refusals)
+
+
+def _size_branches(state_layers: int) -> onnx.ModelProto:
+    """silero-vad's two kinds of If, written as TorchScript writes them: `if state.size(0):` on a
+    dim the model fixes (`state_layers`; nested inside it, `if y.size(1) == 4:` on the fixed
+    channels of a Relu, folding only once the outer If is inlined), and
+    `x.squeeze(-1) if x.size(-1) == 1 else x` on a length, followed by a branch on the rank that
+    gives (`if y.dim() == 2: unsqueeze`), which no inference knows before the run."""
+    mk, c = helper.make_node, numpy_helper.from_array
+    i64 = lambda name, v: c(np.array(v, np.int64), name)  # noqa: E731
+    out = lambda name, dims: helper.make_tensor_value_info(name, TP.FLOAT, dims)  # noqa: E731
+    x3 = ["b", 4, "T"]
+    inner = mk("If", ["c4"], ["scaled"], name="channels_if",
+               then_branch=helper.make_graph([mk("Mul", ["h", "twice"], ["hs"])], "t4", [], [out("hs", x3)]),
+               else_branch=helper.make_graph([mk("Neg", ["h"], ["hn"])], "e4", [], [out("hn", x3)]))
+    then = helper.make_graph([mk("Relu", ["x"], ["h"]), mk("Shape", ["h"], ["hshape"]), mk("Gather", ["hshape", "one"], ["hc"]),
+                              mk("Equal", ["hc", "four"], ["c4"]), inner], "then", [], [out("scaled", x3)])
+    other = helper.make_graph([mk("Sigmoid", ["x"], ["g"])], "else", [], [out("g", x3)])
+    sq_then = helper.make_graph([mk("Squeeze", ["y0", "last"], ["sq"])], "sq_then", [], [out("sq", ["b", 4])])
+    sq_else = helper.make_graph([mk("Identity", ["y0"], ["same"])], "sq_else", [], [out("same", x3)])
+    r_then = helper.make_graph([mk("Unsqueeze", ["y1", "last"], ["up"])], "r_then", [], [out("up", ["b", 4, 1])])
+    r_else = helper.make_graph([mk("Identity", ["y1"], ["kept"])], "r_else", [], [out("kept", x3)])
+    nodes = [mk("Shape", ["state"], ["ss"]), mk("Gather", ["ss", "zero"], ["layers"]), mk("Cast", ["layers"], ["has"], to=TP.BOOL),
+             mk("If", ["has"], ["y0"], name="state_if", then_branch=then, else_branch=other),
+             mk("Shape", ["y0"], ["ys"]), mk("Gather", ["ys", "minus1"], ["t"]), mk("Equal", ["t", "one"], ["c1"]),
+             mk("If", ["c1"], ["y1"], name="squeeze_if", then_branch=sq_then, else_branch=sq_else),
+             mk("Shape", ["y1"], ["s1"]), mk("Size", ["s1"], ["rank"]), mk("Equal", ["rank", "two"], ["c2"]),
+             mk("If", ["c2"], ["y"], name="rank_if", then_branch=r_then, else_branch=r_else)]
+    inits = [i64("zero", 0), i64("one", 1), i64("minus1", -1), i64("four", 4), i64("two", 2), i64("last", [-1]),
+             c(np.array(2.0, np.float32), "twice")]
+    g = helper.make_graph(nodes, "size_branches", [out("x", x3), out("state", [state_layers, "b", 8])],
+                          [out("y", ["b", 4, "T2"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("layers", [2, 0])
+def test_an_if_on_fixed_dims_is_its_branch(layers: int) -> None:
+    """The Ifs on fixed dims fold (the nested one once its If is inlined); those on a length and
+    on the rank an If gives stay, and the model computes what it did, through either branch
+    of each (a length of 1 and of 3)."""
+    model = _size_branches(layers)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    ifs = sorted(n.name for n in s.model.graph.node if n.op_type == "If")
+    assert ifs == ["rank_if", "squeeze_if"], s.rewrites
+    assert any("state_if" in r for r in s.rewrites) and any("channels_if" in r for r in s.rewrites) == (layers > 0)
+    onnx.checker.check_model(s.model, full_check=True)
+    rng = np.random.default_rng(fresh_seed())
+    for length in (1, 3):
+        feeds = {"x": rng.standard_normal((2, 4, length)).astype(np.float32),
+                 "state": rng.standard_normal((layers, 2, 8)).astype(np.float32)}
+        (want,), (got,) = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                           for m in (model, s.model))
+        assert got.shape == want.shape and np.array_equal(got, want), length
+
+
+def test_a_rank_an_if_gives_is_unknown() -> None:
+    """ORT's symbolic inference keeps the then-branch's rank where an If's branches differ;
+    inference here calls it unknown, and so what is computed from it (the model's own
+    declaration of its output stands)."""
+    _, tensors = shapes.infer(_size_branches(2))
+    assert tensors["y1"].shape is None
+    assert not all(isinstance(d, int) for d in tensors["s1"].shape)
+    assert tensors["y"].shape == ("b", 4, "T2")
