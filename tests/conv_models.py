@@ -43,13 +43,14 @@ class Net:
     seed: int = 0
     name: str = field(default="")
     opset: int = 17
+    line: bool = False  # 1-D convolutions over x [n, C, w] (wav2vec2's, Whisper's, silero-vad's)
 
     @property
     def id(self) -> str:
         acts = "-".join(f"{'bn/' if ly.bn else ''}{ly.activation or 'none'}{'+r' if ly.residual else ''}{'+s' if ly.shortcut else ''}{'+se' if ly.se else ''}{f'/g{ly.group}' if ly.group > 1 else ''}"
                         f"{f'/s{ly.stride}' if ly.stride > 1 else ''}{f'/d{ly.dilation}' if ly.dilation > 1 else ''}"
                         for ly in self.layers)
-        return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}-{acts}"
+        return f"{'f16' if self.dtype == TP.FLOAT16 else 'f32'}{'-1d' if self.line else ''}-{acts}"
 
 
 def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
@@ -61,15 +62,18 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
     x, c = "x", net.channels
     for k, ly in enumerate(net.layers):
         pad = ly.pad if ly.pad is not None else (ly.dilation * (ly.kernel - 1) // 2,) * 4
-        w = rng.standard_normal((ly.out, c // ly.group, ly.kernel, ly.kernel)) / np.sqrt(c // ly.group * ly.kernel ** 2)
+        axes = 1 if net.line else 2
+        if net.line:  # (a 4-tuple's second axis: its w begin and end)
+            pad = (pad[1], pad[3])
+        w = rng.standard_normal((ly.out, c // ly.group) + (ly.kernel,) * axes) / np.sqrt(c // ly.group * ly.kernel ** axes)
         inits.append(numpy_helper.from_array(w.astype(np_dtype), f"w{k}"))
         ins = [x, f"w{k}"]
         if ly.bias:
             inits.append(numpy_helper.from_array((0.5 * rng.standard_normal(ly.out)).astype(np_dtype), f"b{k}"))
             ins.append(f"b{k}")
         t = f"conv{k}"
-        nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[ly.stride] * 2,
-                                      dilations=[ly.dilation] * 2, group=ly.group, kernel_shape=[ly.kernel] * 2))
+        nodes.append(helper.make_node("Conv", ins, [t], name=f"conv{k}", pads=list(pad), strides=[ly.stride] * axes,
+                                      dilations=[ly.dilation] * axes, group=ly.group, kernel_shape=[ly.kernel] * axes))
         if ly.bn:
             params = [rng.uniform(0.5, 1.5, ly.out), 0.3 * rng.standard_normal(ly.out), 0.3 * rng.standard_normal(ly.out),
                       rng.uniform(0.5, 2.0, ly.out)]
@@ -137,15 +141,17 @@ def model(net: Net, dtype: int | None = None) -> onnx.ModelProto:
             t = f"short{k}"
         x, c = t, ly.out
     nodes[-1].output[0] = "y"
-    graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, ["n", net.channels, "h", "w"])],
-                              [helper.make_tensor_value_info("y", dtype, [None] * 4)], inits)
+    dims = ["n", net.channels, "w"] if net.line else ["n", net.channels, "h", "w"]
+    graph = helper.make_graph(nodes, net.name or "convs", [helper.make_tensor_value_info("x", dtype, dims)],
+                              [helper.make_tensor_value_info("y", dtype, [None] * len(dims))], inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", net.opset)])
     m.ir_version = 9
     return m
 
 
 def feeds(net: Net, n: int, h: int, w: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    x = rng.standard_normal((n, net.channels, h, w))
+    """x at [n, C, h, w] (1-D nets: [n, C, h·w], a longer line)."""
+    x = rng.standard_normal((n, net.channels, h * w) if net.line else (n, net.channels, h, w))
     return {"x": x.astype(helper.tensor_dtype_to_np_dtype(net.dtype))}
 
 

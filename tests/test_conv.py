@@ -447,3 +447,32 @@ def test_each_conv_node_names_the_geometry_it_was_planned_at() -> None:
         w = next(t for t in res.model.graph.initializer if t.name == n.input[1])
         assert hint[4:] == list(w.dims), (n.name, hint)
         assert hint[:4] == [3, w.dims[1] * attrs["conv_group"].i, *hw], (n.name, hint)
+
+
+LINES = [Net(8, (Layer(16, kernel=5, activation="relu"), Layer(16, residual=True, activation="gelu_written"),
+                 Layer(24, kernel=3, stride=2, bn=True, activation="silu"), Layer(24, group=24, activation="relu")),
+             seed=30, line=True),
+         Net(8, (Layer(16, kernel=3, stride=2, bias=False, activation="relu"),), TP.FLOAT16, seed=31, line=True)]
+
+
+@pytest.mark.parametrize("net", LINES, ids=lambda n: n.id)
+def test_one_d_convolutions_are_conv_groups_held_nwc_between_them(net: Net) -> None:
+    """A 1-D convolution runs as a 2-D one of H = R = 1 (its pads, strides and dilations lifted to
+    the second axis); tensors passing from one conv group to the next alone stay NWC; the
+    stitched model computes the float64 reference through its fallbacks."""
+    res = onnxstitch.optimize(model(net), epilogues=True, shapes={"n": [2], "w": [64]}, cost=FREE_LAYOUTS)
+    convs = [g for g in res.report.plan.groups if g.scheme == "conv"]
+    assert len(convs) == len(net.layers), res.report.conv_refusals
+    for k, g in enumerate(sorted(convs, key=lambda g: min(g.nodes))):
+        m = g.payload
+        assert m.line and m.pads[0] == m.pads[2] == 0 and m.strides[0] == m.dilations[0] == 1
+        # NWC between the groups: the first reads the model's input, the last writes its output
+        assert m.layouts[:2] == (k > 0, k < len(convs) - 1), (k, m.layouts)
+    hints = [a.ints for n in res.model.graph.node for a in n.attribute if a.name == "conv_hint"]
+    assert hints and all(len(h) == 8 and h[2] == 1 and h[6] == 1 for h in hints)
+    onnx.checker.check_model(res.model)
+    given = feeds(net, 3, 1, 37, np.random.default_rng(fresh_seed()))
+    (got,) = ort.InferenceSession(res.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, given)
+    want = reference(net, given)
+    tol = 2e-2 if net.dtype == TP.FLOAT16 else 1e-5
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= tol

@@ -55,6 +55,14 @@ NETS += [
             Layer(16, residual=True, activation="gelu_written")), seed=23),
 ]
 NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed) for n in NETS if n.channels % 8 == 0 or n.channels == 6]
+# 1-D convolutions (H = R = 1 in cuDNN's graph, NCW in and out): each activation, a residual, a
+# folded BatchNormalization, strides, dilations, odd pads and a depthwise one; float32 and float16.
+LINE_NETS = [Net(8, (Layer(16, kernel=5, activation=a),), seed=40 + k, line=True) for k, a in
+             enumerate(("", "relu", "silu", "gelu_written"))]
+LINE_NETS += [Net(8, (Layer(16, kernel=3, stride=2, pad=(0, 1, 0, 2), activation="relu"),
+                      Layer(16, dilation=2, residual=True, activation="relu"), Layer(24, kernel=1, bn=True, activation="silu"),
+                      Layer(24, group=24, activation="relu")), seed=45, line=True)]
+LINE_NETS += [Net(n.channels, n.layers, TP.FLOAT16, n.seed, line=True) for n in LINE_NETS]
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -74,7 +82,7 @@ def stitched(net: Net):
     return res
 
 
-@pytest.mark.parametrize("net", NETS, ids=lambda n: n.id)
+@pytest.mark.parametrize("net", NETS + LINE_NETS, ids=lambda n: n.id)
 def test_conv_epilogue_matches_float64(net: Net) -> None:
     res = stitched(net)
     given = feeds(net, 3, 19, 23, np.random.default_rng(fresh_seed()))

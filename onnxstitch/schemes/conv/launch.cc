@@ -370,6 +370,7 @@ void StartLoaderAtCreation(int device) {
 struct Geometry {
   unsigned long long ctx;  // plans belong to a device
   int64_t n, c, h, w, k, cg, r, s, ho, wo;
+  bool line = false;  // a 1-D convolution (rank-3 X, W and Y) run as H = R = 1 (the same plan)
   bool operator<(const Geometry& o) const {
     return std::tie(ctx, n, c, h, w, k, cg, r, s) < std::tie(o.ctx, o.n, o.c, o.h, o.w, o.k, o.cg, o.r, o.s);
   }
@@ -480,7 +481,16 @@ class Conv final : public Scheme {
 
   bool OutputShapes(const std::vector<std::vector<ShapeDim>>& ins, size_t n_out,
                     std::vector<std::vector<ShapeDim>>* outs) const override {
-    if (ins.size() < 2 || n_out != 1 || ins[0].size() != 4 || ins[1].size() != 4) return false;
+    if (ins.size() < 2 || n_out != 1) return false;
+    if (ins[0].size() == 3 && ins[1].size() == 3) {  // a 1-D convolution (NCW or NWC): H = R = 1
+      const ShapeDim& in = ins[0][x_nhwc_ ? 1 : 2];
+      const ShapeDim& f = ins[1][2];
+      const bool known = in.symbol.empty() && in.value >= 0 && f.symbol.empty() && f.value >= 0;
+      const ShapeDim wo = known ? ShapeDim{OutDim(in.value, f.value, 1), ""} : ShapeDim{-1, ""};
+      outs->assign(1, y_nhwc_ ? std::vector<ShapeDim>{ins[0][0], wo, ins[1][0]} : std::vector<ShapeDim>{ins[0][0], ins[1][0], wo});
+      return true;
+    }
+    if (ins[0].size() != 4 || ins[1].size() != 4) return false;
     const std::vector<ShapeDim>& x = ins[0];
     const ShapeDim& k = ins[1][0];
     ShapeDim sp[2];
@@ -504,8 +514,9 @@ class Conv final : public Scheme {
     Geometry g{};
     if (Error e = Shapes(b, &g)) return e;
     const int64_t y_dims[4] = {g.n, y_nhwc_ ? g.ho : g.k, y_nhwc_ ? g.wo : g.ho, y_nhwc_ ? g.k : g.wo};
+    const int64_t y_line[3] = {g.n, y_nhwc_ ? g.wo : g.k, y_nhwc_ ? g.k : g.wo};  // a 1-D convolution's [N, K, W']
     void* y = nullptr;
-    if (Error e = call.Output(0, y_dims, 4, &y)) return e;
+    if (Error e = g.line ? call.Output(0, y_line, 3, &y) : call.Output(0, y_dims, 4, &y)) return e;
     if (g.n == 0 || g.k == 0 || g.ho == 0 || g.wo == 0) return {};
     cu::Stream stream = nullptr;
     const Loaded* l = nullptr;
@@ -529,9 +540,10 @@ class Conv final : public Scheme {
     const void* x = b->args.in[0];
     const void* r = residual_ ? b->args.in[b->n_in - 1] : nullptr;
     void* y_nhwc = y;
-    // At 1×1 pixels NCHW and NHWC are the same bytes: nothing to change.
-    const bool x_nhwc = x_nhwc_ || g.h * g.w == 1, y_out_nhwc = y_nhwc_ || g.ho * g.wo == 1,
-               r_nhwc = r_nhwc_ || g.ho * g.wo == 1;
+    // At 1×1 pixels, or one channel (wav2vec2's waveform), NCHW and NHWC are the same bytes:
+    // nothing to change.
+    const bool x_nhwc = x_nhwc_ || g.h * g.w == 1 || g.c == 1, y_out_nhwc = y_nhwc_ || g.ho * g.wo == 1 || g.k == 1,
+               r_nhwc = r_nhwc_ || g.ho * g.wo == 1 || g.k == 1;
     if (!x_nhwc) {
       void* t = nullptr;
       if (Error e = call.Scratch(static_cast<size_t>(g.n * g.c * g.h * g.w) * elem, &t)) return e;
@@ -584,20 +596,29 @@ class Conv final : public Scheme {
   Error Shapes(const Bound* b, Geometry* g) const {
     const int64_t* x = b->shapes[0];
     const int64_t* w = b->shapes[1];
-    if (b->ranks[0] != 4 || b->ranks[1] != 4) {
+    // A 1-D convolution ([N, C, W] or NWC [N, W, C] by [K, C/group, S]) runs as a 2-D one of
+    // H = R = 1: the same bytes, its pads, strides and dilations given as the second axis's
+    // (match.py).
+    g->line = b->ranks[0] == 3 && b->ranks[1] == 3;
+    if (!g->line && (b->ranks[0] != 4 || b->ranks[1] != 4)) {
       return Fail(ORT_INVALID_ARGUMENT, "X " + ShapeText(x, b->ranks[0]) + " and W " + ShapeText(w, b->ranks[1]) +
-                                            ": a 2-D convolution takes both of rank 4");
+                                            ": a convolution takes both of rank 4 (2-D) or 3 (1-D, NCW)");
     }
     g->n = x[0];
-    g->c = x_nhwc_ ? x[3] : x[1];
-    g->h = x_nhwc_ ? x[1] : x[2];
-    g->w = x_nhwc_ ? x[2] : x[3];
-    g->k = w[0];
-    g->cg = w[1];
-    g->r = w[2];
-    g->s = w[3];
+    if (g->line) {
+      g->c = x[x_nhwc_ ? 2 : 1], g->h = 1, g->w = x[x_nhwc_ ? 1 : 2];
+      g->k = w[0], g->cg = w[1], g->r = 1, g->s = w[2];
+    } else {
+      g->c = x_nhwc_ ? x[3] : x[1];
+      g->h = x_nhwc_ ? x[1] : x[2];
+      g->w = x_nhwc_ ? x[2] : x[3];
+      g->k = w[0];
+      g->cg = w[1];
+      g->r = w[2];
+      g->s = w[3];
+    }
     if (g->cg * group_ != g->c || g->k % group_ != 0) {
-      return Fail(ORT_INVALID_ARGUMENT, "X " + ShapeText(x, 4) + (x_nhwc_ ? " (NHWC)" : "") + " and W " + ShapeText(w, 4) +
+      return Fail(ORT_INVALID_ARGUMENT, "X " + ShapeText(x, b->ranks[0]) + (x_nhwc_ ? " (NHWC)" : "") + " and W " + ShapeText(w, b->ranks[1]) +
                                             " do not convolve in " + std::to_string(group_) + " group(s)");
     }
     g->ho = OutDim(g->h, g->r, 0);
@@ -608,8 +629,11 @@ class Conv final : public Scheme {
     if (residual_) {
       const size_t i = b->n_in - 1;
       const int64_t want[4] = {g->n, r_nhwc_ ? g->ho : g->k, r_nhwc_ ? g->wo : g->ho, r_nhwc_ ? g->k : g->wo};
-      if (b->ranks[i] != 4 || !std::equal(want, want + 4, b->shapes[i])) {
-        return Fail(ORT_INVALID_ARGUMENT, "the residual " + ShapeText(b->shapes[i], b->ranks[i]) + " is not " + ShapeText(want, 4));
+      const int64_t line[3] = {g->n, r_nhwc_ ? g->wo : g->k, r_nhwc_ ? g->k : g->wo};
+      const int rank = g->line ? 3 : 4;
+      const int64_t* expect = g->line ? line : want;
+      if (b->ranks[i] != rank || !std::equal(expect, expect + rank, b->shapes[i])) {
+        return Fail(ORT_INVALID_ARGUMENT, "the residual " + ShapeText(b->shapes[i], b->ranks[i]) + " is not " + ShapeText(expect, rank));
       }
     }
     return {};

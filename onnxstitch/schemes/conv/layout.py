@@ -1,7 +1,9 @@
 """The conv scheme's layouts: which tensors stay NHWC between its groups, and how the nodes ONNX
 Runtime runs between them (channel Concat/Split, elementwise work, pixel poolings) run over NHWC
 tensors. The planner settles them after the plan (`layouts`, through the scheme's Matcher); the
-rewrite applies them through the scheme's `Relayout` (schemes/base.py), naming no scheme."""
+rewrite applies them through the scheme's `Relayout` (schemes/base.py), naming no scheme.
+A 1-D convolution's tensors ([N, C, W]) are held NWC the same way, between conv groups only (the
+layout-neutral nodes here take rank-4 tensors)."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +39,19 @@ def nhwc_info(g: FusionGraph, t: str) -> TensorInfo | None:
     base = g.tensors.get(nchw) if (nchw := held(t)) is not None else None
     if base is None:
         return None
-    shape = None if base.shape is None else tuple(base.shape[k] for k in (0, 2, 3, 1))
+    shape = None if base.shape is None else tuple(base.shape[k] for k in to_channels_last(len(base.shape)))
     return TensorInfo(t, base.dtype, shape)
+
+
+def to_channels_last(rank: int) -> tuple[int, ...]:
+    """The permutation taking a channels-first tensor of `rank` to channels-last: NCHW → NHWC
+    (0, 2, 3, 1), a 1-D convolution's NCW → NWC (0, 2, 1)."""
+    return (0, *range(2, rank), 1)
+
+
+def to_channels_first(rank: int) -> tuple[int, ...]:
+    """The inverse of `to_channels_last`."""
+    return (0, rank - 1, *range(1, rank - 1))
 
 
 def one_pixel(g: FusionGraph, t: str) -> bool:
@@ -227,8 +240,8 @@ def bridge(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[onnx.
 
 
 def restored(t: str, value: np.ndarray) -> np.ndarray:
-    """An NHWC tensor's value as its NCHW tensor."""
-    return np.ascontiguousarray(np.transpose(value, (0, 3, 1, 2)))
+    """An NHWC (or NWC) tensor's value as its NCHW (NCW) tensor."""
+    return np.ascontiguousarray(np.transpose(value, to_channels_first(value.ndim)))
 
 
 # How the rewrite runs the nodes `layouts` left to ONNX Runtime over NHWC tensors.

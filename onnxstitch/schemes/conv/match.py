@@ -11,7 +11,8 @@ a residual or SiLU, and NHWC convolutions 1.6–2.7× faster than NCHW ones in f
 output change layout at the node (cuBLASLt transforms in scratch memory), except between two conv
 nodes, where the tensor stays NHWC (`layouts`: the plan's conv groups decide it together).
 
-Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight, explicit pads
+Legal chains (`find`): a Conv of rank-4 float32/float16 X, a constant 4-D weight (or a 1-D one:
+rank-3 X and weight, run as 2-D of H = R = 1, its tensors held NWC between conv groups), explicit pads
 (auto_pad NOTSET or VALID, or SAME_UPPER/SAME_LOWER where the pads do not depend on the input's
 size: stride 1, as TorchScript exports PyTorch's padding="same", or fixed pixels), its own bias
 [K] or none, a BatchNormalization with constant parameters after it or none (folded into new
@@ -96,6 +97,9 @@ class Match:
     # A BatchNormalization after the Conv folded into new weights and bias (W', b'), which the
     # node reads in place of w and bias; empty when there is none.
     folded: tuple[onnx.TensorProto, ...] = ()
+    # A 1-D convolution (rank-3 X, W, Y), its geometry that of a 2-D one of H = R = 1 (its
+    # layouts NCW or NWC).
+    line: bool = False
 
     def _name(self, t: str, nhwc: bool) -> str:
         return nhwc_name(t) if nhwc else t
@@ -200,28 +204,40 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     if why:
         return why
     sx, sw = g.shape(x), g.shape(w)
+    # A 1-D convolution ([N, C, W] by [K, C/group, S]: wav2vec2's feature encoder, Whisper's
+    # stem, silero-vad) runs as a 2-D one of H = R = 1, its attributes those of the second axis.
+    line = sx is not None and sw is not None and len(sx) == 3 and len(sw) == 3 and padded is None
+    if line:
+        sx, sw = (sx[0], sx[1], 1, sx[2]), (sw[0], sw[1], 1, sw[2])
     if sx is None or len(sx) != 4 or sw is None or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
-        return "not a 2-D convolution of a rank-4 input with a fixed 4-D weight"
+        return "not a 1-D or 2-D convolution of a rank-3 or rank-4 input with a fixed weight"
     if not isinstance(sx[1], int):
         return f"the channels of '{x}' are not fixed"
     auto_pad = n.attrs.get("auto_pad", "NOTSET")
-    strides = tuple(int(v) for v in n.attrs.get("strides", (1, 1)))
-    dilations = tuple(int(v) for v in n.attrs.get("dilations", (1, 1)))
+    lift = (lambda v: (1, *v)) if line else tuple
+    strides = lift(int(v) for v in n.attrs.get("strides", (1,) * (3 if line else 2))[:1 if line else 2])
+    dilations = lift(int(v) for v in n.attrs.get("dilations", (1,) * (3 if line else 2))[:1 if line else 2])
     group = int(n.attrs.get("group", 1))
-    if len(strides) != 2 or len(dilations) != 2:
-        return "strides or dilations not of a 2-D convolution"
+    if len(tuple(n.attrs.get("strides", ()))) not in (0, 1 if line else 2) or \
+            len(tuple(n.attrs.get("dilations", ()))) not in (0, 1 if line else 2):
+        return f"strides or dilations not of a {'1' if line else '2'}-D convolution"
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         # (Over the Conv's own input: a Pad joined in front makes it larger than X.)
-        pads = _same_pads(auto_pad, (g.shape(n.inputs[0]) or sx)[2:], sw[2:], strides, dilations)
+        own = g.shape(n.inputs[0])
+        pixels = (1, own[2]) if line and own is not None else ((own or sx)[2:])
+        pads = _same_pads(auto_pad, pixels, sw[2:], strides, dilations)
         if pads is None:
             return (f"auto_pad {auto_pad} with strides {list(strides)} over pixels not fixed in the model "
                     f"(its pads depend on the input's size)")
     elif auto_pad in ("NOTSET", "VALID"):
-        pads = tuple(int(v) for v in n.attrs.get("pads", (0, 0, 0, 0))) if auto_pad == "NOTSET" else (0, 0, 0, 0)
+        pads = tuple(int(v) for v in n.attrs.get("pads", (0,) * (2 if line else 4))) if auto_pad == "NOTSET" else \
+            (0,) * (2 if line else 4)
+        if line and len(pads) == 2:
+            pads = (0, pads[0], 0, pads[1])
     else:
         return f"auto_pad {auto_pad}"
     if len(pads) != 4:
-        return "pads not of a 2-D convolution"
+        return f"pads not of a {'1' if line else '2'}-D convolution"
     if padded is not None:
         pads = tuple(a + b for a, b in zip(pads, padded[1]))
     if sx[1] != sw[1] * group:
@@ -232,7 +248,7 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     if b is not None and (g.shape(b) != (sw[0],) or g.tensors[b].dtype != g.tensors[y].dtype):
         return f"its bias '{b}' is not [{sw[0]}] of its type"
     return dict(x=x, w=w, bias=b, pads=pads, strides=strides, dilations=dilations, group=group,
-                dtype=g.tensors[y].dtype, pad=() if padded is None else (padded[0],))
+                dtype=g.tensors[y].dtype, pad=() if padded is None else (padded[0],), line=line)
 
 
 def _scalar(g: FusionGraph, t: str) -> float | None:
@@ -326,7 +342,7 @@ def _batch_norm(g: FusionGraph, weights: Weights, t: str, conv: dict,
         shift = beta - mean * k
     b = _array(conv["bias"]).reshape(-1) if conv["bias"] else np.zeros(w.shape[0])
     np_dtype = helper.tensor_dtype_to_np_dtype(conv["dtype"])
-    folded = (weights.add((w * k[:, None, None, None]).astype(np_dtype), f"{name}~bn_weight"),
+    folded = (weights.add((w * k.reshape(-1, *(1,) * (w.ndim - 1))).astype(np_dtype), f"{name}~bn_weight"),
               weights.add((b * k + shift).astype(np_dtype), f"{name}~bn_bias"))
     return at, folded
 
@@ -350,7 +366,7 @@ def _chain(g: FusionGraph, weights: Weights, i: int) -> tuple[list[Match], list[
     def take(activation: str = "", params: tuple[float, float] = (0.0, 0.0), after: bool = False) -> None:
         found.append(Match(tuple(sorted(nodes)), got["x"], got["w"], got["bias"], residual, t, activation, params,
                            got["dtype"], got["pads"], got["strides"], got["dilations"], got["group"],
-                           n.name or n.outputs[0], residual_after=after, folded=folded))
+                           n.name or n.outputs[0], residual_after=after, folded=folded, line=got["line"]))
 
     take()
     res = residual_add(g, t)
@@ -412,10 +428,18 @@ def conv_us(g: FusionGraph, cost: CostModel, m: Match) -> float:
     against the bytes of X, W and Y."""
     sw = g.shape(m.w)
     rows = g.tensor_bytes(m.output) // (2 if m.dtype == TP.FLOAT16 else 4) // sw[0]
-    flops = 2.0 * rows * sw[0] * sw[1] * sw[2] * sw[3]
+    flops = 2.0 * rows * float(np.prod(sw))
     rate = FP16_TFLOPS if m.dtype == TP.FLOAT16 else TF32_TFLOPS
     nbytes = sum(g.tensor_bytes(t) for t in (m.x, m.w, m.output))
     return cost.launch_us + max(flops / (rate * 1e6), nbytes / (cost.bandwidth_gbs * 1e3))
+
+
+def _same_bytes(g: FusionGraph, t: str) -> bool:
+    """Whether `t`'s channels-first and channels-last forms are the same bytes (one pixel, or one
+    channel): launch.cc changes nothing there."""
+    s = g.shape(t)
+    return one_pixel(g, t) or (s is not None and len(s) in (3, 4) and
+                               (s[1] == 1 or all(d == 1 for d in s[2:])))
 
 
 def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
@@ -430,7 +454,7 @@ def unprofitable(g: FusionGraph, cost: CostModel, plan: Plan) -> dict[str, str]:
             continue
         m: Match = grp.payload
         ends = [t for t, nhwc in ((m.x, m.layouts[0]), (m.output, m.layouts[1]), (m.residual, m.layouts[2]))
-                if t and not nhwc and not one_pixel(g, t)]
+                if t and not nhwc and not _same_bytes(g, t)]
         paid = sum(cost.launch_us + 2 * g.tensor_bytes(t) / (cost.bandwidth_gbs * 1e3) for t in ends)
         # Without the group its epilogue nodes would be one stitched kernel reading the
         # convolution's output (and R) and writing the result.

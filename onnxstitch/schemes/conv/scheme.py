@@ -19,17 +19,17 @@ from . import layout, match
 from .match import Match
 from .spec import ACTIVATIONS
 
-TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
-
 
 def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
     """The function body: NHWC inputs back to NCHW, the constants the nodes read (a function
     sees no initializers), the nodes as they were, the output to NHWC where it stays so."""
     body: list[onnx.NodeProto] = []
+    rank = 3 if m.line else 4
+    to_first, to_last = list(layout.to_channels_first(rank)), list(layout.to_channels_last(rank))
     if m.layouts[0]:
-        body.append(helper.make_node("Transpose", [m.inputs[0]], [m.x], perm=TO_NCHW))
+        body.append(helper.make_node("Transpose", [m.inputs[0]], [m.x], perm=to_first))
     if m.residual and m.layouts[2] and not (m.layouts[0] and m.residual == m.x):
-        body.append(helper.make_node("Transpose", [m.inputs[-1]], [m.residual], perm=TO_NCHW))
+        body.append(helper.make_node("Transpose", [m.inputs[-1]], [m.residual], perm=to_first))
     given = set(m.inputs) | {m.x, m.residual}
     nodes = [graph.nodes[i] for i in m.nodes]
     if m.folded:
@@ -44,7 +44,7 @@ def fallback(graph: FusionGraph, m: Match) -> tuple[onnx.NodeProto, ...]:
     body += [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **dict(n.attrs))
              for n in nodes]
     if m.layouts[1]:
-        body.append(helper.make_node("Transpose", [m.output], [m.node_output], perm=TO_NHWC))
+        body.append(helper.make_node("Transpose", [m.output], [m.node_output], perm=to_last))
     return tuple(body)
 
 
@@ -53,6 +53,8 @@ def _hint(graph: FusionGraph, m: Match) -> tuple[int, ...]:
     at their planning values), () where a rank is unknown: the runtime loads the saved plan of
     that geometry before the node's first run (launch.cc, Library::hints)."""
     sx, sw = graph.shape(m.x), graph.shape(m.w)
+    if m.line and sx is not None and sw is not None and len(sx) == 3 and len(sw) == 3:  # (as launch.cc runs it)
+        sx, sw = (sx[0], sx[1], 1, sx[2]), (sw[0], sw[1], 1, sw[2])
     if sx is None or sw is None or len(sx) != 4 or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
         return ()
     return tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in sx) + tuple(sw)
