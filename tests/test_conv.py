@@ -476,3 +476,28 @@ def test_one_d_convolutions_are_conv_groups_held_nwc_between_them(net: Net) -> N
     want = reference(net, given)
     tol = 2e-2 if net.dtype == TP.FLOAT16 else 1e-5
     assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) <= tol
+
+
+@pytest.mark.parametrize("auto_pad,kernel,stride,want", [("SAME_UPPER", 4, 1, (0, 1, 0, 2)), ("SAME_LOWER", 4, 1, (0, 2, 0, 1)),
+                                                         ("SAME_UPPER", 3, 2, None)])
+def test_one_d_same_auto_pad_is_explicit_pads(auto_pad: str, kernel: int, stride: int, want) -> None:
+    """A 1-D SAME convolution's pads on the second axis (the odd one at the end for SAME_UPPER);
+    strided over a free length it is refused with the model's own strides; the stitched model
+    computes what the model does (through its fallback on the CPU)."""
+    rng = np.random.default_rng(fresh_seed())
+    w = onnx.numpy_helper.from_array((rng.standard_normal((8, 4, kernel)) * 0.3).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], auto_pad=auto_pad, strides=[stride], kernel_shape=[kernel]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 4, "t"])],
+                                            [helper.make_tensor_value_info("y", TP.FLOAT, [None] * 3)], [w]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    res = onnxstitch.optimize(m, shapes={"n": [2], "t": [64]}, verify=False, gate=False, cost=FREE_LAYOUTS)
+    convs = [g.payload for g in res.report.plan.groups if g.scheme == "conv"]
+    if want is None:
+        assert not convs and any(f"strides [{stride}]" in r for r in res.report.conv_refusals), res.report.conv_refusals
+    else:
+        assert [c.pads for c in convs] == [want]
+    x = {"x": rng.standard_normal((2, 4, 61)).astype(np.float32)}
+    run = [ort.InferenceSession(mm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x)[0]
+           for mm in (m, res.model)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-6)

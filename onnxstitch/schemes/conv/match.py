@@ -227,7 +227,8 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
         pixels = (1, own[2]) if line and own is not None else ((own or sx)[2:])
         pads = _same_pads(auto_pad, pixels, sw[2:], strides, dilations)
         if pads is None:
-            return (f"auto_pad {auto_pad} with strides {list(strides)} over pixels not fixed in the model "
+            given = list(strides[1:] if line else strides)  # (the model's own, not lifted)
+            return (f"auto_pad {auto_pad} with strides {given} over pixels not fixed in the model "
                     f"(its pads depend on the input's size)")
     elif auto_pad in ("NOTSET", "VALID"):
         pads = tuple(int(v) for v in n.attrs.get("pads", (0,) * (2 if line else 4))) if auto_pad == "NOTSET" else \
