@@ -27,7 +27,7 @@ from onnx import helper
 from .edit import implicit_inputs, reads, subgraphs
 from .errors import SIZE_HINT, StitchError, first_line
 from .rewrite import DOMAIN, IR_VERSION, OP_TYPE
-from .shapes import TensorInfo
+from .shapes import TensorInfo, infer
 from .weights import is_stub
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class Bodies:
     # Kernels of the stitched bodies before and after, summed (one run of each body).
     kernels_before: int = 0
     kernels_after: int = 0
+    sunk: bool = False  # a tail was copied into an If's branches (`sink_tails`): the main graph changed
 
 
 def has_bodies(model: onnx.ModelProto) -> bool:
@@ -118,13 +119,136 @@ def _renamed(result: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
     return out
 
 
+# The most nodes a tail copied into an If's branches may have (each branch gets one copy).
+MAX_TAIL = 400
+
+
+def _produced(g: onnx.GraphProto) -> set[str]:
+    """Every name a graph and the graphs nested in it make: node outputs, inputs, initializers."""
+    found = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    for n in g.node:
+        found.update(o for o in n.output if o)
+        for sub in subgraphs(n):
+            found |= _produced(sub)
+    return found
+
+
+def _rename_graph(g: onnx.GraphProto, names: Mapping[str, str], suffix: str) -> None:
+    """Rename, in place and through nested graphs, every tensor in `names` and every node."""
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        vi.name = names.get(vi.name, vi.name)
+    for t in g.initializer:
+        t.name = names.get(t.name, t.name)
+    for n in g.node:
+        n.input[:] = [names.get(t, t) for t in n.input]
+        n.output[:] = [names.get(t, t) for t in n.output]
+        if n.name:
+            n.name += suffix
+        for sub in subgraphs(n):
+            _rename_graph(sub, names, suffix)
+
+
+def _forget_shapes(g: onnx.GraphProto) -> None:
+    """Drop the shapes a copied body declares for its outputs and tensors, through nested bodies
+    (types stay): an exporter's shapes for one rank of what the body reads (silero-vad's branches
+    declare [1, d, 128] for an Unsqueeze that gives rank 4 when the copy's input is rank 3),
+    which ONNX Runtime would merge with what it infers, warning at every session."""
+    for vi in list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type"):  # (reading tensor_type of an untyped one would set it)
+            vi.type.tensor_type.ClearField("shape")
+    for n in g.node:
+        for sub in subgraphs(n):
+            _forget_shapes(sub)
+
+
+def sink_tails(model: onnx.ModelProto, infos: Mapping[str, TensorInfo]) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """`model` with the tail of each If whose outputs' rank depends on the branch taken copied
+    into both its branches, where an If in that tail branches on what it computes.
+
+    TorchScript writes `x.squeeze(-1) if x.size(-1) == 1 else x` as an If whose branches give a
+    rank 2 and a rank 3 tensor, and Python's later `if y.dim() == 2:` as Ifs on Size(Shape(y)):
+    silero-vad runs three such Ifs around its LSTM on every inference, each a subgraph call with
+    host cost, all decided by the first If's own condition. Inside each branch the rank is
+    known, so each copy's Ifs fold (simplify: an If on a condition known by construction), and
+    the copies are optimized as bodies with the rest. The tail is every node computed from the
+    If's outputs (as `edit.reads`, bodies' reads included), its copies renamed per branch; the
+    new If, after every other node, gives the graph outputs the tail gave. At most MAX_TAIL
+    nodes are copied."""
+    g = model.graph
+    nodes = list(g.node)
+    graph_outputs = [o.name for o in g.output]
+    for i, n in enumerate(nodes):
+        if n.op_type != "If" or n.domain not in ("", "ai.onnx"):
+            continue
+        outs = [o for o in n.output if o]
+        if all(infos.get(o) is not None and infos[o].shape is not None for o in outs):
+            continue  # (the rank is the same whichever branch runs: shapes.py)
+        made, tail = set(outs), []
+        for j in range(i + 1, len(nodes)):
+            if any(t in made for t in reads(nodes[j])):
+                tail.append(j)
+                made.update(o for o in nodes[j].output if o)
+        deciding = [j for j in tail if nodes[j].op_type == "If" and nodes[j].input and nodes[j].input[0] in made]
+        if not deciding or len(tail) > MAX_TAIL:
+            continue
+        given = [o for o in graph_outputs if o in made]
+        if any(infos.get(o) is None or not infos[o].dtype or infos[o].shape is None for o in given):
+            continue  # (a branch's outputs need a type and a rank)
+        branches = {}
+        for attr in n.attribute:
+            if attr.name not in ("then_branch", "else_branch"):
+                continue
+            suffix = f"~{attr.name.split('_')[0]}"
+            body = onnx.GraphProto()
+            body.CopyFrom(attr.g)
+            copied = [onnx.NodeProto.FromString(nodes[j].SerializeToString()) for j in tail]
+            inner = _produced(body) | {o for c in copied for o in c.output if o} | \
+                {t for c in copied for sub in subgraphs(c) for t in _produced(sub)}
+            names = {t: t + suffix for t in inner}
+            # The tail reads the If's outputs: here they are the branch's own.
+            names |= {o: names.get(b.name, b.name) for o, b in zip(n.output, attr.g.output) if o}
+            for c in copied:
+                body.node.append(c)
+            del body.output[:]
+            body.output.extend(helper.make_tensor_value_info(o, infos[o].dtype, list(infos[o].shape)) for o in given)
+            _rename_graph(body, names, suffix)
+            for vi, o in zip(body.output, given):  # (graph outputs named in the branch as renamed)
+                vi.name = names.get(o, o)
+            for c in body.node[len(attr.g.node):]:
+                for sub in subgraphs(c):
+                    _forget_shapes(sub)
+            branches[attr.name] = body
+        if len(branches) != 2:
+            continue
+        sunk = helper.make_node("If", [n.input[0]], given, name=n.name or f"{outs[0]}~if",
+                                then_branch=branches["then_branch"], else_branch=branches["else_branch"])
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        kept = set(tail)
+        del out.graph.node[:]
+        # (last: the tail may read what nodes after the If make that do not depend on it)
+        out.graph.node.extend([m for j, m in enumerate(nodes) if j != i and j not in kept] + [sunk])
+        gone = made - set(given)
+        live_info = [vi for vi in out.graph.value_info if vi.name not in gone]
+        del out.graph.value_info[:]
+        out.graph.value_info.extend(live_info)
+        line = (f"If {n.name or outs[0]}: its branches give outputs of different ranks, and {len(deciding)} If(s) after "
+                f"it branch on them; the {len(tail)} nodes after it run inside each branch")
+        return out, (line,)
+    return model, ()
+
+
 def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_values: Mapping[str, int],
                   optimize: Optimizer) -> Bodies:
     """Every body of `model`'s main graph optimized by `optimize` (nested bodies by its own
-    recursion), stitched bodies in place."""
+    recursion), stitched bodies in place; first, the tails that an If decides are copied into
+    its branches (`sink_tails`)."""
+    model, sunk = sink_tails(model, infos)
+    if sunk:
+        infos = infer(model)[1]
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    rewrites: list[str] = []
+    rewrites: list[str] = list(sunk)
     refusals: list[str] = []
     bodies: dict[str, dict[str, onnx.GraphProto]] = {}
     functions: dict[tuple[str, str, str], onnx.FunctionProto] = {}
@@ -197,7 +321,7 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
     if functions:
         _add_functions(out, functions.values())
         _drop_unread_constants(out.graph)
-    return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()), before, after)
+    return Bodies(out, tuple(rewrites), tuple(refusals), bodies, tuple(functions.values()), before, after, bool(sunk))
 
 
 # Loggers whose warnings while a body is optimized are about that body.

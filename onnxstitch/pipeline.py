@@ -404,9 +404,17 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
     dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
     done, original = None, None
     if refusal is None and body_optimizer is not None and bodies_mod.has_bodies(m):
+        # Ifs decided by construction are their branches before bodies are planned: a tail copied
+        # into an If's branches (bodies.sink_tails) must not carry an If whose condition is a
+        # constant only the outer graph can see (silero-vad's state check).
+        pre = stage("simplify", lambda: simplify_mod.simplify(m, infos))
+        if pre.inlined_nodes:
+            m, infos = pre.model, pre.tensors
         done = stage("bodies", lambda: bodies_mod.stitch_bodies(m, infos, dim_values, body_optimizer))
         if done.bodies:
             original, m, loaded = m, done.model, bodies_mod.apply(loaded, done)
+            if done.sunk:  # (the main graph changed: its tensors' facts with it)
+                _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     simple = simplify_mod.Simplified(m, infos)
     if refusal is None:
         simple = stage("simplify", lambda: simplify_mod.simplify(m, infos))

@@ -231,3 +231,50 @@ def test_a_branch_for_another_input_length_is_verified_at_half_the_sizes() -> No
     for flag, length in ((True, 512), (False, 256)):
         feeds = {"x": rng.standard_normal((1, length)).astype(np.float32), "flag": np.array(flag)}
         np.testing.assert_allclose(_run(res.model, feeds)[0], _run(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_if_deciding_later_ifs_takes_the_tail_into_its_branches() -> None:
+    """`x.squeeze(-1) if x.size(-1) == 1 else x` then `if y.dim() == 2:` (tests/test_simplify.py's
+    model): the squeeze's If gives rank 2 or 3, so the tail after it, the rank's If included, runs
+    inside each of its branches (renamed per branch), where the rank is known and the rank's If
+    folds; the model computes what it did through either branch (lengths 1 and 3)."""
+    from onnxstitch import shapes, simplify
+
+    from .test_simplify import _size_branches
+
+    model = _size_branches(2)
+    inferred, tensors = shapes.infer(model)
+    pre = simplify.simplify(inferred, tensors)  # (the state's If first, as the pipeline does)
+    out, lines = bodies.sink_tails(pre.model, pre.tensors)
+    assert len(lines) == 1 and "squeeze_if" in lines[0], lines
+    main = [n for n in out.graph.node if n.op_type == "If"]
+    assert [n.name for n in main] == ["squeeze_if"] and list(main[0].output) == ["y"]
+    for branch in main[0].attribute:
+        assert [n.name for n in branch.g.node if n.op_type == "If"] == [f"rank_if~{branch.name.split('_')[0]}"]
+        # inside the branch the rank is known: as a model of its own, its If is its branch
+        sub = bodies.body_model(branch.g, main[0], out, shapes.infer(out)[1])
+        folded = simplify.simplify(*shapes.infer(sub))
+        assert not [n for n in folded.model.graph.node if n.op_type == "If"], folded.rewrites
+    onnx.checker.check_model(out, full_check=True)
+    rng = np.random.default_rng(fresh_seed())
+    for length in (1, 3):
+        feeds = {"x": rng.standard_normal((2, 4, length)).astype(np.float32),
+                 "state": rng.standard_normal((2, 2, 8)).astype(np.float32)}
+        (want,), (got,) = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                           for m in (model, out))
+        assert got.shape == want.shape and np.array_equal(got, want), length
+
+
+def test_an_if_no_later_if_branches_on_keeps_its_tail() -> None:
+    """With nothing after it branching on what it gives, an If stays as it is."""
+    from onnxstitch import shapes
+
+    from .test_simplify import _size_branches
+
+    model = _size_branches(2)
+    del model.graph.node[-1]  # (the rank's If)
+    model.graph.output[0].name = "c2"
+    model.graph.output[0].type.tensor_type.elem_type = TP.BOOL
+    del model.graph.output[0].type.tensor_type.shape.dim[:]
+    out, lines = bodies.sink_tails(*shapes.infer(model))
+    assert not lines and out is not None
