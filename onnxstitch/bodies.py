@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .edit import implicit_inputs, reads, subgraphs
 from .errors import SIZE_HINT, StitchError, first_line
@@ -148,6 +148,47 @@ def _rename_graph(g: onnx.GraphProto, names: Mapping[str, str], suffix: str) -> 
             _rename_graph(sub, names, suffix)
 
 
+def _implied_sizes(g: onnx.GraphProto, node: onnx.NodeProto, infos: Mapping[str, TensorInfo]) -> dict[str, int]:
+    """The size an If's then branch implies for a symbolic dim: {dim: n} where its condition is
+    Equal(Shape(t)[k], n) (through Casts and Squeezes) and dim k of t is that symbol. The branch
+    is planned and verified at that size: silero-vad's `x.squeeze(-1) if x.size(-1) == 1` runs
+    its then branch, with the tail copied into it, only at a length of 1, where random lengths
+    fail its Squeeze."""
+    made = {o: n for n in g.node for o in n.output if o}
+    consts = {t.name: t for t in g.initializer}
+
+    def source(t: str) -> tuple[str, onnx.NodeProto | None]:
+        n = made.get(t)
+        while n is not None and n.op_type in ("Cast", "Identity", "Squeeze", "Unsqueeze") and n.input:
+            t, n = n.input[0], made.get(n.input[0])
+        return t, n
+
+    def scalar(t: str) -> int | None:
+        t, _ = source(t)
+        if t not in consts:
+            return None
+        v = numpy_helper.to_array(consts[t]).reshape(-1)
+        return int(v[0]) if v.size == 1 and v.dtype.kind in "iu" else None
+
+    _, eq = source(node.input[0]) if node.input else ("", None)
+    if eq is None or eq.op_type != "Equal" or len(eq.input) != 2:
+        return {}
+    for a, b in ((eq.input[0], eq.input[1]), (eq.input[1], eq.input[0])):
+        _, gather = source(a)
+        value = scalar(b)
+        if value is None or gather is None or gather.op_type != "Gather" or len(gather.input) != 2:
+            continue
+        shape = made.get(gather.input[0])
+        k = scalar(gather.input[1])
+        info = infos.get(shape.input[0]) if shape is not None and shape.op_type == "Shape" and shape.input else None
+        if k is None or info is None or info.shape is None or not -len(info.shape) <= k < len(info.shape):
+            continue
+        dim = info.shape[k]
+        if isinstance(dim, str) and len(shape.attribute) == 0:  # (a Shape without start/end)
+            return {dim: value}
+    return {}
+
+
 def _forget_shapes(g: onnx.GraphProto) -> None:
     """Drop the shapes a copied body declares for its outputs and tensors, through nested bodies
     (types stay): an exporter's shapes for one rank of what the body reads (silero-vad's branches
@@ -266,6 +307,8 @@ def stitch_bodies(model: onnx.ModelProto, infos: Mapping[str, TensorInfo], dim_v
                 continue
             named = {d.dim_param for vi in m.graph.input for d in vi.type.tensor_type.shape.dim if d.dim_param}
             sizes = {k: v for k, v in dim_values.items() if k in named}
+            if node.op_type == "If" and attr.name == "then_branch":  # (it runs only where they hold)
+                sizes |= {k: v for k, v in _implied_sizes(out.graph, node, infos).items() if k in named}
             held: list[logging.LogRecord] = []  # the first try's warnings, said if it stands
             try:
                 with _scoped(where, held):
