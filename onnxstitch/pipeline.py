@@ -380,6 +380,10 @@ class _Given:
     original: onnx.ModelProto | None = None
     bodies: "StageNotes" = None  # type: ignore[assignment]
     path: str | None = None  # the file `loaded` was read from, where `loaded` is that file's model
+    # The main graph as given and its facts, where Ifs were inlined before the bodies stage (else
+    # None: `model` is it), and the nodes those Ifs ran: what "before" counts.
+    counted: tuple[onnx.ModelProto, Mapping[str, shapes_mod.TensorInfo]] | None = None
+    inlined_before: int = 0
 
 
 def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
@@ -402,13 +406,14 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
             dim_values |= probed.dim_values
             _, infos = stage("shapes", lambda: shapes_mod.infer(m))
     dim_values |= stage("shapes", lambda: shapes_mod.derived_dims(m, infos, dim_values))
-    done, original = None, None
+    done, original, counted, inlined_before = None, None, None, 0
     if refusal is None and body_optimizer is not None and bodies_mod.has_bodies(m):
         # Ifs decided by construction are their branches before bodies are planned: a tail copied
         # into an If's branches (bodies.sink_tails) must not carry an If whose condition is a
         # constant only the outer graph can see (silero-vad's state check).
         pre = stage("simplify", lambda: simplify_mod.simplify(m, infos))
         if pre.inlined_nodes:
+            counted, inlined_before = (m, infos), pre.inlined_nodes
             m, infos = pre.model, pre.tensors
         done = stage("bodies", lambda: bodies_mod.stitch_bodies(m, infos, dim_values, body_optimizer))
         if done.bodies:
@@ -421,7 +426,7 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
     notes = StageNotes(done.rewrites, done.refusals, {"kernels_before": done.kernels_before,
                                                       "kernels_after": done.kernels_after}) if done else StageNotes()
     path = str(model) if isinstance(model, (str, os.PathLike)) and original is None else None
-    return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes, path)
+    return _Given(loaded, m, infos, dim_values, weights, refusal, simple, original, notes, path, counted, inlined_before)
 
 
 @dataclass(frozen=True)
@@ -537,16 +542,17 @@ def _plan(given: _Given, opts: Options, stage: _Stages, graphs: dict[frozenset[s
         if {t for _, t in unfolded} <= skip:  # (planned apart already: nothing new to leave apart)
             break
         skip |= {t for _, t in unfolded}
-    if planned.normal.model is not given.model:
+    if planned.normal.model is not given.model or given.counted is not None:
         # "Before" is the model as given, not its rewritten form (k MatMuls, not one and k
         # Slices; a group norm's Reshapes as they were), sized as the plan is: with the facts of
         # the simplified model's inference where it has the tensor (PP-OCRv5's recognizer
         # reshapes by an Identity of a constant, unknown until simplify reads the constant: its
         # five dims at DEFAULT_SYMBOLIC_DIM made "before" 68 GB and 26.8 ms, a 22x gain).
-        before = graph_mod.build(given.model, {**given.tensors, **given.simple.tensors},
+        model, facts = given.counted or (given.model, given.tensors)
+        before = graph_mod.build(model, {**facts, **given.tensors, **given.simple.tensors},
                                  {**given.dim_values, **g.dim_values}, opts.reductions, opts.clusters)
         totals = unfused_totals(before, opts.cost)
-        totals["kernels_before"] += given.simple.inlined_nodes  # (what inlined Ifs ran)
+        totals["kernels_before"] += given.simple.inlined_nodes + given.inlined_before  # (what inlined Ifs ran)
         plan = dataclasses.replace(plan, **totals)
     return dataclasses.replace(planned, plan=plan, undone=tuple(undone))
 
