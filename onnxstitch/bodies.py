@@ -252,9 +252,7 @@ def sink_tails(model: onnx.ModelProto, infos: Mapping[str, TensorInfo]) -> tuple
                 body.node.append(c)
             del body.output[:]
             body.output.extend(helper.make_tensor_value_info(o, infos[o].dtype, list(infos[o].shape)) for o in given)
-            _rename_graph(body, names, suffix)
-            for vi, o in zip(body.output, given):  # (graph outputs named in the branch as renamed)
-                vi.name = names.get(o, o)
+            _rename_graph(body, names, suffix)  # (its outputs, the graph outputs, with the rest)
             for c in body.node[len(attr.g.node):]:
                 for sub in subgraphs(c):
                     _forget_shapes(sub)

@@ -411,8 +411,9 @@ def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Se
         # Ifs decided by construction are their branches before bodies are planned: a tail copied
         # into an If's branches (bodies.sink_tails) must not carry an If whose condition is a
         # constant only the outer graph can see (silero-vad's state check).
-        pre = stage("simplify", lambda: simplify_mod.simplify(m, infos))
-        if pre.inlined_nodes:
+        has_if = any(n.op_type == "If" for n in m.graph.node)  # (only Ifs are inlined)
+        pre = stage("simplify", lambda: simplify_mod.simplify(m, infos)) if has_if else None
+        if pre is not None and pre.inlined_nodes:
             counted, inlined_before = (m, infos), pre.inlined_nodes
             m, infos = pre.model, pre.tensors
         done = stage("bodies", lambda: bodies_mod.stitch_bodies(m, infos, dim_values, body_optimizer))

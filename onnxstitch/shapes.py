@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from . import edit
+
 log = logging.getLogger(__name__)
 
 Dim = Union[int, str, None]  # int: known; str: symbolic; None: unknown (equal to nothing)
@@ -202,17 +204,6 @@ def _unknowns(info: TensorInfo) -> int:
     return 1_000 if info.shape is None else sum(d is None for d in info.shape)
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Every name the nodes of `node`'s subgraphs read (outer-scope tensors among them)."""
-    found: set[str] = set()
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for n in g.node:
-                found.update(t for t in n.input if t)
-                found |= _subgraph_reads(n)
-    return found
-
-
 def _after_unsettled_ifs(graph: onnx.GraphProto, checked: Mapping[str, TensorInfo],
                          symbolic: Mapping[str, TensorInfo]) -> set[str]:
     """Tensors whose symbolic record cannot be trusted: the outputs of If nodes to which ORT's
@@ -230,7 +221,7 @@ def _after_unsettled_ifs(graph: onnx.GraphProto, checked: Mapping[str, TensorInf
     if not bad:
         return bad
     for n in graph.node:
-        if any(t in bad for t in n.input) or (bad & _subgraph_reads(n)):
+        if any(t in bad for t in edit.reads(n)):
             bad.update(o for o in n.output if o)
     return bad
 

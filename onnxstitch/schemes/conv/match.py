@@ -208,37 +208,36 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
     # stem, silero-vad) runs as a 2-D one of H = R = 1, its attributes those of the second axis.
     line = sx is not None and sw is not None and len(sx) == 3 and len(sw) == 3 and padded is None
     if line:
-        sx, sw = (sx[0], sx[1], 1, sx[2]), (sw[0], sw[1], 1, sw[2])
+        sx, sw = lifted(sx), lifted(sw)
     if sx is None or len(sx) != 4 or sw is None or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
         return "not a 1-D or 2-D convolution of a rank-3 or rank-4 input with a fixed weight"
     if not isinstance(sx[1], int):
         return f"the channels of '{x}' are not fixed"
     auto_pad = n.attrs.get("auto_pad", "NOTSET")
-    lift = (lambda v: (1, *v)) if line else tuple
-    strides = lift(int(v) for v in n.attrs.get("strides", (1,) * (3 if line else 2))[:1 if line else 2])
-    dilations = lift(int(v) for v in n.attrs.get("dilations", (1,) * (3 if line else 2))[:1 if line else 2])
+    axes = 1 if line else 2
+    # The model's own strides and dilations, then lifted to the 2-D convolution's (H's first).
+    given = {k: tuple(int(v) for v in n.attrs.get(k, (1,) * axes)) for k in ("strides", "dilations")}
     group = int(n.attrs.get("group", 1))
-    if len(tuple(n.attrs.get("strides", ()))) not in (0, 1 if line else 2) or \
-            len(tuple(n.attrs.get("dilations", ()))) not in (0, 1 if line else 2):
-        return f"strides or dilations not of a {'1' if line else '2'}-D convolution"
+    if any(len(v) != axes for v in given.values()):
+        return f"strides or dilations not of a {axes}-D convolution"
+    strides, dilations = ((1,) * (2 - axes) + given[k] for k in ("strides", "dilations"))
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         # (Over the Conv's own input: a Pad joined in front makes it larger than X.)
         own = g.shape(n.inputs[0])
-        pixels = (1, own[2]) if line and own is not None else ((own or sx)[2:])
+        pixels = (lifted(own) if line and own is not None else (own or sx))[2:]
         pads = _same_pads(auto_pad, pixels, sw[2:], strides, dilations)
         if pads is None:
-            given = list(strides[1:] if line else strides)  # (the model's own, not lifted)
-            return (f"auto_pad {auto_pad} with strides {given} over pixels not fixed in the model "
+            return (f"auto_pad {auto_pad} with strides {list(given['strides'])} over pixels not fixed in the model "
                     f"(its pads depend on the input's size)")
     elif auto_pad in ("NOTSET", "VALID"):
-        pads = tuple(int(v) for v in n.attrs.get("pads", (0,) * (2 if line else 4))) if auto_pad == "NOTSET" else \
-            (0,) * (2 if line else 4)
-        if line and len(pads) == 2:
+        zeros = (0,) * (2 * axes)
+        pads = tuple(int(v) for v in n.attrs.get("pads", zeros)) if auto_pad == "NOTSET" else zeros
+        if line and len(pads) == 2:  # (the second axis's begin and end)
             pads = (0, pads[0], 0, pads[1])
     else:
         return f"auto_pad {auto_pad}"
     if len(pads) != 4:
-        return f"pads not of a {'1' if line else '2'}-D convolution"
+        return f"pads not of a {axes}-D convolution"
     if padded is not None:
         pads = tuple(a + b for a, b in zip(pads, padded[1]))
     if sx[1] != sw[1] * group:
@@ -250,6 +249,12 @@ def _conv(g: FusionGraph, i: int) -> dict | str:
         return f"its bias '{b}' is not [{sw[0]}] of its type"
     return dict(x=x, w=w, bias=b, pads=pads, strides=strides, dilations=dilations, group=group,
                 dtype=g.tensors[y].dtype, pad=() if padded is None else (padded[0],), line=line)
+
+
+def lifted(shape: tuple) -> tuple:
+    """A 1-D convolution's rank-3 shape ([N, C, W] or [K, C/group, S]) as the 2-D one it runs as,
+    H (or R) = 1."""
+    return (shape[0], shape[1], 1, shape[2])
 
 
 def _scalar(g: FusionGraph, t: str) -> float | None:

@@ -54,7 +54,7 @@ def _hint(graph: FusionGraph, m: Match) -> tuple[int, ...]:
     that geometry before the node's first run (launch.cc, Library::hints)."""
     sx, sw = graph.shape(m.x), graph.shape(m.w)
     if m.line and sx is not None and sw is not None and len(sx) == 3 and len(sw) == 3:  # (as launch.cc runs it)
-        sx, sw = (sx[0], sx[1], 1, sx[2]), (sw[0], sw[1], 1, sw[2])
+        sx, sw = match.lifted(sx), match.lifted(sw)
     if sx is None or sw is None or len(sx) != 4 or len(sw) != 4 or not all(isinstance(d, int) for d in sw):
         return ()
     return tuple(d if isinstance(d, int) else symbolic_value(d, graph.dim_values) for d in sx) + tuple(sw)
