@@ -17,6 +17,7 @@
 #            TIMELINE_PROFILE=1 adds node_profile.py of stock and stitched)
 #   cf       control flow (issue 39), carry build/cfc: silero-vad at batch 8 (sr 16000), the Scan
 #            GRU and the greedy-decoding Loop, default flags, GPU verification, timed plain
+#            (CF_ROUNDS benches each; CF_PROFILE=1: silero's nodes by time, stock and stitched)
 #   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
 #            at ConvNeXt V2's stages, split and unsplit, against the copy bandwidth)
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
@@ -127,11 +128,15 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
       echo "== $name $shape $flags $*"
       /usr/bin/time -f "optimize %e s, peak %M KB" python3 -m onnxstitch.cli optimize "build/cfc/$name.onnx" \
         --shape "$shape" $flags "$@" -o "/tmp/$name.stitched.onnx" --report "$OUT/cf-$name$*.json"
-      python3 -m onnxstitch.cli bench "build/cfc/$name.onnx" --stitched "/tmp/$name.stitched.onnx" \
-        --shape "$shape" $flags --iters 300
+      for round in $(seq "${CF_ROUNDS:-1}"); do  # the plain bench is host-bound and noisy: rounds
+        python3 -m onnxstitch.cli bench "build/cfc/$name.onnx" --stitched "/tmp/$name.stitched.onnx" \
+          --shape "$shape" $flags --iters 300
+      done
     }
     {
       cf silero-vad input=8x512,state=2x8x128 "--value sr=16000" ${CF_FLAGS:-}
+      [ -n "${CF_PROFILE:-}" ] && python3 scripts/node_profile.py build/cfc/silero-vad.onnx \
+        /tmp/silero-vad.stitched.onnx --shape input=8x512,state=2x8x128 --value sr=16000 --runs 20 --top 40
       [ -n "${CF_SILERO_ONLY:-}" ] || { cf gru-scan batch=8,seq=64 ""; cf greedy-loop batch=8 ""; }
     } 2>&1 | tee "$log"
     ;;

@@ -3,6 +3,7 @@
 the stock model and of its stitched model, the top nodes of each by total time.
 
     python3 scripts/node_profile.py model.onnx model.stitched.onnx --dims batch=8,samples=16000
+    python3 scripts/node_profile.py silero.onnx silero.stitched.onnx --shape input=8x512,state=2x8x128 --value sr=16000
 """
 from __future__ import annotations
 
@@ -41,11 +42,15 @@ def main() -> None:
     ap.add_argument("model", type=Path)
     ap.add_argument("stitched", type=Path)
     ap.add_argument("--dims", default="", help="symbolic dims: name=value,...")
+    ap.add_argument("--shape", default="", help="input shapes: name=AxB,... (silero: input=8x512)")
+    ap.add_argument("--value", default="", help="input values: name=v,... (silero: sr=16000)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
     dims = {k: int(v) for k, v in (kv.split("=") for kv in args.dims.split(",") if kv)}
-    feeds = random_feeds(onnx.load(str(args.model), load_external_data=False), 0, dims)
+    shapes = {k: tuple(int(d) for d in v.split("x")) for k, v in (kv.split("=") for kv in args.shape.split(",") if kv)}
+    values = {k: float(v) for k, v in (kv.split("=") for kv in args.value.split(",") if kv)}
+    feeds = random_feeds(onnx.load(str(args.model), load_external_data=False), 0, dims, shapes, values)
     for label, path, stitched in (("stock", args.model, False), ("stitched", args.stitched, True)):
         prof = profile(path, stitched, feeds, args.runs)
         print(f"== {label}: {prof.node_us_per_run:.0f} µs of node time per run, {len(prof.nodes)} nodes")
