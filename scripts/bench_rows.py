@@ -139,6 +139,14 @@ def strides(shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
 
 def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 50) -> float:
     """Milliseconds per launch of a rows kernel, launched as the runtime would."""
+    launch = rows_launcher(node, arrays, outs)
+    return launch_ms(lambda: launch(None), reps)
+
+
+def rows_launcher(node: onnx.NodeProto, arrays: list, outs: list):
+    """A function launching the rows kernel of `node` on a stream (a CUstream handle, None for
+    the default one) as the runtime would: its grid and block, its StitchArgs; checked by five
+    launches first."""
     import cupy as cp
 
     image, name, _ = node_image(node)
@@ -183,7 +191,12 @@ def rows_kernel_ms(node: onnx.NodeProto, arrays: list, outs: list, reps: int = 5
     for _ in range(5):
         check(cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None), f"cuLaunchKernel({entry}, {grid})")
     check(cuda.cuCtxSynchronize(), f"{entry} (grid {grid}, block {block})")
-    return launch_ms(lambda: cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, None, params, None), reps)
+
+    def launch(stream) -> int:
+        launch.keep = (args, params, mod)  # what the launches point at lives as long as they may run
+        return cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream), params, None)
+
+    return launch
 
 
 def kernel_alone(model: onnx.ModelProto, dims: dict, copy_gbs: float,

@@ -20,6 +20,8 @@
 #            (CF_ROUNDS benches each; CF_PROFILE=1: silero's nodes by time, stock and stitched)
 #   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
 #            at ConvNeXt V2's stages, split and unsplit, against the copy bandwidth)
+#   layernorm scripts/bench_layernorm.py: BERT's bias + residual + LayerNorm rows, ORT's SkipLayerNorm
+#            against our kernel and hand-written forms of it, in CUDA graphs (issue 38)
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
 #   cnn      issue 36, carry build/cnnc: CNN_JOBS="resnet50-float32 nudenet-320n@8 ..." with and without
 #            epilogues, benched plain and in graphs (session start and first run too), a GPU a job
@@ -39,7 +41,7 @@
 # Usage there: bash scripts/gpu_wave.sh PART
 set -uo pipefail
 source scripts/gpu_env.sh
-part=${1:?part: bert, unseen, ab, quick, opt, plans, versus, cf, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
+part=${1:?part: bert, unseen, ab, quick, opt, plans, versus, cf, layernorm, columns, gemm, generated, zoo, zoofill, cnn, capture or tests}
 log="$OUT/$part.log"
 gpu_setup "$OUT/setup.log" >/dev/null
 carried_gemms() {  # CUTLASS's headers (the wheel in .carry/cutlass) and the generated GEMMs built
@@ -139,6 +141,9 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
         /tmp/silero-vad.stitched.onnx --shape input=8x512,state=2x8x128 --value sr=16000 --runs 20 --top 40
       [ -n "${CF_SILERO_ONLY:-}" ] || { cf gru-scan batch=8,seq=64 ""; cf greedy-loop batch=8 ""; }
     } 2>&1 | tee "$log"
+    ;;
+  layernorm)  # issue 38: BERT's residual LayerNorm, ORT's SkipLayerNorm against ours and hand-written forms
+    python3 scripts/bench_layernorm.py --out "$OUT/layernorm.json" 2>&1 | tee "$log"
     ;;
   columns)  # issue 36: split column kernels, GPU tests and the GRN norms against the copy bandwidth
     python3 -m pytest -p no:cacheprovider -m gpu -q -W ignore tests/gpu/test_rows_gpu.py -k column 2>&1 | tail -5 | tee "$log"
