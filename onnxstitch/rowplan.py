@@ -63,6 +63,11 @@ ELEMENTS_PER_THREAD = {4: 16, 2: 8, 8: 8}
 # a row of two warps (a barrier per reduction) for the same row: ncu on H200, float16 Softmax
 # over [8, 12, 512, 512], 58.6 us at 32 threads per row against 80.9 at 64 (issue-bound).
 MANY_ROWS = 16384
+# Few rows leave too few threads to keep the loads in flight: BERT's residual LayerNorm at 1024
+# rows of 768 float32 took 3.51 µs at 16 elements a thread (64 threads a row) and 2.97 µs at 8
+# (96 threads), hand-written forms in CUDA graphs on H200 (scripts/bench_layernorm.py); float16
+# (8 a thread) gained nothing at 4. Below this many threads in all, a thread takes 8 elements.
+FEW_ROWS_THREADS = 65536
 
 
 def has_rows(graph: FusionGraph, nodes: Iterable[int]) -> bool:
@@ -73,8 +78,8 @@ def has_rows(graph: FusionGraph, nodes: Iterable[int]) -> bool:
 def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
                     rows: int | None = None, inputs: int = 1) -> RowGeometry:
     """Threads per row for rows of about `cols` elements (`rows` of them, where the plan
-    knows): enough to give each thread ELEMENTS_PER_THREAD elements (a power of two up to 32,
-    whole warps beyond), up to 1024; one
+    knows): enough to give each thread ELEMENTS_PER_THREAD elements (8 where rows are few:
+    FEW_ROWS_THREADS; a power of two up to 32, whole warps beyond), up to 1024; one
     warp instead of two when rows are many; rows longer than 1024 × MAX_CHUNKS chunks take
     the loop path only, and so do rows whose register path would not fit the launch's register
     bound with `inputs` per-element inputs. `threads` forces the threads per row (benchmarks
@@ -82,6 +87,8 @@ def choose_geometry(cols: int, vec: int, span: int, threads: int | None = None,
     units = max(1, math.ceil(cols / vec))
     if threads is None:
         per_thread = ELEMENTS_PER_THREAD.get(16 // vec, 16)
+        if rows is not None and per_thread > 8 and rows * math.ceil(cols / per_thread) < FEW_ROWS_THREADS:
+            per_thread = 8
         want = max(1, math.ceil(cols / per_thread))
         # Up to a warp, a power of two (lanes of a row share shuffles); beyond, whole warps, so
         # a row of 96 vectors (float16 × 768) gets 96 threads rather than 128 with 32 idle.

@@ -153,3 +153,31 @@ def test_split_column_kernel_matches_float64_numpy(name, model, ref, dtype) -> N
     planned at batch 2, run at 2 and at 5 (columns grid-strided by cluster)."""
     for run in (2, 5):
         _check_gpu(model, ref, dtype, {"batch": [2]}, {"batch": run}, name, cost=CostModel(column_share=False))
+
+
+@pytest.mark.parametrize("dtype,offset", [(TP.FLOAT, 30.0), (TP.FLOAT16, 1000.0)])
+@pytest.mark.parametrize("cols", [64, 256, 768, 4096])
+def test_layernorm_far_from_zero_matches_float64_numpy(dtype, offset, cols) -> None:
+    """Rows whose mean is far from zero against their spread (std 1): a LayerNorm's mean and
+    variance taken in one reduction (stitch_row_moments: sums of the row less one of its
+    values) keep the variance, where the sum of squares less the squared sum would not (its
+    error here is 2.7e-5 in float32 and 3e-2 in float16 against tolerances of 1e-5 and 1e-2)."""
+    import numpy as np
+
+    npd = helper.tensor_dtype_to_np_dtype(dtype)
+    shape = ["batch", cols]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)], "ln",
+        [helper.make_tensor_value_info("x", dtype, shape), helper.make_tensor_value_info("g", dtype, [cols]),
+         helper.make_tensor_value_info("b", dtype, [cols])], [helper.make_tensor_value_info("y", dtype, shape)]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    res = stitch(model, shapes={"batch": [6]}, verify=False, reductions=True)
+    assert [n.op_type for n in res.model.graph.node] == ["FusedKernel"]
+    rng = np.random.default_rng(fresh_seed())
+    feeds = {"x": (offset + rng.standard_normal((6, cols))).astype(npd),
+             "g": (1 + 0.1 * rng.standard_normal(cols)).astype(npd), "b": rng.standard_normal(cols).astype(npd)}
+    h = feeds["x"].astype(np.float64)
+    mu = h.mean(-1, keepdims=True)
+    want = (h - mu) / np.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * feeds["g"] + feeds["b"]
+    (got,) = run_gpu(res.model, feeds, [want.astype(npd)])
+    assert_matches_reference(got, want, dtype == TP.FLOAT16, f"LayerNorm offset {offset}, {cols} columns")

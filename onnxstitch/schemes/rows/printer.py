@@ -289,6 +289,40 @@ class RowPrinter:
         # path computes whole chunks and bounds only the stores.
         self.chunks(elem_outs, ind, cached, body, not regs, stores, loop=not regs, prologue=decl)  # type: ignore[arg-type]
 
+    def moments(self, reducers: list[Step], first: str | None) -> int | None:
+        """0 where the first two reductions are one pass's (stitch_row_moments): the mean of the
+        row held in registers (`first`), then the mean of its squared deviations from it
+        (LayerNorm's, decomposed or not), in float; only where every chunk is full and a row is
+        one block or a group of lanes (no split, no columns). Else None."""
+        if not (first and self.full_chunks and len(reducers) > 1) or self.split or self.columns:
+            return None
+        if self.geo.threads > 32 and (self.geo.threads % 32 or self.geo.threads != self.geo.block):
+            return None
+        mean, var = reducers[0], reducers[1]
+        if (mean.op, var.op, mean.inputs) != ("ReduceMean", "ReduceMean", (first,)) or \
+                self.v.ctype(mean.out) != "float" or self.v.ctype(var.out) != "float":
+            return None
+        made = {st.out: st for st in self.steps}
+        sq = made.get(var.inputs[0])  # type: ignore[arg-type]
+        if sq is None or not (sq.op == "Mul" and sq.inputs[0] == sq.inputs[1] or
+                              sq.op == "Pow" and len(sq.inputs) == 2 and sq.inputs[1] == 2.0):
+            return None
+        dev = made.get(sq.inputs[0])  # type: ignore[arg-type]
+        return 0 if dev is not None and dev.op == "Sub" and dev.inputs == (first, mean.out) else None
+
+    def moments_pass(self, j: int, ind: str) -> None:
+        """Reductions j and j + 1 (moments) in one: each lane's sums of the row less one of its
+        values, then stitch_row_moments; stitch_m{j} holds (mean, variance)."""
+        self.lines += [f"{ind}float2 stitch_m{j};",
+                       f"{ind}{{  // the mean and the variance in one reduction: sums less a value of the row",
+                       f"{ind}  const float k = __shfl_sync(0xffffffffu, (float)(hr[0].v[0]), 0, T < 32 ? T : 32);",
+                       f"{ind}  float s = 0.f, q = 0.f;", "#pragma unroll", f"{ind}  for (int i = 0; i < NCH; ++i) {{",
+                       "#pragma unroll", f"{ind}    for (int jj = 0; jj < V; ++jj) {{",
+                       f"{ind}      const float d = (float)(hr[i].v[jj]) - k;", f"{ind}      s += d; q += d * d;",
+                       f"{ind}    }}", f"{ind}  }}",
+                       f"{ind}  stitch_m{j} = stitch_row_moments<T>(k, s, q, (float)(NCH * V), "
+                       "reinterpret_cast<float2*>(stitch_smem));", f"{ind}}}"]
+
     def path(self, regs: bool, ind: str) -> None:
         """Every reduction, then the per-element outputs; from registers or re-reading the row."""
         saved = dict(self.v.row_vars)
@@ -300,11 +334,16 @@ class RowPrinter:
         if first:
             self.cache_pass(first, ind, self.held)
             cached[first] = "hr"
+        pair = self.moments(reducers, first)
         for j, s in enumerate(reducers):
             ct = self.v.ctype(s.out)
             name = f"r{len(self.v.row_vars)}"
             if s.op in ops.ARG_REDUCERS:
                 final = self.arg_pass(j, s, regs, ind, cached)
+            elif pair is not None and j in (pair, pair + 1):
+                if j == pair:
+                    self.moments_pass(j, ind)
+                final = f"stitch_m{pair}.{'x' if j == pair else 'y'}"
             else:
                 # Softmax's exp feeds the sum and the output: computed once, held in registers.
                 later = [str(r.inputs[0]) for r in reducers[j + 1:]] + elem_outs
