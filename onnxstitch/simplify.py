@@ -237,6 +237,11 @@ FOLDABLE = frozenset({"Cast", "Sqrt", "Reciprocal", "Div", "Mul", "Add", "Sub", 
                       "Not", "And", "Or", "Xor"})
 # Rounds of rewrites over the nodes an inlined If brings (its nested Ifs fold in the next).
 INLINE_ROUNDS = 4
+# Inputs that ONNX Runtime's inference requires to be scalars where their shape is known; an If
+# output hides its shape from it, its branch's tensor does not (ONNX's AffineGrid function feeds
+# Range from Split outputs of shape [1]: inlined, ORT refused to load the model), so an inlined
+# If's outputs are read there through a Reshape to rank 0 (_scalar_views).
+SCALAR_INPUTS = {"Range": (0, 1, 2)}
 FOLD_MAX_ELEMENTS = 64
 
 
@@ -760,6 +765,33 @@ def _inlined_branch(g: _Graph, n: onnx.NodeProto, body: onnx.GraphProto, nested:
     return nodes
 
 
+def _scalar_views(g: _Graph, n: onnx.NodeProto, replace: dict[int, list[onnx.NodeProto]],
+                  extra: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """For an If `n` being inlined: each of its outputs of rank >= 1 that an op reads where it
+    takes a scalar (SCALAR_INPUTS) read as a Reshape of it to rank 0 instead (the same value: the
+    op runs only on one element); the Reshapes, the readers rewired in `replace`."""
+    views: list[onnx.NodeProto] = []
+    for outer in n.output:
+        shape = g.shape(outer) if outer else None
+        if not shape:
+            continue
+        for j in g.index.readers.get(outer, ()):
+            r = g.nodes[j]
+            slots = [k for k in SCALAR_INPUTS.get(r.op_type, ()) if k < len(r.input) and r.input[k] == outer]
+            if not slots or j in replace or r.domain not in ("", "ai.onnx"):
+                continue
+            if not views or views[-1].input[0] != outer:
+                extra.append(numpy_helper.from_array(np.zeros(0, np.int64), f"{outer}~scalar_shape"))
+                views.append(helper.make_node("Reshape", [outer, f"{outer}~scalar_shape"], [f"{outer}~scalar"],
+                                              name=f"{n.name or outer}~{outer}~scalar"))
+            rewired = onnx.NodeProto()
+            rewired.CopyFrom(r)
+            for k in slots:
+                rewired.input[k] = f"{outer}~scalar"
+            replace[j] = [rewired]
+    return views
+
+
 def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], rounds: int = INLINE_ROUNDS) -> Simplified:
     """`model` with the rewrites of the module docstring applied; `tensors` are its inferred
     facts, inferred again for a rewritten model."""
@@ -803,7 +835,7 @@ def simplify(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo], rounds: 
         if n.op_type == "If" and (taken := _taken_branch(g, n, known)) is not None:
             inlined = _inlined_branch(g, n, taken[1], nested, rename, extra)
             if inlined is not None:
-                replace[i] = inlined
+                replace[i] = inlined + _scalar_views(g, n, replace, extra)
                 inlines += 1
                 brought += len(inlined) - 1
                 done.append(f"{n.name or n.output[0]} (an If on a condition known by construction) is its "
