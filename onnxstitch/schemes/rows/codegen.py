@@ -51,33 +51,34 @@ __device__ __forceinline__ V stitch_row_reduce(V v, F f, V ident, V* smem) {
   return v;
 }
 // A row's mean and variance in one reduction (LayerNorm's two passes), each of its T threads
-// holding n values and its sums s, q of them less k, one value of its warp's (or lane group's)
+// holding N values and its sums s, q of them less k, one value of its warp's (or lane group's)
 // part of the row: no cancellation where |mean| >> std. The warps' (mean, squared deviations)
-// are merged in order (Chan et al.'s update) by every thread.
-template <int T>
-__device__ __forceinline__ float2 stitch_row_moments(float k, float s, float q, float n, float2* smem) {
+// are merged in order (Chan et al.'s update, equal counts) by every thread. Counts are
+// compile-time, so every division is by a constant folded into a multiply: IEEE divisions on
+// this path (one row per block, latency-bound) cost more than the reduction itself.
+template <int T, int N>
+__device__ __forceinline__ float2 stitch_row_moments(float k, float s, float q, float2* smem) {
   constexpr int W = T < 32 ? T : 32;
+  constexpr float NW = (float)(N * W), INV = 1.0f / NW;
 #pragma unroll
   for (int o = W / 2; o > 0; o >>= 1) {
     s += __shfl_xor_sync(0xffffffffu, s, o, W);
     q += __shfl_xor_sync(0xffffffffu, q, o, W);
   }
-  const float nw = n * W, mean = k + s / nw, m2 = fmaxf(q - s * (s / nw), 0.f);
-  if (T <= 32) return make_float2(mean, m2 / nw);
+  const float mean = k + s * INV, m2 = fmaxf(q - s * (s * INV), 0.f);
+  if (T <= 32) return make_float2(mean, m2 * INV);
   if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = make_float2(mean, m2);
   __syncthreads();
   float2 t = smem[0];
-  float c = nw;
 #pragma unroll
-  for (int w = 1; w < T / 32; ++w) {
+  for (int w = 1; w < T / 32; ++w) {  // w warps merged so far, w·NW values
     const float2 u = smem[w];
-    const float d = u.x - t.x, c2 = c + nw;
-    t.x += d * (nw / c2);
-    t.y += u.y + d * d * (c * (nw / c2));
-    c = c2;
+    const float d = u.x - t.x;
+    t.x += d * (1.0f / (float)(w + 1));
+    t.y += u.y + d * d * (NW * (float)w / (float)(w + 1));
   }
   __syncthreads();  // the next reduction may overwrite smem
-  return make_float2(t.x, t.y / c);
+  return make_float2(t.x, t.y * (1.0f / (NW * (float)(T / 32))));
 }
 """
 

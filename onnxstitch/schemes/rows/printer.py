@@ -320,7 +320,7 @@ class RowPrinter:
                        "#pragma unroll", f"{ind}    for (int jj = 0; jj < V; ++jj) {{",
                        f"{ind}      const float d = (float)(hr[i].v[jj]) - k;", f"{ind}      s += d; q += d * d;",
                        f"{ind}    }}", f"{ind}  }}",
-                       f"{ind}  stitch_m{j} = stitch_row_moments<T>(k, s, q, (float)(NCH * V), "
+                       f"{ind}  stitch_m{j} = stitch_row_moments<T, NCH * V>(k, s, q, "
                        "reinterpret_cast<float2*>(stitch_smem));", f"{ind}}}"]
 
     def path(self, regs: bool, ind: str) -> None:
