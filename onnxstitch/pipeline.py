@@ -386,6 +386,13 @@ class _Given:
     inlined_before: int = 0
 
 
+def _as_given(given: _Given) -> onnx.ModelProto | None:
+    """What the written model is verified against where the bodies stage or the Ifs inlined
+    before it changed the main graph: the model before either (a failure to load it is then the
+    user's model's, not a rewrite of ours), else None."""
+    return given.counted[0] if given.counted is not None else given.original
+
+
 def _prepare(model: onnx.ModelProto | str | os.PathLike, shapes: Mapping[str, Sequence[int]],
              stage: _Stages, libraries: Sequence[str] = (), body_optimizer: bodies_mod.Optimizer | None = None) -> _Given:
     """load → shapes → bodies → simplify. With custom-op `libraries`, the shapes of custom ops'
@@ -737,7 +744,7 @@ def _written(given: _Given, planned: _Planned, built: list, opts: Options, stage
         return made, stage("verify", lambda: verify_mod.verify(
             m, made, g, [grp for grp, _ in _linked_whole(subset, linked)], seed=opts.seed,
             dim_values=given.dim_values, weights=given.weights,
-            source=given.original or (given.model if m is not given.model else None),
+            source=_as_given(given) or (given.model if m is not given.model else None),
             libraries=opts.custom_op_libraries, values=opts.values)) if opts.verify else None
 
     timer, cache = meas.timer, meas.cache
