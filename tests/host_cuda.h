@@ -91,6 +91,7 @@ inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > 
 inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
 }  // namespace stitch_host
 
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (the GPU's is within 2 ulp of this)
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __int_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
