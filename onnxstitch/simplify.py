@@ -237,10 +237,10 @@ FOLDABLE = frozenset({"Cast", "Sqrt", "Reciprocal", "Div", "Mul", "Add", "Sub", 
                       "Not", "And", "Or", "Xor"})
 # Rounds of rewrites over the nodes an inlined If brings (its nested Ifs fold in the next).
 INLINE_ROUNDS = 4
-# Inputs that ONNX Runtime's inference requires to be scalars where their shape is known; an If
-# output hides its shape from it, its branch's tensor does not (ONNX's AffineGrid function feeds
-# Range from Split outputs of shape [1]: inlined, ORT refused to load the model), so an inlined
-# If's outputs are read there through a Reshape to rank 0 (_scalar_views).
+# Inputs that ONNX Runtime's inference requires to be scalars where it knows them; an If's output
+# hides its branch's tensor from it (ONNX's AffineGrid function feeds Range dims of shape [1], one
+# a constant: inlined, ORT folded that Range at load and refused the model), so an inlined If's
+# outputs are read there through a Reshape to rank 0 (_scalar_views).
 SCALAR_INPUTS = {"Range": (0, 1, 2)}
 FOLD_MAX_ELEMENTS = 64
 

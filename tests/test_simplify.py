@@ -619,3 +619,32 @@ def test_a_rank_an_if_gives_is_unknown() -> None:
     assert tensors["y1"].shape is None
     assert not all(isinstance(d, int) for d in tensors["s1"].shape)
     assert tensors["y"].shape == ("b", 4, "T2")
+
+
+def test_an_inlined_if_feeds_range_scalars() -> None:
+    """ONNX's AffineGrid function: an If on `Size(size) == 4` gives dims of shape [1] (one a
+    constant) that Range reads. Inlined, ORT folds that Range at load and its inference refuses
+    rank-1 inputs (the model would not load); they are read through Reshapes to rank 0, and the
+    model computes what it did."""
+    mk, c = helper.make_node, numpy_helper.from_array
+    one = helper.make_tensor_value_info
+    then = helper.make_graph([mk("Split", ["size"], ["n_t", "w_t"], num_outputs=2), mk("Identity", ["one_1d"], ["d_t"])],
+                             "then", [], [one("n_t", TP.INT64, [1]), one("w_t", TP.INT64, [1]), one("d_t", TP.INT64, [1])])
+    other = helper.make_graph([mk("Split", ["size"], ["n_e", "w_e", "d_e"], num_outputs=3)], "else", [],
+                              [one("n_e", TP.INT64, [1]), one("w_e", TP.INT64, [1]), one("d_e", TP.INT64, [1])])
+    nodes = [mk("Size", ["size"], ["ndim"]), mk("Equal", ["ndim", "two"], ["is2"]),
+             mk("If", ["is2"], ["n", "w", "d"], name="dims_if", then_branch=then, else_branch=other),
+             mk("Range", ["zero", "w", "step"], ["ws"]), mk("Range", ["zero", "d", "step"], ["ds"]),
+             mk("Cast", ["ws"], ["y"], to=TP.FLOAT), mk("Cast", ["ds"], ["z"], to=TP.FLOAT)]
+    inits = [c(np.array(2, np.int64), "two"), c(np.array(0, np.int64), "zero"), c(np.array(1, np.int64), "step"),
+             c(np.array([1], np.int64), "one_1d")]
+    g = helper.make_graph(nodes, "affine_dims", [one("size", TP.INT64, [2])],
+                          [one("y", TP.FLOAT, None), one("z", TP.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    inferred, tensors = shapes.infer(model)
+    s = simplify.simplify(inferred, tensors)
+    assert not [n for n in s.model.graph.node if n.op_type == "If"], s.rewrites
+    feeds = {"size": np.array([3, 5], np.int64)}
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+                 for m in (model, s.model))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
