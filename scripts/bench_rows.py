@@ -193,9 +193,9 @@ def rows_launcher(node: onnx.NodeProto, arrays: list, outs: list):
     check(cuda.cuCtxSynchronize(), f"{entry} (grid {grid}, block {block})")
 
     def launch(stream) -> int:
-        launch.keep = (args, params, mod)  # what the launches point at lives as long as they may run
         return cuda.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream), params, None)
 
+    launch.keep = (args, params, mod)  # what the launches point at lives as long as they may run
     return launch
 
 

@@ -20,8 +20,8 @@
 #            (CF_ROUNDS benches each; CF_PROFILE=1: silero's nodes by time, stock and stitched)
 #   columns  split column kernels (issue 36): their GPU tests, then bench_rows.py --columns (GRN norms
 #            at ConvNeXt V2's stages, split and unsplit, against the copy bandwidth)
-#   layernorm scripts/bench_layernorm.py: BERT's bias + residual + LayerNorm rows, ORT's SkipLayerNorm
-#            against our kernel and hand-written forms of it, in CUDA graphs (issue 38)
+#   layernorm scripts/bench_layernorm.py: BERT's bias + residual + LayerNorm rows, stock ORT against
+#            our kernel, and hand-written forms of it, in CUDA graphs (issue 38)
 #   gemm     scripts/bench_triton_gemm.py: Triton GEMMs with epilogues against cuBLASLt (issue 38)
 #   cnn      issue 36, carry build/cnnc: CNN_JOBS="resnet50-float32 nudenet-320n@8 ..." with and without
 #            epilogues, benched plain and in graphs (session start and first run too), a GPU a job
@@ -142,7 +142,7 @@ main()" optimize "/tmp/tl/$name.onnx" --shape "$shape" -o "/tmp/tl/$name.stitche
       [ -n "${CF_SILERO_ONLY:-}" ] || { cf gru-scan batch=8,seq=64 ""; cf greedy-loop batch=8 ""; }
     } 2>&1 | tee "$log"
     ;;
-  layernorm)  # issue 38: BERT's residual LayerNorm, ORT's SkipLayerNorm against ours and hand-written forms
+  layernorm)  # issue 38: BERT's residual LayerNorm, stock ORT against ours and hand-written forms
     python3 scripts/bench_layernorm.py --out "$OUT/layernorm.json" 2>&1 | tee "$log"
     ;;
   columns)  # issue 36: split column kernels, GPU tests and the GRN norms against the copy bandwidth

@@ -302,7 +302,7 @@ class RowPrinter:
         if (mean.op, var.op, mean.inputs) != ("ReduceMean", "ReduceMean", (first,)) or \
                 self.v.ctype(mean.out) != "float" or self.v.ctype(var.out) != "float":
             return None
-        made = {st.out: st for st in self.steps}
+        made = self.v.by_out
         sq = made.get(var.inputs[0])  # type: ignore[arg-type]
         if sq is None or not (sq.op == "Mul" and sq.inputs[0] == sq.inputs[1] or
                               sq.op == "Pow" and len(sq.inputs) == 2 and sq.inputs[1] == 2.0):
